@@ -1,0 +1,40 @@
+//! Whether a CUDA driver is present, and which CUDA version it supports, without touching a GPU:
+//! used by `doctor` and to explain PTX that a driver cannot JIT.
+
+/// The CUDA version of the installed driver (e.g. 13.0), or why there is none.
+pub fn driver_cuda_version() -> Result<(i32, i32), String> {
+    // SAFETY: libcuda's initializers have no preconditions; cuDriverGetVersion needs no cuInit.
+    let lib = unsafe { libloading::Library::new("libcuda.so.1") }
+        .map_err(|e| format!("no CUDA driver (libcuda.so.1): {e}"))?;
+    type GetVersion = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
+    // SAFETY: declared in cuda.h as CUresult cuDriverGetVersion(int*).
+    let f = unsafe { lib.get::<GetVersion>(b"cuDriverGetVersion") }
+        .map_err(|e| format!("libcuda.so.1 has no cuDriverGetVersion: {e}"))?;
+    let mut v = 0;
+    // SAFETY: out-pointer to a live local.
+    let rc = unsafe { f(&mut v) };
+    if rc != 0 {
+        return Err(format!("cuDriverGetVersion failed with CUresult {rc}"));
+    }
+    Ok((v / 1000, (v % 1000) / 10))
+}
+
+/// Can a driver supporting CUDA `driver` JIT PTX that needs CUDA `needed` ("13.0")?
+pub fn driver_can_jit(driver: (i32, i32), needed: &str) -> Option<bool> {
+    let (maj, min) = needed.split_once('.')?;
+    let needed = (maj.parse::<i32>().ok()?, min.parse::<i32>().ok()?);
+    Some(driver >= needed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jit_needs_a_driver_at_least_as_new_as_the_isa() {
+        assert_eq!(driver_can_jit((13, 0), "13.0"), Some(true));
+        assert_eq!(driver_can_jit((12, 9), "13.0"), Some(false));
+        assert_eq!(driver_can_jit((13, 0), "13.5"), Some(false));
+        assert_eq!(driver_can_jit((13, 0), "bad"), None);
+    }
+}

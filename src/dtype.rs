@@ -1,0 +1,87 @@
+//! The one table that maps each element type to its spellings: spec/file name, C type in the
+//! generated CUDA, Rust type in bindings, torch name in the Python drop-in.
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+pub struct DtypeInfo {
+    pub dtype: Dtype,
+    /// Spelling in specs, kernel names and file names.
+    pub name: &'static str,
+    /// Storage type in generated CUDA (typedefs from the template prelude).
+    pub c_type: &'static str,
+    /// Element type in Rust bindings.
+    pub rust_type: &'static str,
+    /// `torch.dtype` attribute name in the Python drop-in.
+    pub torch_name: &'static str,
+    pub size_bytes: u32,
+}
+
+pub const DTYPES: [DtypeInfo; 3] = [
+    DtypeInfo {
+        dtype: Dtype::F32,
+        name: "f32",
+        c_type: "float",
+        rust_type: "f32",
+        torch_name: "float32",
+        size_bytes: 4,
+    },
+    DtypeInfo {
+        dtype: Dtype::F16,
+        name: "f16",
+        c_type: "mla_f16",
+        rust_type: "half::f16",
+        torch_name: "float16",
+        size_bytes: 2,
+    },
+    DtypeInfo {
+        dtype: Dtype::Bf16,
+        name: "bf16",
+        c_type: "mla_bf16",
+        rust_type: "half::bf16",
+        torch_name: "bfloat16",
+        size_bytes: 2,
+    },
+];
+
+impl Dtype {
+    pub fn info(self) -> &'static DtypeInfo {
+        // DTYPES is ordered like the enum; the unit test below keeps them in step.
+        &DTYPES[self as usize]
+    }
+    pub fn name(self) -> &'static str {
+        self.info().name
+    }
+    pub fn size_bytes(self) -> u32 {
+        self.info().size_bytes
+    }
+    pub fn from_name(name: &str) -> Option<Dtype> {
+        DTYPES.iter().find(|d| d.name == name).map(|d| d.dtype)
+    }
+    pub fn allowed_names() -> Vec<&'static str> {
+        DTYPES.iter().map(|d| d.name).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_round_trips_through_its_name() {
+        for d in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+            assert_eq!(Dtype::from_name(d.name()), Some(d));
+        }
+        assert_eq!(Dtype::from_name("fp16"), None);
+        for (i, row) in DTYPES.iter().enumerate() {
+            assert_eq!(row.dtype as usize, i, "DTYPES must follow the enum order");
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! Emit: compiled kernels -> files (sources, PTX, CUBIN) and `manifest.json`, written atomically;
+//! and `check`, which compares a directory with what generation would write.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::abi::{self, Launch, Param};
+use crate::compile::{CompiledKernel, Resources};
+use crate::nvrtc::{self, Nvrtc};
+use crate::render::{sha256_hex, Templates, TOOL_VERSION};
+use crate::spec::{MergeVariant, Spec};
+
+pub const MANIFEST: &str = "manifest.json";
+pub const KERNEL_DIR: &str = "kernels";
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EmitError {
+    #[error("{path}: {what}: {source}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        source: io::Error,
+    },
+    #[error("{path} is not empty and holds no {MANIFEST}, so it is not an mla-gen output folder; refusing to replace it. Choose an empty or new folder with --out.")]
+    NotOurs { path: PathBuf },
+    #[error("cannot serialize the manifest: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+fn io_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> EmitError + 'a {
+    move |source| EmitError::Io {
+        path: path.to_path_buf(),
+        what,
+        source,
+    }
+}
+
+// ---- manifest ----
+
+#[derive(Debug, Serialize)]
+pub struct Manifest {
+    pub schema_version: u32,
+    pub generator: Generator,
+    pub nvrtc: NvrtcInfo,
+    pub spec: SpecInfo,
+    pub templates_sha256: String,
+    pub kernels: Vec<KernelEntry>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Generator {
+    pub name: &'static str,
+    pub version: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NvrtcInfo {
+    /// major.minor from nvrtcVersion.
+    pub version: String,
+    /// Full release stamped into the PTX (e.g. 13.0.88).
+    pub release: String,
+    pub ptx_isa: String,
+    /// Oldest CUDA driver version able to JIT that PTX.
+    pub oldest_driver_cuda: String,
+    pub oldest_driver_branch: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SpecInfo {
+    pub source: String,
+    pub sha256: String,
+    pub archs: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FileRef {
+    pub file: String,
+    pub bytes: usize,
+    pub sha256: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ArchEntry {
+    pub arch: String,
+    pub nvrtc_options: Vec<String>,
+    pub ptx: FileRef,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cubin: Option<FileRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KernelEntry {
+    pub name: String,
+    pub family: &'static str,
+    pub variant: MergeVariant,
+    /// sha256 of everything that determines this kernel's files: variant, templates, tool and
+    /// NVRTC versions, options and archs.
+    pub inputs_sha256: String,
+    pub short_hash: String,
+    pub params: Vec<Param>,
+    pub launch: Launch,
+    pub source: FileRef,
+    pub archs: Vec<ArchEntry>,
+}
+
+/// Files to write, keyed by their path relative to the output folder.
+pub type FileSet = BTreeMap<String, Vec<u8>>;
+
+fn file_ref(files: &mut FileSet, rel: String, bytes: Vec<u8>) -> FileRef {
+    let r = FileRef {
+        file: rel.clone(),
+        bytes: bytes.len(),
+        sha256: sha256_hex(&bytes),
+    };
+    files.insert(rel, bytes);
+    r
+}
+
+/// Everything generation writes, in memory: the files and the manifest that describes them.
+pub fn plan(
+    spec: &Spec,
+    templates: &Templates,
+    nvrtc: &Nvrtc,
+    kernels: &[CompiledKernel],
+) -> Result<(FileSet, Manifest), EmitError> {
+    let mut files = FileSet::new();
+    let templates_sha256 = templates.sha256();
+    let first_ptx = kernels
+        .iter()
+        .flat_map(|k| k.archs.first())
+        .map(|a| a.ptx.as_slice())
+        .next()
+        .unwrap_or(&[]);
+    let release = nvrtc::ptx_toolkit_release(first_ptx).unwrap_or_else(|| nvrtc.version());
+    let ptx_isa = nvrtc::ptx_isa(first_ptx).unwrap_or_default();
+    let (oldest_cuda, branch) = nvrtc::oldest_driver_for_isa(&ptx_isa).unwrap_or_default();
+
+    let mut entries = Vec::with_capacity(kernels.len());
+    for k in kernels {
+        let inputs = serde_json::json!({
+            "variant": &k.variant,
+            "templates_sha256": &templates_sha256,
+            "tool_version": TOOL_VERSION,
+            "nvrtc_release": &release,
+            "archs": k.archs.iter().map(|a| (a.arch.name(), &a.options)).collect::<Vec<_>>(),
+        });
+        let inputs_sha256 = sha256_hex(serde_json::to_string(&inputs)?.as_bytes());
+        let source = file_ref(
+            &mut files,
+            format!("{KERNEL_DIR}/{}.cu", k.name),
+            k.source.clone().into_bytes(),
+        );
+        let archs = k
+            .archs
+            .iter()
+            .map(|a| {
+                let arch = a.arch.name();
+                ArchEntry {
+                    ptx: file_ref(
+                        &mut files,
+                        format!("{KERNEL_DIR}/{}.{arch}.ptx", k.name),
+                        a.ptx.clone(),
+                    ),
+                    cubin: a.cubin.clone().map(|c| {
+                        file_ref(&mut files, format!("{KERNEL_DIR}/{}.{arch}.cubin", k.name), c)
+                    }),
+                    nvrtc_options: a.options.clone(),
+                    resources: a.resources.clone(),
+                    arch,
+                }
+            })
+            .collect();
+        entries.push(KernelEntry {
+            name: k.name.clone(),
+            family: "merge_attn_states",
+            variant: k.variant.clone(),
+            short_hash: inputs_sha256[..12].to_string(),
+            inputs_sha256,
+            params: abi::params(&k.variant),
+            launch: Launch::for_variant(&k.variant),
+            source,
+            archs,
+        });
+    }
+    let manifest = Manifest {
+        schema_version: SCHEMA_VERSION,
+        generator: Generator {
+            name: "mla-gen",
+            version: TOOL_VERSION,
+        },
+        nvrtc: NvrtcInfo {
+            version: nvrtc.version(),
+            release,
+            ptx_isa,
+            oldest_driver_cuda: oldest_cuda,
+            oldest_driver_branch: branch.to_string(),
+        },
+        spec: SpecInfo {
+            source: spec.source_name(),
+            sha256: spec.text_sha256.clone(),
+            archs: spec.archs.iter().map(|a| a.name()).collect(),
+        },
+        templates_sha256,
+        kernels: entries,
+    };
+    let mut json = serde_json::to_vec_pretty(&manifest)?;
+    json.push(b'\n');
+    files.insert(MANIFEST.to_string(), json);
+    Ok((files, manifest))
+}
+
+// ---- reading a folder back ----
+
+/// Every file under `dir`, relative paths with `/` separators.
+pub fn read_tree(dir: &Path) -> Result<FileSet, EmitError> {
+    let mut out = FileSet::new();
+    if !dir.exists() {
+        return Ok(out);
+    }
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).map_err(io_err(&d, "cannot list"))? {
+            let entry = entry.map_err(io_err(&d, "cannot list"))?;
+            let path = entry.path();
+            let ty = entry.file_type().map_err(io_err(&path, "cannot stat"))?;
+            if ty.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path
+                    .strip_prefix(dir)
+                    .unwrap_or(&path)
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join("/");
+                let bytes = std::fs::read(&path).map_err(io_err(&path, "cannot read"))?;
+                out.insert(rel, bytes);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// How a folder differs from the planned files.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Diff {
+    pub stale: Vec<String>,
+    pub missing: Vec<String>,
+    pub extra: Vec<String>,
+}
+
+impl Diff {
+    pub fn is_clean(&self) -> bool {
+        self.stale.is_empty() && self.missing.is_empty() && self.extra.is_empty()
+    }
+}
+
+pub fn diff(planned: &FileSet, actual: &FileSet) -> Diff {
+    let mut d = Diff::default();
+    for (path, bytes) in planned {
+        match actual.get(path) {
+            None => d.missing.push(path.clone()),
+            Some(b) if b != bytes => d.stale.push(path.clone()),
+            Some(_) => {}
+        }
+    }
+    for path in actual.keys() {
+        if !planned.contains_key(path) {
+            d.extra.push(path.clone());
+        }
+    }
+    d
+}
+
+// ---- writing ----
+
+/// What `write` did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// The folder already held exactly these files; nothing was touched.
+    Unchanged,
+    /// The folder was replaced; counts of files written anew and kept as they were.
+    Replaced { written: usize, kept: usize },
+}
+
+/// Replace `out` with exactly `files`, atomically: the new tree is staged in a sibling temporary
+/// folder, unchanged files are hard-linked from the old tree (their timestamps stay), then the two
+/// folders are swapped in one rename. On any error `out` is left as it was.
+pub fn write(out: &Path, files: &FileSet) -> Result<WriteOutcome, EmitError> {
+    let existing = if out.exists() {
+        if !out.is_dir() {
+            return Err(EmitError::Io {
+                path: out.to_path_buf(),
+                what: "is not a folder",
+                source: io::Error::from(io::ErrorKind::AlreadyExists),
+            });
+        }
+        let tree = read_tree(out)?;
+        if !tree.is_empty() && !tree.contains_key(MANIFEST) {
+            return Err(EmitError::NotOurs {
+                path: out.to_path_buf(),
+            });
+        }
+        Some(tree)
+    } else {
+        None
+    };
+    if let Some(tree) = &existing {
+        if diff(files, tree).is_clean() {
+            return Ok(WriteOutcome::Unchanged);
+        }
+    }
+
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(io_err(&parent, "cannot create folder"))?;
+    let staging = tempfile::Builder::new()
+        .prefix(".mla-gen-staging-")
+        .tempdir_in(&parent)
+        .map_err(io_err(&parent, "cannot create a staging folder"))?;
+    let new_root = staging.path().join("new");
+    let (mut written, mut kept) = (0, 0);
+    for (rel, bytes) in files {
+        let dest = new_root.join(rel);
+        if let Some(dir) = dest.parent() {
+            std::fs::create_dir_all(dir).map_err(io_err(dir, "cannot create folder"))?;
+        }
+        let unchanged = existing
+            .as_ref()
+            .and_then(|t| t.get(rel))
+            .is_some_and(|old| old == bytes);
+        if unchanged && std::fs::hard_link(out.join(rel), &dest).is_ok() {
+            kept += 1;
+            continue;
+        }
+        std::fs::write(&dest, bytes).map_err(io_err(&dest, "cannot write"))?;
+        written += 1;
+    }
+
+    if existing.is_some() {
+        swap(out, &new_root, &staging.path().join("old"))?;
+    } else {
+        std::fs::rename(&new_root, out).map_err(io_err(out, "cannot move the new tree into place"))?;
+    }
+    // Dropping `staging` removes the old tree.
+    drop(staging);
+    Ok(WriteOutcome::Replaced { written, kept })
+}
+
+#[cfg(target_os = "linux")]
+fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let ca = CString::new(a.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let cb = CString::new(b.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: two valid NUL-terminated paths; renameat2 does not retain them.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn exchange(_: &Path, _: &Path) -> io::Result<()> {
+    Err(io::Error::from(io::ErrorKind::Unsupported))
+}
+
+/// Put `new_root` at `out`; the old tree ends up at `old_slot`.
+fn swap(out: &Path, new_root: &Path, old_slot: &Path) -> Result<(), EmitError> {
+    if exchange(out, new_root).is_ok() {
+        // `new_root` now holds the old tree; move it where the staging cleanup removes it.
+        return std::fs::rename(new_root, old_slot).map_err(io_err(new_root, "cannot move aside"));
+    }
+    // Filesystems without RENAME_EXCHANGE: two renames, undoing the first if the second fails.
+    std::fs::rename(out, old_slot).map_err(io_err(out, "cannot move the old tree aside"))?;
+    if let Err(e) = std::fs::rename(new_root, out) {
+        let _ = std::fs::rename(old_slot, out);
+        return Err(EmitError::Io {
+            path: out.to_path_buf(),
+            what: "cannot move the new tree into place",
+            source: e,
+        });
+    }
+    Ok(())
+}

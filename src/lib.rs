@@ -1,0 +1,44 @@
+//! mla-gen: spec-driven, ahead-of-time CUDA for attention-state merges.
+//!
+//! Data flows one way, one module per stage:
+//! [`spec`] (parse, validate, expand) -> [`render`] (Tera -> CUDA) -> [`compile`] (NVRTC -> PTX,
+//! CUBIN) -> [`emit`] (files, manifest). [`abi`] describes each kernel's parameters and launch rule
+//! for all of them; [`reference`] is the float64 semantics every kernel must match; `runtime`
+//! (feature `cuda`) loads and launches the artifacts.
+
+pub mod abi;
+pub mod compile;
+pub mod driver;
+pub mod dtype;
+pub mod emit;
+pub mod nvrtc;
+pub mod reference;
+pub mod render;
+pub mod spec;
+
+#[cfg(feature = "cuda")]
+pub mod runtime;
+
+/// Any failure of a generation, from spec to files.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Spec(#[from] spec::SpecError),
+    #[error(transparent)]
+    Render(#[from] render::RenderError),
+    #[error(transparent)]
+    Compile(#[from] compile::CompileError),
+    #[error(transparent)]
+    Emit(#[from] emit::EmitError),
+}
+
+/// Compile a spec and plan its files (nothing is written).
+pub fn generate_files(
+    spec: &spec::Spec,
+    templates: &render::Templates,
+    jobs: usize,
+    progress: bool,
+) -> Result<(emit::FileSet, emit::Manifest), Error> {
+    let (kernels, nvrtc) = compile::compile(templates, spec, jobs, progress)?;
+    Ok(emit::plan(spec, templates, nvrtc, &kernels)?)
+}

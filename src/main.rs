@@ -1,0 +1,442 @@
+//! The `mla-gen` command line: renders errors, sets exit codes (0 ok, 1 failure, 2 usage).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use mla_gen::emit::{self, WriteOutcome};
+use mla_gen::render::Templates;
+use mla_gen::spec::{self, Spec};
+use mla_gen::{driver, nvrtc};
+
+const ABOUT: &str =
+    "Spec-driven, ahead-of-time CUDA for attention-state merges (merge_attn_states).
+
+A TOML spec names the kernels an engine needs; mla-gen renders each one's CUDA from templates with
+every choice fixed at compile time, compiles it with NVRTC (no nvcc, no GPU) to PTX and CUBIN, and
+writes the files with a manifest that describes each kernel's parameters and launch rule.
+
+Without a SPEC argument, the embedded default spec is used: the 27 kernels vLLM needs
+(f16/bf16/f32 x head sizes 64..576) for sm_80 and sm_90.";
+
+const AFTER_HELP: &str = "Examples:
+  mla-gen generate                      # embedded default spec -> generated/
+  mla-gen generate my.toml --out kernels --arch sm_90
+  mla-gen list my.toml                  # kernel names, one per line
+  mla-gen render --kernel merge_attn_states_bf16_d128_thr_lse
+  mla-gen check                         # exit 1 if generated/ is stale
+  mla-gen doctor                        # where NVRTC is, which PTX it emits
+
+Environment:
+  MLA_GEN_NVRTC   libnvrtc.so file or folder to use (nothing else is tried)
+  MLA_GEN_ARCH    comma-separated architectures replacing the spec's (when --arch is absent)
+  MLA_GEN_PYTHON  Python asked for its site-packages when looking for pip's NVRTC
+
+NVRTC: install the pinned version with
+  python3 -m pip install nvidia-cuda-nvrtc==13.0.88";
+
+#[derive(Parser)]
+#[command(name = "mla-gen", version, about = ABOUT, after_help = AFTER_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct SpecArgs {
+    /// Spec file (TOML); the embedded default spec when omitted.
+    spec: Option<PathBuf>,
+    /// Architectures to build for, replacing the spec's (e.g. --arch sm_90 or --arch sm_80,sm_90).
+    #[arg(long, value_delimiter = ',')]
+    arch: Vec<String>,
+    /// Read templates from this folder instead of the embedded ones (template development).
+    #[arg(long, value_name = "DIR")]
+    templates: Option<PathBuf>,
+}
+
+#[derive(Args, Clone)]
+struct JobsArg {
+    /// Compile this many kernels at once (0 = one per core). Output does not depend on it.
+    #[arg(long, short = 'j', default_value_t = 0)]
+    jobs: usize,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compile every kernel of the spec and write sources, PTX, CUBIN and manifest.json.
+    ///
+    /// The output folder is replaced atomically: on any error it is left as it was, and files
+    /// whose content did not change keep their timestamps.
+    Generate {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Output folder.
+        #[arg(long, short, default_value = "generated")]
+        out: PathBuf,
+        #[command(flatten)]
+        jobs: JobsArg,
+        /// No summary on stderr.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Print the spec's kernel names, one per line (no compilation).
+    List {
+        #[command(flatten)]
+        spec: SpecArgs,
+    },
+    /// Print one kernel's CUDA source (no compilation).
+    Render {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Kernel name, as printed by `mla-gen list`.
+        #[arg(long, short)]
+        kernel: String,
+    },
+    /// Exit 0 when a folder matches a fresh generation; else exit 1 naming each stale, missing or
+    /// extra file.
+    Check {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Folder to check.
+        #[arg(long, short, default_value = "generated")]
+        out: PathBuf,
+        #[command(flatten)]
+        jobs: JobsArg,
+    },
+    /// Compile and show registers, spills, stack and shared memory per kernel and architecture.
+    Inspect {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        jobs: JobsArg,
+    },
+    /// Where NVRTC was found, its version, the PTX ISA it emits, the oldest driver that can JIT
+    /// that PTX, and whether a GPU driver is present.
+    Doctor,
+}
+
+/// A failure to report: message, exit code.
+struct Failure(String, u8);
+
+impl<E: std::fmt::Display> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure(e.to_string(), 1)
+    }
+}
+
+fn load_spec(args: &SpecArgs) -> Result<Spec, Failure> {
+    let mut spec = match &args.spec {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Failure(format!("cannot read spec {}: {e}", path.display()), 1))?;
+            spec::parse(&path.display().to_string(), &text)?
+        }
+        None => spec::default_spec()?,
+    };
+    let env_arch: Vec<String> = std::env::var("MLA_GEN_ARCH")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !args.arch.is_empty() {
+        spec::override_archs(&mut spec, &args.arch)?;
+    } else if !env_arch.is_empty() {
+        spec::override_archs(&mut spec, &env_arch)?;
+    }
+    Ok(spec)
+}
+
+fn load_templates(args: &SpecArgs) -> Result<Templates, Failure> {
+    Ok(match &args.templates {
+        Some(dir) => Templates::from_dir(dir)?,
+        None => Templates::embedded()?,
+    })
+}
+
+fn generate(args: &SpecArgs, out: &Path, jobs: usize, quiet: bool) -> Result<(), Failure> {
+    let spec = load_spec(args)?;
+    let templates = load_templates(args)?;
+    let started = std::time::Instant::now();
+    let (files, manifest) = mla_gen::generate_files(&spec, &templates, jobs, !quiet)?;
+    let outcome = emit::write(out, &files)?;
+    if !quiet {
+        let archs = manifest.spec.archs.join(", ");
+        let what = match outcome {
+            WriteOutcome::Unchanged => "up to date, nothing written".to_string(),
+            WriteOutcome::Replaced { written, kept } => {
+                format!("{written} files written, {kept} unchanged")
+            }
+        };
+        eprintln!(
+            "{} kernels x [{archs}] -> {} ({what}) with NVRTC {} (PTX ISA {}) in {:.1}s",
+            manifest.kernels.len(),
+            out.display(),
+            manifest.nvrtc.release,
+            manifest.nvrtc.ptx_isa,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+fn check(args: &SpecArgs, out: &Path, jobs: usize) -> Result<(), Failure> {
+    let spec = load_spec(args)?;
+    let templates = load_templates(args)?;
+    let (files, manifest) = mla_gen::generate_files(&spec, &templates, jobs, true)?;
+    let actual = emit::read_tree(out)?;
+    let d = emit::diff(&files, &actual);
+    if d.is_clean() {
+        eprintln!("{}: up to date ({} files)", out.display(), files.len());
+        return Ok(());
+    }
+    let mut msg = format!(
+        "{} is out of date with a fresh generation:\n",
+        out.display()
+    );
+    for (label, list) in [
+        ("stale", &d.stale),
+        ("missing", &d.missing),
+        ("extra", &d.extra),
+    ] {
+        for f in list {
+            msg.push_str(&format!("  {label:8}{}\n", out.join(f).display()));
+        }
+    }
+    // A different NVRTC rewrites every PTX: say so rather than leave a wall of "stale".
+    if let Some(old) = actual
+        .get(emit::MANIFEST)
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+        .and_then(|m| m["nvrtc"]["release"].as_str().map(str::to_string))
+    {
+        if old != manifest.nvrtc.release {
+            msg.push_str(&format!(
+                "note: {} was generated with NVRTC {old}, this run used {}; install the same one ({}) or regenerate.\n",
+                out.display(),
+                manifest.nvrtc.release,
+                nvrtc::INSTALL_COMMAND
+            ));
+        }
+    }
+    msg.push_str("Run `mla-gen generate` to update it.");
+    Err(Failure(msg, 1))
+}
+
+fn inspect(args: &SpecArgs, json: bool, jobs: usize) -> Result<(), Failure> {
+    let spec = load_spec(args)?;
+    let templates = load_templates(args)?;
+    let (_, manifest) = mla_gen::generate_files(&spec, &templates, jobs, true)?;
+    if json {
+        let rows: Vec<_> = manifest
+            .kernels
+            .iter()
+            .map(|k| {
+                serde_json::json!({
+                    "kernel": k.name,
+                    "block_threads": k.launch.block_threads,
+                    "archs": k.archs.iter().map(|a| serde_json::json!({
+                        "arch": a.arch, "resources": a.resources,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<44} {:<8} {:>5} {:>5} {:>6} {:>6} {:>6} {:>5}",
+        "kernel", "arch", "block", "regs", "spillS", "spillL", "stack", "smem"
+    );
+    let mut spills = 0;
+    for k in &manifest.kernels {
+        for a in &k.archs {
+            match &a.resources {
+                Some(r) => {
+                    spills += usize::from(r.spill_store_bytes + r.spill_load_bytes > 0);
+                    println!(
+                        "{:<44} {:<8} {:>5} {:>5} {:>6} {:>6} {:>6} {:>5}",
+                        k.name,
+                        a.arch,
+                        k.launch.block_threads,
+                        r.registers,
+                        r.spill_store_bytes,
+                        r.spill_load_bytes,
+                        r.stack_frame_bytes,
+                        r.shared_mem_bytes
+                    );
+                }
+                None => println!(
+                    "{:<44} {:<8} {:>5}   (PTX only: resources are known once a driver JITs it)",
+                    k.name, a.arch, k.launch.block_threads
+                ),
+            }
+        }
+    }
+    eprintln!(
+        "{} kernels; {}",
+        manifest.kernels.len(),
+        if spills == 0 {
+            "no spills".to_string()
+        } else {
+            format!("{spills} kernel/arch pairs spill registers")
+        }
+    );
+    Ok(())
+}
+
+fn doctor() -> Result<(), Failure> {
+    println!("mla-gen {}", mla_gen::render::TOOL_VERSION);
+    println!("NVRTC search order:");
+    for c in nvrtc::candidates() {
+        match &c.found {
+            Some(p) => println!("  found    {}  ({})", p.display(), c.place),
+            None => println!("  -        {}", c.place),
+        }
+    }
+    let n = match nvrtc::load() {
+        Ok(n) => n,
+        Err(e) => return Err(Failure(e.to_string(), 1)),
+    };
+    println!("NVRTC loaded: {}", n.path);
+    println!("  version: {}", n.version());
+    println!(
+        "  targets: {}",
+        n.supported_archs
+            .iter()
+            .map(|a| format!("sm_{a}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let probe = "extern \"C\" __global__ void mla_gen_probe(float* x) { x[threadIdx.x] = 1.0f; }";
+    let arch = n
+        .supported_archs
+        .iter()
+        .copied()
+        .find(|&a| a >= 80)
+        .unwrap_or(80);
+    let compiled = n.compile(
+        "probe.cu",
+        probe,
+        &[format!("--gpu-architecture=compute_{arch}")],
+        true,
+        false,
+    )?;
+    let isa = match compiled {
+        Ok(c) => {
+            let ptx = c.ptx.unwrap_or_default();
+            println!(
+                "  release: {}",
+                nvrtc::ptx_toolkit_release(&ptx).unwrap_or_else(|| "?".into())
+            );
+            nvrtc::ptx_isa(&ptx).unwrap_or_else(|| "?".into())
+        }
+        Err(f) => {
+            return Err(Failure(
+                format!("NVRTC cannot compile a probe: {}\n{}", f.message, f.log),
+                1,
+            ))
+        }
+    };
+    let needed = nvrtc::oldest_driver_for_isa(&isa);
+    match &needed {
+        Some((cuda, branch)) if !branch.is_empty() => println!(
+            "  PTX ISA: {isa} (JIT needs a CUDA {cuda} driver or newer, {branch}+); CUBIN needs no JIT"
+        ),
+        Some((cuda, _)) => {
+            println!("  PTX ISA: {isa} (JIT needs a CUDA {cuda} driver or newer); CUBIN needs no JIT")
+        }
+        None => println!("  PTX ISA: {isa}"),
+    }
+    match driver::driver_cuda_version() {
+        Ok((maj, min)) => {
+            let verdict = needed
+                .as_ref()
+                .and_then(|(cuda, _)| driver::driver_can_jit((maj, min), cuda))
+                .map_or("", |ok| {
+                    if ok {
+                        ": can JIT this PTX"
+                    } else {
+                        ": CANNOT JIT this PTX (use CUBIN, or the pinned NVRTC)"
+                    }
+                });
+            println!("GPU driver: CUDA {maj}.{min}{verdict}");
+        }
+        Err(why) => println!("GPU driver: none ({why}); generation does not need one"),
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        Command::Generate {
+            spec,
+            out,
+            jobs,
+            quiet,
+        } => generate(&spec, &out, jobs.jobs, quiet),
+        Command::List { spec } => {
+            for name in load_spec(&spec)?.kernel_names() {
+                println!("{name}");
+            }
+            Ok(())
+        }
+        Command::Render { spec, kernel } => {
+            let s = load_spec(&spec)?;
+            let templates = load_templates(&spec)?;
+            let Some(v) = s.find(&kernel) else {
+                let names = s.kernel_names();
+                // The names sharing the longest prefix with what was typed.
+                let common = |n: &str| {
+                    n.chars()
+                        .zip(kernel.chars())
+                        .take_while(|(a, b)| a == b)
+                        .count()
+                };
+                let best = names.iter().map(|n| common(n)).max().unwrap_or(0);
+                let near: Vec<&String> = names
+                    .iter()
+                    .filter(|n| best > "merge_attn_states_".len() && common(n) == best)
+                    .take(5)
+                    .collect();
+                let hint = if near.is_empty() {
+                    "run `mla-gen list` for the names".to_string()
+                } else {
+                    format!(
+                        "did you mean: {}",
+                        near.iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                return Err(Failure(
+                    format!("no kernel named `{kernel}` in {} ({hint})", s.origin),
+                    1,
+                ));
+            };
+            print!("{}", templates.render(&s.source_name(), v)?);
+            Ok(())
+        }
+        Command::Check { spec, out, jobs } => check(&spec, &out, jobs.jobs),
+        Command::Inspect { spec, json, jobs } => inspect(&spec, json, jobs.jobs),
+        Command::Doctor => doctor(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(msg, code)) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! NVRTC, loaded at run time from an explicit search list, behind a small safe wrapper.
+//!
+//! cudarc's NVRTC loader only tries library names on the system loader path and panics when none
+//! loads; a build tool must also look in CUDA_HOME and the pip wheels' folders and fail with a
+//! typed error that says where it looked, so this module binds the dozen entry points itself.
+
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The NVRTC the project is tested with: PTX ISA 9.0, which CUDA 13.0 drivers (r580) JIT.
+pub const PINNED_PIP_PACKAGE: &str = "nvidia-cuda-nvrtc==13.0.88";
+pub const INSTALL_COMMAND: &str = "python3 -m pip install nvidia-cuda-nvrtc==13.0.88";
+/// Environment variable: a libnvrtc file, or a folder holding one. When set, nothing else is tried.
+pub const ENV_OVERRIDE: &str = "MLA_GEN_NVRTC";
+/// Environment variable: the Python interpreter asked for its site-packages folders.
+pub const ENV_PYTHON: &str = "MLA_GEN_PYTHON";
+
+#[derive(Debug, thiserror::Error)]
+pub enum NvrtcError {
+    #[error(
+        "NVRTC (libnvrtc) not found. Looked in:\n{}\nInstall the pinned NVRTC with:\n    {INSTALL_COMMAND}\nor point {ENV_OVERRIDE} at a libnvrtc.so file or its folder.",
+        .searched.iter().map(|s| format!("  - {s}")).collect::<Vec<_>>().join("\n")
+    )]
+    NotFound { searched: Vec<String> },
+    #[error("{path}: cannot load NVRTC: {detail}")]
+    Load { path: String, detail: String },
+    #[error("NVRTC call {call} failed: {message}")]
+    Call { call: &'static str, message: String },
+    #[error("NVRTC {version} cannot compile for {arch}; it supports {supported}. Install a newer NVRTC ({INSTALL_COMMAND}) or drop {arch} from the spec.")]
+    UnsupportedArch {
+        version: String,
+        arch: String,
+        supported: String,
+    },
+}
+
+type NvrtcResult = c_int;
+type Program = *mut std::ffi::c_void;
+
+/// The NVRTC entry points mla-gen uses, bound from one loaded library.
+struct Api {
+    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> NvrtcResult,
+    get_num_supported_archs: unsafe extern "C" fn(*mut c_int) -> NvrtcResult,
+    get_supported_archs: unsafe extern "C" fn(*mut c_int) -> NvrtcResult,
+    create_program: unsafe extern "C" fn(
+        *mut Program,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> NvrtcResult,
+    compile_program: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> NvrtcResult,
+    destroy_program: unsafe extern "C" fn(*mut Program) -> NvrtcResult,
+    get_program_log_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    get_program_log: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    get_ptx_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    get_ptx: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    get_cubin_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    get_cubin: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    get_error_string: unsafe extern "C" fn(NvrtcResult) -> *const c_char,
+    // Keep the function pointers above valid.
+    _lib: libloading::Library,
+    _builtins: Vec<libloading::Library>,
+}
+
+/// A loaded NVRTC.
+pub struct Nvrtc {
+    api: Api,
+    /// Where it was loaded from (shown by `doctor`; never written into artifacts).
+    pub path: String,
+    pub major: i32,
+    pub minor: i32,
+    /// Architectures it can target, as compute capabilities (e.g. 90).
+    pub supported_archs: Vec<i32>,
+}
+
+/// One place the locator looked, and what it found there.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub place: String,
+    pub found: Option<PathBuf>,
+}
+
+const LIB_NAMES: [&str; 3] = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
+
+fn lib_in(dir: &Path) -> Option<PathBuf> {
+    LIB_NAMES
+        .iter()
+        .map(|n| dir.join(n))
+        .find(|p| p.is_file())
+}
+
+/// Site-packages folders of the Python that pip installs into, plus the usual user and virtualenv
+/// places. Asking the interpreter is the only reliable way across pyenv, venvs and distributions.
+fn python_site_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let python = std::env::var(ENV_PYTHON).unwrap_or_else(|_| "python3".to_string());
+    let probe = "import site,sys\nfor p in site.getsitepackages()+[site.getusersitepackages()]: print(p)";
+    if let Ok(out) = Command::new(&python)
+        .args(["-I", "-c", probe])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+    {
+        if out.status.success() {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                dirs.push(PathBuf::from(line.trim()));
+            }
+        }
+    }
+    if let Ok(venv) = std::env::var("VIRTUAL_ENV") {
+        dirs.extend(glob_python_dirs(&Path::new(&venv).join("lib")));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        dirs.extend(glob_python_dirs(&Path::new(&home).join(".local/lib")));
+    }
+    dirs.extend(glob_python_dirs(Path::new("/usr/local/lib")));
+    dirs.extend(glob_python_dirs(Path::new("/usr/lib")));
+    let mut unique = Vec::new();
+    for d in dirs {
+        if !unique.contains(&d) {
+            unique.push(d);
+        }
+    }
+    unique
+}
+
+/// `<lib>/python3.*/{site,dist}-packages`, sorted so the search order is stable.
+fn glob_python_dirs(lib: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(lib) {
+        let mut names: Vec<_> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("python3"))
+            })
+            .collect();
+        names.sort();
+        for p in names {
+            out.push(p.join("site-packages"));
+            out.push(p.join("dist-packages"));
+        }
+    }
+    out
+}
+
+/// Every place NVRTC is looked for, in order, with what was found.
+pub fn candidates() -> Vec<Candidate> {
+    let mut out = Vec::new();
+    if let Some(v) = std::env::var_os(ENV_OVERRIDE) {
+        let p = PathBuf::from(&v);
+        let found = if p.is_dir() {
+            lib_in(&p)
+        } else {
+            p.is_file().then(|| p.clone())
+        };
+        out.push(Candidate {
+            place: format!("{ENV_OVERRIDE}={}", p.display()),
+            found,
+        });
+        // An explicit override is final: falling back would hide a typo.
+        return out;
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(root) = std::env::var_os(var) {
+            let root = PathBuf::from(root);
+            for sub in ["lib64", "lib"] {
+                let dir = root.join(sub);
+                out.push(Candidate {
+                    place: format!("{var}: {}", dir.display()),
+                    found: lib_in(&dir),
+                });
+            }
+        }
+    }
+    let cuda = Path::new("/usr/local/cuda/lib64");
+    out.push(Candidate {
+        place: cuda.display().to_string(),
+        found: lib_in(cuda),
+    });
+    for site in python_site_dirs() {
+        // nvidia-cuda-nvrtc (13.x) and nvidia-cuda-nvrtc-cu12 (12.x) wheel layouts.
+        for sub in ["nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"] {
+            let dir = site.join(sub);
+            out.push(Candidate {
+                place: format!("pip: {}", dir.display()),
+                found: lib_in(&dir),
+            });
+        }
+    }
+    out.push(Candidate {
+        place: format!("system loader ({})", LIB_NAMES.join(", ")),
+        found: None, // resolved in `load` by dlopen of the bare names
+    });
+    out
+}
+
+fn load_symbol<T: Copy>(lib: &libloading::Library, path: &str, name: &str) -> Result<T, NvrtcError> {
+    // SAFETY: each symbol is read with the signature of its declaration in nvrtc.h.
+    unsafe {
+        lib.get::<T>(name.as_bytes())
+            .map(|s| *s)
+            .map_err(|e| NvrtcError::Load {
+                path: path.to_string(),
+                detail: format!("missing symbol {name}: {e}"),
+            })
+    }
+}
+
+/// libnvrtc dlopens `libnvrtc-builtins.so.X.Y` by bare name at its first compile, which fails
+/// unless that folder is on the loader path (never the case for pip wheels). Loading it first
+/// from libnvrtc's own folder makes that later dlopen find it by soname.
+fn preload_builtins(nvrtc_path: &Path) -> Vec<libloading::Library> {
+    let Some(dir) = nvrtc_path.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Vec::new();
+    };
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("libnvrtc-builtins.so.") && !n.contains(".alt."))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+        .iter()
+        // SAFETY: a shared library with no initializer preconditions.
+        .filter_map(|p| unsafe { libloading::Library::new(p) }.ok())
+        .collect()
+}
+
+fn open(path: &str) -> Result<Nvrtc, NvrtcError> {
+    let builtins = preload_builtins(Path::new(path));
+    // SAFETY: loading libnvrtc runs its initializers, which have no preconditions.
+    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| NvrtcError::Load {
+        path: path.to_string(),
+        detail: e.to_string(),
+    })?;
+    let api = Api {
+        version: load_symbol(&lib, path, "nvrtcVersion")?,
+        get_num_supported_archs: load_symbol(&lib, path, "nvrtcGetNumSupportedArchs")?,
+        get_supported_archs: load_symbol(&lib, path, "nvrtcGetSupportedArchs")?,
+        create_program: load_symbol(&lib, path, "nvrtcCreateProgram")?,
+        compile_program: load_symbol(&lib, path, "nvrtcCompileProgram")?,
+        destroy_program: load_symbol(&lib, path, "nvrtcDestroyProgram")?,
+        get_program_log_size: load_symbol(&lib, path, "nvrtcGetProgramLogSize")?,
+        get_program_log: load_symbol(&lib, path, "nvrtcGetProgramLog")?,
+        get_ptx_size: load_symbol(&lib, path, "nvrtcGetPTXSize")?,
+        get_ptx: load_symbol(&lib, path, "nvrtcGetPTX")?,
+        get_cubin_size: load_symbol(&lib, path, "nvrtcGetCUBINSize")?,
+        get_cubin: load_symbol(&lib, path, "nvrtcGetCUBIN")?,
+        get_error_string: load_symbol(&lib, path, "nvrtcGetErrorString")?,
+        _lib: lib,
+        _builtins: builtins,
+    };
+    let mut nvrtc = Nvrtc {
+        api,
+        path: path.to_string(),
+        major: 0,
+        minor: 0,
+        supported_archs: Vec::new(),
+    };
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: out-pointers to live locals.
+    nvrtc.check("nvrtcVersion", unsafe {
+        (nvrtc.api.version)(&mut major, &mut minor)
+    })?;
+    nvrtc.major = major;
+    nvrtc.minor = minor;
+    let mut n = 0;
+    // SAFETY: as above; the array is sized by the count NVRTC reports.
+    nvrtc.check("nvrtcGetNumSupportedArchs", unsafe {
+        (nvrtc.api.get_num_supported_archs)(&mut n)
+    })?;
+    let mut archs = vec![0; n.max(0) as usize];
+    nvrtc.check("nvrtcGetSupportedArchs", unsafe {
+        (nvrtc.api.get_supported_archs)(archs.as_mut_ptr())
+    })?;
+    nvrtc.supported_archs = archs;
+    Ok(nvrtc)
+}
+
+/// Find and load NVRTC, once per process.
+pub fn load() -> Result<&'static Nvrtc, NvrtcError> {
+    static LOADED: OnceLock<Result<Nvrtc, String>> = OnceLock::new();
+    static SEARCHED: OnceLock<Vec<String>> = OnceLock::new();
+    let result = LOADED.get_or_init(|| {
+        let cands = candidates();
+        let _ = SEARCHED.set(cands.iter().map(|c| c.place.clone()).collect());
+        let overridden = std::env::var_os(ENV_OVERRIDE).is_some();
+        for c in &cands {
+            if let Some(path) = &c.found {
+                return open(&path.to_string_lossy()).map_err(|e| e.to_string());
+            }
+        }
+        if !overridden {
+            for name in LIB_NAMES {
+                if let Ok(n) = open(name) {
+                    return Ok(n);
+                }
+            }
+        }
+        Err(String::new())
+    });
+    match result {
+        Ok(n) => Ok(n),
+        Err(msg) if msg.is_empty() => Err(NvrtcError::NotFound {
+            searched: SEARCHED.get().cloned().unwrap_or_default(),
+        }),
+        Err(msg) => Err(NvrtcError::Load {
+            path: String::new(),
+            detail: msg.clone(),
+        }),
+    }
+}
+
+/// The output of one compilation.
+pub struct Compiled {
+    pub ptx: Option<Vec<u8>>,
+    pub cubin: Option<Vec<u8>>,
+    pub log: String,
+}
+
+/// A failed compilation: the log, for the caller to show with the source.
+pub struct CompileFailure {
+    pub log: String,
+    pub message: String,
+}
+
+impl Nvrtc {
+    pub fn version(&self) -> String {
+        format!("{}.{}", self.major, self.minor)
+    }
+
+    fn error_string(&self, code: NvrtcResult) -> String {
+        // SAFETY: NVRTC returns a static NUL-terminated string for any code.
+        let ptr = unsafe { (self.api.get_error_string)(code) };
+        if ptr.is_null() {
+            return format!("error {code}");
+        }
+        // SAFETY: non-null, NUL-terminated, static.
+        unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+    }
+
+    fn check(&self, call: &'static str, code: NvrtcResult) -> Result<(), NvrtcError> {
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(NvrtcError::Call {
+                call,
+                message: self.error_string(code),
+            })
+        }
+    }
+
+    /// Refuse an architecture this NVRTC cannot target, before compiling anything.
+    pub fn check_arch(&self, compute_capability: u32, arch_name: &str) -> Result<(), NvrtcError> {
+        if self.supported_archs.contains(&(compute_capability as i32)) {
+            return Ok(());
+        }
+        Err(NvrtcError::UnsupportedArch {
+            version: self.version(),
+            arch: arch_name.to_string(),
+            supported: self
+                .supported_archs
+                .iter()
+                .map(|a| format!("sm_{a}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
+    /// Compile `source` with `options`; fetch PTX and/or CUBIN.
+    pub fn compile(
+        &self,
+        program_name: &str,
+        source: &str,
+        options: &[String],
+        want_ptx: bool,
+        want_cubin: bool,
+    ) -> Result<Result<Compiled, CompileFailure>, NvrtcError> {
+        let to_c = |s: &str| {
+            CString::new(s).map_err(|_| NvrtcError::Call {
+                call: "nvrtcCreateProgram",
+                message: "source or option contains a NUL byte".to_string(),
+            })
+        };
+        let src = to_c(source)?;
+        let name = to_c(program_name)?;
+        let opts: Vec<CString> = options.iter().map(|o| to_c(o)).collect::<Result<_, _>>()?;
+        let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+
+        let mut prog: Program = std::ptr::null_mut();
+        // SAFETY: valid C strings; no headers.
+        self.check("nvrtcCreateProgram", unsafe {
+            (self.api.create_program)(
+                &mut prog,
+                src.as_ptr(),
+                name.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        })?;
+        let guard = ProgramGuard { nvrtc: self, prog };
+        // SAFETY: `prog` is live; options outlive the call.
+        let compile_code = unsafe {
+            (self.api.compile_program)(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr())
+        };
+        let log = self.read(prog, "nvrtcGetProgramLog", self.api.get_program_log_size, self.api.get_program_log)?;
+        let log = String::from_utf8_lossy(log.split(|&b| b == 0).next().unwrap_or(&[])).into_owned();
+        if compile_code != 0 {
+            drop(guard);
+            return Ok(Err(CompileFailure {
+                log,
+                message: self.error_string(compile_code),
+            }));
+        }
+        let ptx = if want_ptx {
+            let mut p = self.read(prog, "nvrtcGetPTX", self.api.get_ptx_size, self.api.get_ptx)?;
+            // PTX comes NUL-terminated; files hold the text alone.
+            while p.last() == Some(&0) {
+                p.pop();
+            }
+            Some(p)
+        } else {
+            None
+        };
+        let cubin = if want_cubin {
+            Some(self.read(prog, "nvrtcGetCUBIN", self.api.get_cubin_size, self.api.get_cubin)?)
+        } else {
+            None
+        };
+        drop(guard);
+        Ok(Ok(Compiled { ptx, cubin, log }))
+    }
+
+    fn read(
+        &self,
+        prog: Program,
+        call: &'static str,
+        size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+        get: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    ) -> Result<Vec<u8>, NvrtcError> {
+        let mut n = 0usize;
+        // SAFETY: `prog` is live; the buffer is sized by NVRTC's own count.
+        self.check(call, unsafe { size(prog, &mut n) })?;
+        let mut buf = vec![0u8; n];
+        if n > 0 {
+            self.check(call, unsafe { get(prog, buf.as_mut_ptr().cast()) })?;
+        }
+        Ok(buf)
+    }
+}
+
+struct ProgramGuard<'a> {
+    nvrtc: &'a Nvrtc,
+    prog: Program,
+}
+
+impl Drop for ProgramGuard<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by nvrtcCreateProgram, destroyed once.
+        unsafe {
+            (self.nvrtc.api.destroy_program)(&mut self.prog);
+        }
+    }
+}
+
+// NVRTC's API is thread-safe for distinct programs; the loaded library is shared read-only.
+unsafe impl Send for Nvrtc {}
+unsafe impl Sync for Nvrtc {}
+
+/// The PTX ISA version a PTX file declares (`.version 9.0`).
+pub fn ptx_isa(ptx: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(ptx);
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(".version "))
+        .map(|v| v.trim().to_string())
+}
+
+/// The full toolkit release NVRTC stamps into PTX (`Cuda compilation tools, release 13.0, V13.0.88`).
+pub fn ptx_toolkit_release(ptx: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(ptx);
+    text.lines()
+        .find(|l| l.contains("Cuda compilation tools"))
+        .and_then(|l| l.rsplit(", V").next())
+        .map(|v| v.trim().to_string())
+}
+
+/// The CUDA release whose driver is the oldest able to JIT a PTX ISA version, and that driver's
+/// branch where known (PTX ISA release notes: 8.7 came with CUDA 12.8, 9.0 with CUDA 13.0, and 9.x
+/// follows 13.x).
+pub fn oldest_driver_for_isa(isa: &str) -> Option<(String, &'static str)> {
+    let (major, minor) = isa.split_once('.')?;
+    let (major, minor): (u32, u32) = (major.parse().ok()?, minor.parse().ok()?);
+    let (cuda, branch) = match (major, minor) {
+        (7, 8) => ("11.8".to_string(), "r520"),
+        (8, m @ 0..=5) => {
+            let branch = ["r525", "r530", "r535", "r545", "r550", "r555"][m as usize];
+            (format!("12.{m}"), branch)
+        }
+        (8, 6) | (8, 7) => ("12.8".to_string(), "r570"),
+        (8, 8) => ("12.9".to_string(), "r575"),
+        (9, 0) => ("13.0".to_string(), "r580"),
+        (9, m) => (format!("13.{m}"), ""),
+        _ => return None,
+    };
+    Some((cuda, branch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn isa_maps_to_the_driver_that_first_shipped_it() {
+        assert_eq!(oldest_driver_for_isa("9.0"), Some(("13.0".into(), "r580")));
+        assert_eq!(oldest_driver_for_isa("8.5"), Some(("12.5".into(), "r555")));
+        assert_eq!(oldest_driver_for_isa("9.5").map(|x| x.0), Some("13.5".into()));
+        assert_eq!(oldest_driver_for_isa("x"), None);
+    }
+
+    #[test]
+    fn ptx_header_fields_are_read() {
+        let ptx = b"//\n// Cuda compilation tools, release 13.0, V13.0.88\n//\n.version 9.0\n.target sm_90\n";
+        assert_eq!(ptx_isa(ptx).as_deref(), Some("9.0"));
+        assert_eq!(ptx_toolkit_release(ptx).as_deref(), Some("13.0.88"));
+    }
+}

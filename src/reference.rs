@@ -1,0 +1,1 @@
+//! CPU float64 reference (filled in by the runtime issue).

@@ -1,0 +1,492 @@
+//! Spec: parse a TOML file, validate every value against its allowed set, expand lists into
+//! their cross product. Errors carry `origin:line:col`, the key, the bad value and what is allowed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+
+use crate::dtype::Dtype;
+
+/// The spec compiled into the binary: what vLLM needs.
+pub const DEFAULT_SPEC: &str = include_str!("../specs/default.toml");
+/// Name under which the embedded spec appears in messages and the manifest.
+pub const DEFAULT_SPEC_ORIGIN: &str = "<embedded default spec>";
+
+/// A spec may not expand to more kernels than this (a typo like `head_size = [1, ..., 1024]`
+/// times every option should fail loudly, not compile for an hour).
+pub const MAX_VARIANTS: usize = 4096;
+pub const MAX_HEAD_SIZE: u32 = 1024;
+/// Oldest compute capability the templates support (bf16 conversions need sm_80).
+pub const MIN_ARCH: u32 = 80;
+pub const DEFAULT_ARCHS: [&str; 2] = ["sm_80", "sm_90"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputKind {
+    /// Output dtype = input dtype.
+    Same,
+}
+
+impl OutputKind {
+    const ALL: [(&'static str, OutputKind); 1] = [("same", OutputKind::Same)];
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputKind::Same => "same",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LseLayout {
+    /// `[H, T]`: element (h, t) at `h * T + t` (vLLM's layout).
+    HeadMajor,
+    /// `[T, H]`: element (h, t) at `t * H + h`.
+    TokenMajor,
+}
+
+impl LseLayout {
+    const ALL: [(&'static str, LseLayout); 2] = [
+        ("head_major", LseLayout::HeadMajor),
+        ("token_major", LseLayout::TokenMajor),
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            LseLayout::HeadMajor => "head_major",
+            LseLayout::TokenMajor => "token_major",
+        }
+    }
+}
+
+/// A GPU target: `sm_XY` (PTX for compute_XY + CUBIN for sm_XY) or `compute_XY` (PTX only).
+/// An `a` suffix (sm_90a) selects the architecture-specific feature set.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Arch {
+    pub major_minor: u32,
+    pub arch_specific: bool,
+    pub real: bool,
+}
+
+impl Arch {
+    pub fn parse(s: &str) -> Result<Arch, String> {
+        let (real, rest) = if let Some(r) = s.strip_prefix("sm_") {
+            (true, r)
+        } else if let Some(r) = s.strip_prefix("compute_") {
+            (false, r)
+        } else {
+            return Err(format!(
+                "`{s}` is not an architecture: write sm_XY (PTX + CUBIN) or compute_XY (PTX only), e.g. sm_90"
+            ));
+        };
+        let (digits, arch_specific) = match rest.strip_suffix('a') {
+            Some(d) => (d, true),
+            None => (rest, false),
+        };
+        let number: u32 = match digits.parse() {
+            Ok(n) if !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) => n,
+            _ => {
+                return Err(format!(
+                    "`{s}` is not an architecture: the number after `sm_`/`compute_` must be digits, e.g. sm_90"
+                ))
+            }
+        };
+        if number < MIN_ARCH {
+            return Err(format!(
+                "`{s}` is older than sm_{MIN_ARCH}, the oldest target the templates support (bf16 conversions need sm_80)"
+            ));
+        }
+        Ok(Arch {
+            major_minor: number,
+            arch_specific,
+            real,
+        })
+    }
+    fn suffix(&self) -> &'static str {
+        if self.arch_specific {
+            "a"
+        } else {
+            ""
+        }
+    }
+    /// `sm_90` / `compute_90`: as the user wrote it.
+    pub fn name(&self) -> String {
+        let prefix = if self.real { "sm" } else { "compute" };
+        format!("{prefix}_{}{}", self.major_minor, self.suffix())
+    }
+    /// The virtual architecture its PTX is generated for.
+    pub fn virtual_name(&self) -> String {
+        format!("compute_{}{}", self.major_minor, self.suffix())
+    }
+    /// The real architecture of its CUBIN, if any.
+    pub fn real_name(&self) -> Option<String> {
+        self.real
+            .then(|| format!("sm_{}{}", self.major_minor, self.suffix()))
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// One kernel to generate: every choice fixed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct MergeVariant {
+    pub dtype: Dtype,
+    pub head_size: u32,
+    pub prefix_threshold: bool,
+    pub output_lse: bool,
+    pub output: OutputKind,
+    pub lse_layout: LseLayout,
+}
+
+impl MergeVariant {
+    /// Readable and stable: family, dtype, head size, then one tag per non-default option.
+    pub fn kernel_name(&self) -> String {
+        let mut name = format!("merge_attn_states_{}_d{}", self.dtype.name(), self.head_size);
+        if self.prefix_threshold {
+            name.push_str("_thr");
+        }
+        if self.output_lse {
+            name.push_str("_lse");
+        }
+        if self.lse_layout == LseLayout::TokenMajor {
+            name.push_str("_tm");
+        }
+        name
+    }
+}
+
+/// A validated, expanded spec.
+#[derive(Debug, Clone, Serialize)]
+pub struct Spec {
+    /// Where it came from, for messages: a path or the embedded default.
+    pub origin: String,
+    /// sha256 of the spec's text.
+    pub text_sha256: String,
+    pub archs: Vec<Arch>,
+    pub variants: Vec<MergeVariant>,
+}
+
+impl Spec {
+    /// The origin without folders: what generated files name, so they do not depend on where
+    /// the spec lives.
+    pub fn source_name(&self) -> String {
+        std::path::Path::new(&self.origin)
+            .file_name()
+            .map_or_else(|| self.origin.clone(), |n| n.to_string_lossy().into_owned())
+    }
+    pub fn kernel_names(&self) -> Vec<String> {
+        self.variants.iter().map(|v| v.kernel_name()).collect()
+    }
+    pub fn find(&self, kernel_name: &str) -> Option<&MergeVariant> {
+        self.variants
+            .iter()
+            .find(|v| v.kernel_name() == kernel_name)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("{origin}:{line}:{column}: {message}")]
+    At {
+        origin: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{origin}: {message}")]
+    Whole { origin: String, message: String },
+}
+
+// ---- raw TOML shape: every value spanned so validation can point at it ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    arch: Option<Spanned<toml::Value>>,
+    merge_attn_states: Option<Vec<Spanned<RawMerge>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMerge {
+    dtype: Option<Spanned<toml::Value>>,
+    head_size: Option<Spanned<toml::Value>>,
+    prefix_threshold: Option<Spanned<toml::Value>>,
+    output_lse: Option<Spanned<toml::Value>>,
+    output: Option<Spanned<toml::Value>>,
+    lse_layout: Option<Spanned<toml::Value>>,
+}
+
+struct Ctx<'a> {
+    origin: &'a str,
+    text: &'a str,
+}
+
+impl Ctx<'_> {
+    fn at(&self, offset: usize, message: String) -> SpecError {
+        let (line, column) = line_col(self.text, offset);
+        SpecError::At {
+            origin: self.origin.to_string(),
+            line,
+            column,
+            message,
+        }
+    }
+
+    fn required<'v>(
+        &self,
+        table_offset: usize,
+        key: &str,
+        value: &'v Option<Spanned<toml::Value>>,
+    ) -> Result<&'v Spanned<toml::Value>, SpecError> {
+        value.as_ref().ok_or_else(|| {
+            self.at(
+                table_offset,
+                format!("[[merge_attn_states]] is missing the required key `{key}`"),
+            )
+        })
+    }
+
+    /// A scalar or a list of scalars, each checked by `one`; lists may not be empty or repeat.
+    fn list<T: PartialEq>(
+        &self,
+        key: &str,
+        value: &Spanned<toml::Value>,
+        one: impl Fn(&toml::Value) -> Result<T, String>,
+    ) -> Result<Vec<T>, SpecError> {
+        let offset = value.span().start;
+        let items: Vec<&toml::Value> = match value.get_ref() {
+            toml::Value::Array(items) => items.iter().collect(),
+            scalar => vec![scalar],
+        };
+        if items.is_empty() {
+            return Err(self.at(
+                offset,
+                format!("`{key}` is an empty list: give at least one value"),
+            ));
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            let parsed = one(item).map_err(|why| self.at(offset, format!("`{key}`: {why}")))?;
+            if out.contains(&parsed) {
+                return Err(self.at(
+                    offset,
+                    format!("`{key}` lists {} twice", short(item)),
+                ));
+            }
+            out.push(parsed);
+        }
+        Ok(out)
+    }
+}
+
+fn short(v: &toml::Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 40 {
+        format!("{}…", s.chars().take(40).collect::<String>())
+    } else {
+        s
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rfind('\n')
+        .map_or(before.chars().count(), |nl| before[nl + 1..].chars().count())
+        + 1;
+    (line, column)
+}
+
+fn one_of<T: Copy>(key_values: &[(&'static str, T)], v: &toml::Value) -> Result<T, String> {
+    let allowed: Vec<&str> = key_values.iter().map(|(k, _)| *k).collect();
+    match v.as_str() {
+        Some(s) => key_values
+            .iter()
+            .find(|(k, _)| *k == s)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                format!(
+                    "\"{s}\" is not allowed; allowed: {}",
+                    allowed.join(", ")
+                )
+            }),
+        None => Err(format!(
+            "expected a string, got {}; allowed: {}",
+            short(v),
+            allowed.join(", ")
+        )),
+    }
+}
+
+fn boolean(v: &toml::Value) -> Result<bool, String> {
+    v.as_bool()
+        .ok_or_else(|| format!("expected true or false, got {}", short(v)))
+}
+
+fn head_size(v: &toml::Value) -> Result<u32, String> {
+    match v.as_integer() {
+        Some(n) if (1..=i64::from(MAX_HEAD_SIZE)).contains(&n) => Ok(n as u32),
+        Some(n) => Err(format!("{n} is out of range; allowed: 1..={MAX_HEAD_SIZE}")),
+        None => Err(format!(
+            "expected an integer in 1..={MAX_HEAD_SIZE}, got {}",
+            short(v)
+        )),
+    }
+}
+
+fn dtype(v: &toml::Value) -> Result<Dtype, String> {
+    let allowed = Dtype::allowed_names().join(", ");
+    match v.as_str() {
+        Some(s) => {
+            Dtype::from_name(s).ok_or_else(|| format!("\"{s}\" is not allowed; allowed: {allowed}"))
+        }
+        None => Err(format!("expected a string, got {}; allowed: {allowed}", short(v))),
+    }
+}
+
+fn arch(v: &toml::Value) -> Result<Arch, String> {
+    match v.as_str() {
+        Some(s) => Arch::parse(s),
+        None => Err(format!("expected a string such as \"sm_90\", got {}", short(v))),
+    }
+}
+
+/// Parse, validate and expand a spec. `origin` names it in messages (a file name).
+pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
+    let ctx = Ctx { origin, text };
+    let raw: RawSpec = toml::from_str(text).map_err(|e| {
+        let offset = e.span().map_or(0, |s| s.start);
+        ctx.at(offset, e.message().trim().to_string())
+    })?;
+
+    let archs = match &raw.arch {
+        Some(v) => ctx.list("arch", v, arch)?,
+        None => DEFAULT_ARCHS
+            .iter()
+            .map(|a| Arch::parse(a))
+            .collect::<Result<_, _>>()
+            .map_err(|message| SpecError::Whole {
+                origin: origin.to_string(),
+                message,
+            })?,
+    };
+
+    let families = raw.merge_attn_states.unwrap_or_default();
+    if families.is_empty() {
+        return Err(SpecError::Whole {
+            origin: origin.to_string(),
+            message: "the spec names no kernels: add a [[merge_attn_states]] table".to_string(),
+        });
+    }
+
+    let mut variants: Vec<MergeVariant> = Vec::new();
+    // kernel name -> line of the table that produced it, to report duplicates.
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for family in &families {
+        let table_offset = family.span().start;
+        let f = family.get_ref();
+        let dtypes = ctx.list("dtype", ctx.required(table_offset, "dtype", &f.dtype)?, dtype)?;
+        let heads = ctx.list(
+            "head_size",
+            ctx.required(table_offset, "head_size", &f.head_size)?,
+            head_size,
+        )?;
+        let opt_list = |key: &str, v: &Option<Spanned<toml::Value>>, default: bool| match v {
+            Some(v) => ctx.list(key, v, boolean),
+            None => Ok(vec![default]),
+        };
+        let thresholds = opt_list("prefix_threshold", &f.prefix_threshold, true)?;
+        let lses = opt_list("output_lse", &f.output_lse, true)?;
+        let outputs = match &f.output {
+            Some(v) => ctx.list("output", v, |x| one_of(&OutputKind::ALL, x))?,
+            None => vec![OutputKind::Same],
+        };
+        let layouts = match &f.lse_layout {
+            Some(v) => ctx.list("lse_layout", v, |x| one_of(&LseLayout::ALL, x))?,
+            None => vec![LseLayout::HeadMajor],
+        };
+
+        let count = dtypes.len() * heads.len() * thresholds.len() * lses.len() * outputs.len() * layouts.len();
+        if variants.len() + count > MAX_VARIANTS {
+            return Err(ctx.at(
+                table_offset,
+                format!(
+                    "the spec expands to more than {MAX_VARIANTS} kernels; split it or shorten its lists"
+                ),
+            ));
+        }
+        let (table_line, _) = line_col(text, table_offset);
+        for &dtype in &dtypes {
+            for &head_size in &heads {
+                for &prefix_threshold in &thresholds {
+                    for &output_lse in &lses {
+                        for &output in &outputs {
+                            for &lse_layout in &layouts {
+                                let v = MergeVariant {
+                                    dtype,
+                                    head_size,
+                                    prefix_threshold,
+                                    output_lse,
+                                    output,
+                                    lse_layout,
+                                };
+                                let name = v.kernel_name();
+                                if let Some(first) = seen.insert(name.clone(), table_line) {
+                                    return Err(ctx.at(
+                                        table_offset,
+                                        format!(
+                                            "kernel `{name}` is also produced by the table at line {first}; each kernel may appear once"
+                                        ),
+                                    ));
+                                }
+                                variants.push(v);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    Ok(Spec {
+        origin: origin.to_string(),
+        text_sha256: crate::render::sha256_hex(text.as_bytes()),
+        archs,
+        variants,
+    })
+}
+
+/// The embedded default spec, parsed.
+pub fn default_spec() -> Result<Spec, SpecError> {
+    parse(DEFAULT_SPEC_ORIGIN, DEFAULT_SPEC)
+}
+
+/// Replace the spec's architectures (from `--arch` or an environment variable).
+pub fn override_archs(spec: &mut Spec, archs: &[String]) -> Result<(), SpecError> {
+    let mut out = Vec::new();
+    for a in archs {
+        let parsed = Arch::parse(a).map_err(|message| SpecError::Whole {
+            origin: "--arch".to_string(),
+            message,
+        })?;
+        if !out.contains(&parsed) {
+            out.push(parsed);
+        }
+    }
+    if out.is_empty() {
+        return Err(SpecError::Whole {
+            origin: "--arch".to_string(),
+            message: "no architecture given".to_string(),
+        });
+    }
+    spec.archs = out;
+    Ok(())
+}
