@@ -130,6 +130,8 @@ pub struct Launch {
     pub vec_elems: u32,
     /// Bytes per vector access: pointers must be aligned to it, strides multiples of `vec_elems`.
     pub vec_bytes: u32,
+    /// 32-bit words per vector access (0 for a 2-byte access).
+    pub vec_words: u32,
     pub vecs_per_row: u32,
     pub threads_per_row: u32,
     pub vecs_per_thread: u32,
@@ -161,6 +163,7 @@ impl Launch {
         Launch {
             vec_elems,
             vec_bytes: vec_elems * size,
+            vec_words: vec_elems * size / 4,
             vecs_per_row,
             threads_per_row,
             vecs_per_thread,
@@ -274,6 +277,6 @@ mod tests {
         let names: Vec<_> = params(&v).iter().map(|p| p.name).collect();
         assert!(!names.contains(&"output_lse"));
         assert!(!names.contains(&"prefill_tokens_with_context"));
-        assert_eq!(names.len(), 12);
+        assert_eq!(names.len(), 5 + 8);
     }
 }

@@ -47,17 +47,22 @@ pub enum CompileError {
     Nvrtc(#[from] NvrtcError),
     #[error(transparent)]
     Render(#[from] RenderError),
-    #[error("NVRTC failed to compile {kernel} for {arch} ({message})\noptions: {options}\n{log}{context}")]
-    Failed {
-        kernel: String,
-        arch: String,
-        message: String,
-        options: String,
-        log: String,
-        context: String,
-    },
+    #[error(transparent)]
+    Failed(Box<FailedCompile>),
     #[error("could not start {jobs} compile threads: {detail}")]
     Threads { jobs: usize, detail: String },
+}
+
+/// A kernel NVRTC rejected: which, how, and the source lines its log points at.
+#[derive(Debug, thiserror::Error)]
+#[error("NVRTC failed to compile {kernel} for {arch} ({message})\noptions: {options}\n{log}{context}")]
+pub struct FailedCompile {
+    pub kernel: String,
+    pub arch: String,
+    pub message: String,
+    pub options: String,
+    pub log: String,
+    pub context: String,
 }
 
 pub fn options_for(arch: &Arch) -> Vec<String> {
@@ -145,13 +150,15 @@ fn compile_one(
     for arch in archs {
         let options = options_for(arch);
         let compiled = nvrtc.compile(&program_name, &source, &options, true, arch.real)?;
-        let compiled = compiled.map_err(|f| CompileError::Failed {
-            kernel: name.clone(),
-            arch: arch.name(),
-            message: f.message,
-            options: options.join(" "),
-            context: source_context(&program_name, &source, &f.log),
-            log: f.log,
+        let compiled = compiled.map_err(|f| {
+            CompileError::Failed(Box::new(FailedCompile {
+                kernel: name.clone(),
+                arch: arch.name(),
+                message: f.message,
+                options: options.join(" "),
+                context: source_context(&program_name, &source, &f.log),
+                log: f.log,
+            }))
         })?;
         let resources = if arch.real {
             parse_resources(&compiled.log)

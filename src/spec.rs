@@ -490,3 +490,80 @@ pub fn override_archs(spec: &mut Spec, archs: &[String]) -> Result<(), SpecError
     spec.archs = out;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        match parse("t.toml", text) {
+            Ok(_) => panic!("accepted:\n{text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn default_spec_is_the_vllm_set() {
+        let s = default_spec().unwrap();
+        assert_eq!(s.variants.len(), 27);
+        assert_eq!(s.archs.iter().map(Arch::name).collect::<Vec<_>>(), ["sm_80", "sm_90"]);
+        assert!(s.variants.iter().all(|v| v.prefix_threshold && v.output_lse));
+        let heads: std::collections::BTreeSet<u32> = s.variants.iter().map(|v| v.head_size).collect();
+        assert_eq!(heads.into_iter().collect::<Vec<_>>(), [64, 80, 96, 112, 128, 192, 256, 512, 576]);
+    }
+
+    #[test]
+    fn lists_expand_to_their_cross_product_in_order() {
+        let s = parse(
+            "t.toml",
+            "[[merge_attn_states]]\ndtype = [\"f16\", \"bf16\"]\nhead_size = [64, 128]\nprefix_threshold = [true, false]\n",
+        )
+        .unwrap();
+        let names = s.kernel_names();
+        assert_eq!(names.len(), 8);
+        assert_eq!(names[0], "merge_attn_states_f16_d64_thr_lse");
+        assert_eq!(names[1], "merge_attn_states_f16_d64_lse");
+        assert_eq!(names[7], "merge_attn_states_bf16_d128_lse");
+        assert_eq!(s.archs.len(), 2, "default archs");
+    }
+
+    #[test]
+    fn errors_name_the_place_the_key_and_the_allowed_values() {
+        assert_eq!(
+            err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 0\n"),
+            "t.toml:3:13: `head_size`: 0 is out of range; allowed: 1..=1024"
+        );
+        assert!(err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput = \"fp4\"\n")
+            .contains("\"fp4\" is not allowed; allowed: same"));
+        assert!(err("[[merge_attn_states]]\ndtype = []\nhead_size = 64\n").contains("empty list"));
+        assert!(err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = [64, 64]\n").contains("lists 64 twice"));
+        assert!(err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput_lse = \"yes\"\n")
+            .contains("expected true or false"));
+        assert!(err("arch = [\"sm_9x\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n")
+            .contains("must be digits"));
+        assert!(err("arch = [\"gfx90a\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n")
+            .contains("not an architecture"));
+        assert!(err("").contains("names no kernels"));
+        assert!(err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n")
+            .contains("also produced by the table at line 1"));
+    }
+
+    #[test]
+    fn expansion_is_capped() {
+        let heads: Vec<String> = (1..=1024).map(|n| n.to_string()).collect();
+        let text = format!(
+            "[[merge_attn_states]]\ndtype = [\"f16\", \"bf16\", \"f32\"]\nhead_size = [{}]\nprefix_threshold = [true, false]\n",
+            heads.join(", ")
+        );
+        assert!(err(&text).contains("more than 4096 kernels"));
+    }
+
+    #[test]
+    fn arch_names_round_trip() {
+        for a in ["sm_80", "sm_90a", "compute_90", "sm_120"] {
+            assert_eq!(Arch::parse(a).unwrap().name(), a);
+        }
+        assert_eq!(Arch::parse("sm_90").unwrap().virtual_name(), "compute_90");
+        assert_eq!(Arch::parse("compute_90").unwrap().real_name(), None);
+    }
+}

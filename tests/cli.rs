@@ -1,0 +1,268 @@
+//! The `mla-gen` binary, as a user runs it: exit codes, messages, and what is (not) written.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use mla_gen::emit::read_tree;
+
+fn mla_gen(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mla-gen"));
+    c.args(args);
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    c.env_remove("MLA_GEN_ARCH");
+    c.output().expect("runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn write_spec(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+const SMALL: &str = "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = [64, 128]\n";
+
+#[test]
+fn generate_then_check_then_detect_every_kind_of_drift() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("gen");
+    let out_s = out.display().to_string();
+    let o = mla_gen(&["generate", "--out", &out_s], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let tree = read_tree(&out).unwrap();
+    // 27 kernels x (source + 2 PTX + 2 CUBIN) + manifest.
+    assert_eq!(tree.len(), 27 * 5 + 1);
+    assert!(tree.contains_key("kernels/merge_attn_states_bf16_d576_thr_lse.sm_90.cubin"));
+    let manifest: serde_json::Value = serde_json::from_slice(&tree["manifest.json"]).unwrap();
+    assert_eq!(manifest["kernels"].as_array().unwrap().len(), 27);
+
+    let o = mla_gen(&["check", "--out", &out_s], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+
+    // A second generate with nothing changed writes nothing.
+    let cu = out.join("kernels/merge_attn_states_f16_d64_thr_lse.cu");
+    let before = std::fs::metadata(&cu).unwrap().modified().unwrap();
+    let o = mla_gen(&["generate", "--out", &out_s], &[]);
+    assert!(stderr(&o).contains("up to date, nothing written"), "{}", stderr(&o));
+    assert_eq!(std::fs::metadata(&cu).unwrap().modified().unwrap(), before);
+
+    std::fs::write(&cu, "// edited by hand\n").unwrap();
+    std::fs::remove_file(out.join("kernels/merge_attn_states_f32_d80_thr_lse.sm_80.ptx")).unwrap();
+    std::fs::write(out.join("kernels/stray.txt"), "x").unwrap();
+    let o = mla_gen(&["check", "--out", &out_s], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(e.contains("stale") && e.contains("merge_attn_states_f16_d64_thr_lse.cu"), "{e}");
+    assert!(e.contains("missing") && e.contains("merge_attn_states_f32_d80_thr_lse.sm_80.ptx"), "{e}");
+    assert!(e.contains("extra") && e.contains("stray.txt"), "{e}");
+
+    // Regenerating repairs all three; an unchanged file keeps its timestamp.
+    let kept = out.join("kernels/merge_attn_states_bf16_d64_thr_lse.cu");
+    let kept_before = std::fs::metadata(&kept).unwrap().modified().unwrap();
+    let o = mla_gen(&["generate", "--out", &out_s], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(mla_gen(&["check", "--out", &out_s], &[]).status.code(), Some(0));
+    assert_eq!(std::fs::metadata(&kept).unwrap().modified().unwrap(), kept_before);
+}
+
+#[test]
+fn generation_is_byte_identical_across_job_counts_and_folders() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "s.toml", SMALL);
+    let a = tmp.path().join("a");
+    let b = tmp.path().join("deeper/b");
+    let o = mla_gen(&["generate", &spec, "--out", &a.display().to_string(), "-j", "1"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_mla-gen"))
+        .args(["generate", "s.toml", "--out", &b.display().to_string(), "-j", "2"])
+        .current_dir(tmp.path())
+        .env("TZ", "Pacific/Kiritimati")
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (ta, tb) = (read_tree(&a).unwrap(), read_tree(&b).unwrap());
+    assert_eq!(ta.len(), 4 * 3 + 1);
+    assert_eq!(ta, tb);
+    let manifest = String::from_utf8(ta["manifest.json"].clone()).unwrap();
+    assert!(!manifest.contains(&tmp.path().display().to_string()), "absolute path in manifest");
+}
+
+#[test]
+fn spec_errors_point_at_file_line_and_column_and_write_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let out_s = out.display().to_string();
+    let cases = [
+        ("syntax.toml", "[[merge_attn_states]\ndtype = \"bf16\"\n", "syntax.toml:1:", "expected"),
+        (
+            "unknown.toml",
+            "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_sise = 128\n",
+            "unknown.toml:3:1",
+            "unknown field `head_sise`",
+        ),
+        (
+            "dtype.toml",
+            "[[merge_attn_states]]\ndtype = [\"bf16\", \"fp8\"]\nhead_size = 128\n",
+            "dtype.toml:2:9",
+            "\"fp8\" is not allowed; allowed: f32, f16, bf16",
+        ),
+        (
+            "head.toml",
+            "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = [128, 2048]\n",
+            "head.toml:3:13",
+            "2048 is out of range; allowed: 1..=1024",
+        ),
+        (
+            "arch.toml",
+            "arch = \"sm_70\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n",
+            "arch.toml:1:8",
+            "older than sm_80",
+        ),
+        (
+            "missing.toml",
+            "[[merge_attn_states]]\ndtype = \"bf16\"\n",
+            "missing.toml:1:1",
+            "missing the required key `head_size`",
+        ),
+        (
+            "layout.toml",
+            "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\nlse_layout = \"row_major\"\n",
+            "layout.toml:4:14",
+            "allowed: head_major, token_major",
+        ),
+    ];
+    for (name, text, location, message) in cases {
+        let spec = write_spec(tmp.path(), name, text);
+        let o = mla_gen(&["generate", &spec, "--out", &out_s], &[]);
+        assert_eq!(o.status.code(), Some(1), "{name}");
+        let e = stderr(&o);
+        assert!(e.contains(location), "{name}: expected {location} in\n{e}");
+        assert!(e.contains(message), "{name}: expected {message} in\n{e}");
+        assert!(!out.exists(), "{name}: wrote output");
+        assert_eq!(mla_gen(&["list", &spec], &[]).status.code(), Some(1));
+    }
+}
+
+#[test]
+fn a_failed_generate_leaves_the_previous_output_as_it_was() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "s.toml", SMALL);
+    let out = tmp.path().join("out");
+    let out_s = out.display().to_string();
+    assert!(mla_gen(&["generate", &spec, "--out", &out_s], &[]).status.success());
+    let before = read_tree(&out).unwrap();
+
+    let bad = write_spec(tmp.path(), "bad.toml", "[[merge_attn_states]]\ndtype = 1\nhead_size = 64\n");
+    assert_eq!(mla_gen(&["generate", &bad, "--out", &out_s], &[]).status.code(), Some(1));
+    let o = mla_gen(&["generate", &spec, "--out", &out_s, "--arch", "sm_100"], &[("MLA_GEN_NVRTC", "/nonexistent/libnvrtc.so")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(read_tree(&out).unwrap(), before);
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".mla-gen"))
+        .collect();
+    assert!(leftovers.is_empty(), "staging folders left behind");
+}
+
+#[test]
+fn missing_nvrtc_says_where_it_looked_and_how_to_install() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = mla_gen(
+        &["generate", "--out", &out.display().to_string()],
+        &[("MLA_GEN_NVRTC", "/nonexistent/nvrtc")],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(e.contains("NVRTC (libnvrtc) not found"), "{e}");
+    assert!(e.contains("MLA_GEN_NVRTC=/nonexistent/nvrtc"), "{e}");
+    assert!(e.contains("python3 -m pip install nvidia-cuda-nvrtc==13.0.88"), "{e}");
+    assert!(!out.exists());
+    let o = mla_gen(&["doctor"], &[("MLA_GEN_NVRTC", "/nonexistent/nvrtc")]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn refuses_to_replace_a_folder_it_did_not_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "s.toml", SMALL);
+    let out = tmp.path().join("src");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("main.rs"), "fn main() {}").unwrap();
+    let o = mla_gen(&["generate", &spec, "--out", &out.display().to_string()], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("not an mla-gen output folder"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(out.join("main.rs")).unwrap(), "fn main() {}");
+}
+
+#[test]
+fn list_render_inspect_doctor() {
+    let o = mla_gen(&["list"], &[]);
+    assert!(o.status.success());
+    let names: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+    assert_eq!(names.len(), 27);
+    assert!(names.contains(&"merge_attn_states_bf16_d576_thr_lse".to_string()));
+
+    let o = mla_gen(&["render", "--kernel", "merge_attn_states_f32_d80_thr_lse"], &[]);
+    assert!(o.status.success());
+    let src = stdout(&o);
+    assert!(src.contains("extern \"C\" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) merge_attn_states_f32_d80_thr_lse("));
+    assert!(!src.contains("#include"));
+
+    let o = mla_gen(&["render", "--kernel", "merge_attn_states_bf16_d100"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no kernel named `merge_attn_states_bf16_d100`"));
+    assert!(stderr(&o).contains("did you mean"), "{}", stderr(&o));
+
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "s.toml", SMALL);
+    let o = mla_gen(&["inspect", &spec], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no spills"));
+    assert!(stdout(&o).contains("merge_attn_states_bf16_d128_thr_lse"));
+    let o = mla_gen(&["inspect", &spec, "--json"], &[]);
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 4);
+    assert!(rows[0]["archs"][0]["resources"]["registers"].as_u64().unwrap() > 0);
+
+    let o = mla_gen(&["doctor"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let d = stdout(&o);
+    assert!(d.contains("NVRTC loaded:") && d.contains("PTX ISA:") && d.contains("GPU driver:"), "{d}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    assert_eq!(mla_gen(&["frobnicate"], &[]).status.code(), Some(2));
+    assert_eq!(mla_gen(&["render"], &[]).status.code(), Some(2));
+    assert_eq!(mla_gen(&["generate", "--jobs", "many"], &[]).status.code(), Some(2));
+    let o = mla_gen(&["--help"], &[]);
+    assert!(o.status.success());
+    assert!(stdout(&o).contains("Examples:"));
+}
+
+#[test]
+fn arch_override_from_flag_and_environment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "s.toml", SMALL);
+    let out = tmp.path().join("o");
+    let o = mla_gen(&["generate", &spec, "--out", &out.display().to_string(), "--arch", "compute_90"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let tree = read_tree(&out).unwrap();
+    assert!(tree.keys().any(|k| k.ends_with(".compute_90.ptx")));
+    assert!(!tree.keys().any(|k| k.ends_with(".cubin")));
+    let o = mla_gen(&["generate", &spec, "--out", &out.display().to_string(), "--arch", "sm_7"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("older than sm_80"), "{}", stderr(&o));
+}

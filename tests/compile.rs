@@ -1,0 +1,104 @@
+//! The default spec compiles with NVRTC for sm_80 and sm_90; each artifact is what it claims.
+
+use mla_gen::abi::Launch;
+use mla_gen::render::Templates;
+use mla_gen::spec;
+
+#[test]
+fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
+    let spec = spec::default_spec().unwrap();
+    assert_eq!(spec.variants.len(), 27);
+    let templates = Templates::embedded().unwrap();
+    let (kernels, _) = mla_gen::compile::compile(&templates, &spec, 0, false)
+        .unwrap_or_else(|e| panic!("NVRTC is needed for this test:\n{e}"));
+    assert_eq!(kernels.len(), 27);
+    for k in &kernels {
+        let names: Vec<String> = k.archs.iter().map(|a| a.arch.name()).collect();
+        assert_eq!(names, ["sm_80", "sm_90"], "{}", k.name);
+        let launch = Launch::for_variant(&k.variant);
+        for a in &k.archs {
+            let ptx = String::from_utf8(a.ptx.clone()).expect("PTX is text");
+            let entries: Vec<&str> = ptx
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+                .collect();
+            assert_eq!(entries.len(), 1, "{} {}: {entries:?}", k.name, a.arch);
+            assert!(entries[0].starts_with(&format!("{}(", k.name)), "{entries:?}");
+            assert!(
+                ptx.contains(&format!(".target {}", a.arch.name())),
+                "{} PTX targets the wrong arch",
+                k.name
+            );
+            // Every row access is one vector of vec_bytes: no split loads or stores.
+            let (ld, st) = match launch.vec_bytes {
+                16 => ("ld.global.nc.v4.b32", "st.global.v4.b32"),
+                8 => ("ld.global.nc.v2.b32", "st.global.v2.b32"),
+                4 => ("ld.global.nc.b32", "st.global.b32"),
+                _ => ("ld.global.nc.b16", "st.global.b16"),
+            };
+            assert!(ptx.contains(ld) && ptx.contains(st), "{} {}: no {} access", k.name, a.arch, launch.vec_bytes);
+            let row_stores = ptx.lines().filter(|l| l.trim_start().starts_with("st.global")).count();
+            let lse_stores = ptx.lines().filter(|l| l.trim_start().starts_with("st.global.f32") || l.trim_start().starts_with("st.global.u32")).count();
+            // copy path, empty path, merge path: one vector store each per vector of the thread.
+            assert!(row_stores - lse_stores <= 3 * launch.vecs_per_thread as usize, "{} {}: split stores", k.name, a.arch);
+            let cubin = a.cubin.as_ref().expect("sm_ arch has a CUBIN");
+            assert_eq!(&cubin[..4], b"\x7fELF", "{}: CUBIN is an ELF image", k.name);
+            let r = a.resources.as_ref().expect("ptxas report parsed");
+            assert!(r.registers > 0);
+            assert_eq!(
+                (r.spill_store_bytes, r.spill_load_bytes),
+                (0, 0),
+                "{} {} spills",
+                k.name,
+                a.arch
+            );
+        }
+    }
+}
+
+#[test]
+fn pinned_nvrtc_emits_ptx_isa_the_h200_driver_can_jit() {
+    let spec = spec::parse(
+        "t.toml",
+        "arch = [\"compute_90\"]\n[[merge_attn_states]]\ndtype = \"f16\"\nhead_size = 64\n",
+    )
+    .unwrap();
+    let (kernels, nvrtc) =
+        mla_gen::compile::compile(&Templates::embedded().unwrap(), &spec, 1, false).unwrap();
+    let a = &kernels[0].archs[0];
+    assert!(a.cubin.is_none(), "compute_ arch is PTX only");
+    let isa = mla_gen::nvrtc::ptx_isa(&a.ptx).unwrap();
+    // Driver 580 (CUDA 13.0) JITs up to ISA 9.0; the pinned NVRTC 13.0 emits exactly that.
+    if nvrtc.major == 13 && nvrtc.minor == 0 {
+        assert_eq!(isa, "9.0");
+    }
+}
+
+#[test]
+fn compile_errors_name_the_kernel_options_and_source_line() {
+    let dir = std::env::temp_dir().join(format!("mla-gen-badtpl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, text) in mla_gen::render::EMBEDDED_TEMPLATES {
+        let text = if name == "merge_attn_states.cu.tera" {
+            text.replace("const float sum = a + b;", "const float sum = a + b + undefined_symbol;")
+        } else {
+            text.to_string()
+        };
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    let templates = Templates::from_dir(&dir).unwrap();
+    let spec = spec::parse(
+        "t.toml",
+        "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n",
+    )
+    .unwrap();
+    let err = match mla_gen::compile::compile(&templates, &spec, 1, false) {
+        Ok(_) => panic!("compiles with an undefined symbol"),
+        Err(e) => e.to_string(),
+    };
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(err.contains("merge_attn_states_bf16_d128_thr_lse"), "{err}");
+    assert!(err.contains("--gpu-architecture=sm_90"), "{err}");
+    assert!(err.contains("undefined_symbol"), "{err}");
+    assert!(err.contains("> "), "no source line marked: {err}");
+}

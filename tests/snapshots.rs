@@ -1,0 +1,75 @@
+//! Every change to generated CUDA is a reviewed diff: rendered sources and the manifest are
+//! insta snapshots (`cargo insta review` to accept a change).
+
+use mla_gen::dtype::Dtype;
+use mla_gen::render::Templates;
+use mla_gen::spec::{self, LseLayout, MergeVariant, OutputKind};
+
+fn variant(dtype: Dtype, head_size: u32, prefix_threshold: bool, output_lse: bool) -> MergeVariant {
+    MergeVariant {
+        dtype,
+        head_size,
+        prefix_threshold,
+        output_lse,
+        output: OutputKind::Same,
+        lse_layout: LseLayout::HeadMajor,
+    }
+}
+
+#[test]
+fn every_dtype_and_option_at_head_size_128() {
+    let t = Templates::embedded().unwrap();
+    for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        for threshold in [true, false] {
+            for lse in [true, false] {
+                let v = variant(dtype, 128, threshold, lse);
+                let src = t.render("snapshot.toml", &v).unwrap();
+                insta::assert_snapshot!(v.kernel_name(), src);
+            }
+        }
+    }
+}
+
+#[test]
+fn head_sizes_in_bf16() {
+    let t = Templates::embedded().unwrap();
+    for d in [1, 64, 80, 96, 192, 512, 576] {
+        let v = variant(Dtype::Bf16, d, true, true);
+        insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", &v).unwrap());
+    }
+}
+
+#[test]
+fn token_major_lse() {
+    let t = Templates::embedded().unwrap();
+    let mut v = variant(Dtype::Bf16, 128, true, true);
+    v.lse_layout = LseLayout::TokenMajor;
+    insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", &v).unwrap());
+}
+
+#[test]
+fn manifest_with_versions_and_hashes_redacted() {
+    let spec = spec::parse(
+        "snapshot.toml",
+        "arch = [\"sm_90\", \"compute_80\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = [128, 576]\n",
+    )
+    .unwrap();
+    let t = Templates::embedded().unwrap();
+    let (_, manifest) = mla_gen::generate_files(&spec, &t, 1, false).unwrap();
+    insta::assert_json_snapshot!(manifest, {
+        ".generator.version" => "[version]",
+        ".nvrtc.version" => "[nvrtc]",
+        ".nvrtc.release" => "[nvrtc]",
+        ".spec.sha256" => "[sha256]",
+        ".templates_sha256" => "[sha256]",
+        ".kernels[].inputs_sha256" => "[sha256]",
+        ".kernels[].short_hash" => "[hash]",
+        ".kernels[].source.sha256" => "[sha256]",
+        ".kernels[].source.bytes" => "[bytes]",
+        ".kernels[].archs[].ptx.sha256" => "[sha256]",
+        ".kernels[].archs[].ptx.bytes" => "[bytes]",
+        ".kernels[].archs[].cubin.sha256" => "[sha256]",
+        ".kernels[].archs[].cubin.bytes" => "[bytes]",
+        ".kernels[].archs[].resources" => "[ptxas report]",
+    });
+}
