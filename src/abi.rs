@@ -101,18 +101,45 @@ pub fn params(v: &MergeVariant) -> Vec<Param> {
         ));
     }
     p.extend([
-        pointer("prefix_output", v.dtype, false, false, "[T, H, D] prefix partial output"),
+        pointer(
+            "prefix_output",
+            v.dtype,
+            false,
+            false,
+            "[T, H, D] prefix partial output",
+        ),
         pointer("prefix_lse", Dtype::F32, false, false, lse_doc),
-        pointer("suffix_output", v.dtype, false, false, "[T, H, D] suffix partial output"),
+        pointer(
+            "suffix_output",
+            v.dtype,
+            false,
+            false,
+            "[T, H, D] suffix partial output",
+        ),
         pointer("suffix_lse", Dtype::F32, false, false, lse_doc),
         int64("num_tokens", "T"),
         int64("num_heads", "H"),
         int64("output_token_stride", "elements between tokens of output"),
-        int64("output_head_stride", "elements between heads of output (>= D)"),
-        int64("prefix_token_stride", "elements between tokens of prefix_output"),
-        int64("prefix_head_stride", "elements between heads of prefix_output (>= D)"),
-        int64("suffix_token_stride", "elements between tokens of suffix_output"),
-        int64("suffix_head_stride", "elements between heads of suffix_output (>= D)"),
+        int64(
+            "output_head_stride",
+            "elements between heads of output (>= D)",
+        ),
+        int64(
+            "prefix_token_stride",
+            "elements between tokens of prefix_output",
+        ),
+        int64(
+            "prefix_head_stride",
+            "elements between heads of prefix_output (>= D)",
+        ),
+        int64(
+            "suffix_token_stride",
+            "elements between tokens of suffix_output",
+        ),
+        int64(
+            "suffix_head_stride",
+            "elements between heads of suffix_output (>= D)",
+        ),
     ]);
     if v.prefix_threshold {
         p.push(int64(
@@ -230,7 +257,10 @@ mod tests {
         assert_eq!((l.vec_elems, l.vec_bytes, l.threads_per_row), (8, 16, 16));
         assert_eq!((l.tokens_per_block, l.block_threads), (16, 256));
         let l = Launch::for_variant(&variant(Dtype::Bf16, 576));
-        assert_eq!((l.vec_elems, l.threads_per_row, l.tokens_per_block), (8, 72, 4));
+        assert_eq!(
+            (l.vec_elems, l.threads_per_row, l.tokens_per_block),
+            (8, 72, 4)
+        );
         assert_eq!(l.block_threads % 32, 0);
         for tpr in 1..=128 {
             let block = tpr * tokens_per_block(tpr);
@@ -244,7 +274,10 @@ mod tests {
         let l = Launch::for_variant(&variant(Dtype::Bf16, 100));
         assert_eq!((l.vec_elems, l.vec_bytes), (4, 8));
         let l = Launch::for_variant(&variant(Dtype::F16, 1));
-        assert_eq!((l.vec_elems, l.threads_per_row, l.block_threads), (1, 1, 256));
+        assert_eq!(
+            (l.vec_elems, l.threads_per_row, l.block_threads),
+            (1, 1, 256)
+        );
     }
 
     #[test]

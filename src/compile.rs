@@ -55,7 +55,9 @@ pub enum CompileError {
 
 /// A kernel NVRTC rejected: which, how, and the source lines its log points at.
 #[derive(Debug, thiserror::Error)]
-#[error("NVRTC failed to compile {kernel} for {arch} ({message})\noptions: {options}\n{log}{context}")]
+#[error(
+    "NVRTC failed to compile {kernel} for {arch} ({message})\noptions: {options}\n{log}{context}"
+)]
 pub struct FailedCompile {
     pub kernel: String,
     pub arch: String,
@@ -90,9 +92,7 @@ pub fn parse_resources(log: &str) -> Option<Resources> {
         }
         if line.contains("stack frame") {
             for part in line.split(',') {
-                let n: Option<u32> = part
-                    .split_whitespace()
-                    .find_map(|w| w.parse().ok());
+                let n: Option<u32> = part.split_whitespace().find_map(|w| w.parse().ok());
                 let Some(n) = n else { continue };
                 if part.contains("stack frame") {
                     r.stack_frame_bytes = n;
@@ -104,7 +104,11 @@ pub fn parse_resources(log: &str) -> Option<Resources> {
             }
         }
         if let Some(i) = line.find(" bytes smem") {
-            if let Some(n) = line[..i].rsplit([' ', ',']).next().and_then(|n| n.parse().ok()) {
+            if let Some(n) = line[..i]
+                .rsplit([' ', ','])
+                .next()
+                .and_then(|n| n.parse().ok())
+            {
                 r.shared_mem_bytes = n;
             }
         }
@@ -119,7 +123,9 @@ fn source_context(program_name: &str, source: &str, log: &str) -> String {
     let mut out = String::new();
     let prefix = format!("{program_name}(");
     for l in log.lines() {
-        let Some(rest) = l.strip_prefix(&prefix) else { continue };
+        let Some(rest) = l.strip_prefix(&prefix) else {
+            continue;
+        };
         let Some(n) = rest.split(')').next().and_then(|n| n.parse::<usize>().ok()) else {
             continue;
         };

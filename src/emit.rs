@@ -168,7 +168,11 @@ pub fn plan(
                         a.ptx.clone(),
                     ),
                     cubin: a.cubin.clone().map(|c| {
-                        file_ref(&mut files, format!("{KERNEL_DIR}/{}.{arch}.cubin", k.name), c)
+                        file_ref(
+                            &mut files,
+                            format!("{KERNEL_DIR}/{}.{arch}.cubin", k.name),
+                            c,
+                        )
                     }),
                     nvrtc_options: a.options.clone(),
                     resources: a.resources.clone(),
@@ -348,7 +352,8 @@ pub fn write(out: &Path, files: &FileSet) -> Result<WriteOutcome, EmitError> {
     if existing.is_some() {
         swap(out, &new_root, &staging.path().join("old"))?;
     } else {
-        std::fs::rename(&new_root, out).map_err(io_err(out, "cannot move the new tree into place"))?;
+        std::fs::rename(&new_root, out)
+            .map_err(io_err(out, "cannot move the new tree into place"))?;
     }
     // Dropping `staging` removes the old tree.
     drop(staging);

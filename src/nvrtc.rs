@@ -87,10 +87,7 @@ pub struct Candidate {
 const LIB_NAMES: [&str; 3] = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
 
 fn lib_in(dir: &Path) -> Option<PathBuf> {
-    LIB_NAMES
-        .iter()
-        .map(|n| dir.join(n))
-        .find(|p| p.is_file())
+    LIB_NAMES.iter().map(|n| dir.join(n)).find(|p| p.is_file())
 }
 
 /// Site-packages folders of the Python that pip installs into, plus the usual user and virtualenv
@@ -98,7 +95,8 @@ fn lib_in(dir: &Path) -> Option<PathBuf> {
 fn python_site_dirs() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     let python = std::env::var(ENV_PYTHON).unwrap_or_else(|_| "python3".to_string());
-    let probe = "import site,sys\nfor p in site.getsitepackages()+[site.getusersitepackages()]: print(p)";
+    let probe =
+        "import site,sys\nfor p in site.getsitepackages()+[site.getusersitepackages()]: print(p)";
     if let Ok(out) = Command::new(&python)
         .args(["-I", "-c", probe])
         .stdin(std::process::Stdio::null())
@@ -201,7 +199,11 @@ pub fn candidates() -> Vec<Candidate> {
     out
 }
 
-fn load_symbol<T: Copy>(lib: &libloading::Library, path: &str, name: &str) -> Result<T, NvrtcError> {
+fn load_symbol<T: Copy>(
+    lib: &libloading::Library,
+    path: &str,
+    name: &str,
+) -> Result<T, NvrtcError> {
     // SAFETY: each symbol is read with the signature of its declaration in nvrtc.h.
     unsafe {
         lib.get::<T>(name.as_bytes())
@@ -225,9 +227,9 @@ fn preload_builtins(nvrtc_path: &Path) -> Vec<libloading::Library> {
             rd.flatten()
                 .map(|e| e.path())
                 .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("libnvrtc-builtins.so.") && !n.contains(".alt."))
+                    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                        n.starts_with("libnvrtc-builtins.so.") && !n.contains(".alt.")
+                    })
                 })
                 .collect()
         })
@@ -350,7 +352,9 @@ impl Nvrtc {
             return format!("error {code}");
         }
         // SAFETY: non-null, NUL-terminated, static.
-        unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(ptr) }
+            .to_string_lossy()
+            .into_owned()
     }
 
     fn check(&self, call: &'static str, code: NvrtcResult) -> Result<(), NvrtcError> {
@@ -415,11 +419,16 @@ impl Nvrtc {
         })?;
         let guard = ProgramGuard { nvrtc: self, prog };
         // SAFETY: `prog` is live; options outlive the call.
-        let compile_code = unsafe {
-            (self.api.compile_program)(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr())
-        };
-        let log = self.read(prog, "nvrtcGetProgramLog", self.api.get_program_log_size, self.api.get_program_log)?;
-        let log = String::from_utf8_lossy(log.split(|&b| b == 0).next().unwrap_or(&[])).into_owned();
+        let compile_code =
+            unsafe { (self.api.compile_program)(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
+        let log = self.read(
+            prog,
+            "nvrtcGetProgramLog",
+            self.api.get_program_log_size,
+            self.api.get_program_log,
+        )?;
+        let log =
+            String::from_utf8_lossy(log.split(|&b| b == 0).next().unwrap_or(&[])).into_owned();
         if compile_code != 0 {
             drop(guard);
             return Ok(Err(CompileFailure {
@@ -438,7 +447,12 @@ impl Nvrtc {
             None
         };
         let cubin = if want_cubin {
-            Some(self.read(prog, "nvrtcGetCUBIN", self.api.get_cubin_size, self.api.get_cubin)?)
+            Some(self.read(
+                prog,
+                "nvrtcGetCUBIN",
+                self.api.get_cubin_size,
+                self.api.get_cubin,
+            )?)
         } else {
             None
         };
@@ -528,7 +542,10 @@ mod tests {
     fn isa_maps_to_the_driver_that_first_shipped_it() {
         assert_eq!(oldest_driver_for_isa("9.0"), Some(("13.0".into(), "r580")));
         assert_eq!(oldest_driver_for_isa("8.5"), Some(("12.5".into(), "r555")));
-        assert_eq!(oldest_driver_for_isa("9.5").map(|x| x.0), Some("13.5".into()));
+        assert_eq!(
+            oldest_driver_for_isa("9.5").map(|x| x.0),
+            Some("13.5".into())
+        );
         assert_eq!(oldest_driver_for_isa("x"), None);
     }
 

@@ -1,1 +1,313 @@
-//! CPU float64 reference (filled in by the runtime issue).
+//! The float64 reference: docs/SEMANTICS.md as plain code, the yardstick every kernel is
+//! checked against. Values are f64; converting inputs from f16/bf16/f32 is exact.
+
+use crate::dtype::Dtype;
+
+/// A `[T, H, D]` tensor view in elements: row (t, h) starts at `t*token_stride + h*head_stride`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub token_stride: usize,
+    pub head_stride: usize,
+}
+
+impl Layout {
+    pub fn contiguous(heads: usize, head_size: usize) -> Layout {
+        Layout {
+            token_stride: heads * head_size,
+            head_stride: head_size,
+        }
+    }
+    pub fn row(&self, t: usize, h: usize) -> usize {
+        t * self.token_stride + h * self.head_stride
+    }
+}
+
+/// Where `(t, h)` of an lse array lives.
+pub fn lse_index(
+    head_major: bool,
+    num_tokens: usize,
+    num_heads: usize,
+    t: usize,
+    h: usize,
+) -> usize {
+    if head_major {
+        h * num_tokens + t
+    } else {
+        t * num_heads + h
+    }
+}
+
+/// The merge of one row: the weights the row gets and its lse.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowMerge {
+    /// Past the threshold: the suffix row as is; lse = suffix lse as given.
+    CopySuffix { lse: f64 },
+    /// No keys on either side: the prefix row; lse = -inf.
+    CopyPrefix,
+    /// `out = prefix * prefix_weight + suffix * suffix_weight`.
+    Blend {
+        prefix_weight: f64,
+        suffix_weight: f64,
+        lse: f64,
+    },
+}
+
+impl RowMerge {
+    pub fn lse(&self) -> f64 {
+        match *self {
+            RowMerge::CopySuffix { lse } | RowMerge::Blend { lse, .. } => lse,
+            RowMerge::CopyPrefix => f64::NEG_INFINITY,
+        }
+    }
+    /// The merged value of one element, in float64.
+    pub fn value(&self, prefix: f64, suffix: f64) -> f64 {
+        match *self {
+            RowMerge::CopySuffix { .. } => suffix,
+            RowMerge::CopyPrefix => prefix,
+            RowMerge::Blend {
+                prefix_weight,
+                suffix_weight,
+                ..
+            } => prefix * prefix_weight + suffix * suffix_weight,
+        }
+    }
+    /// |prefix term| + |suffix term|: the scale a float32 evaluation's rounding error is
+    /// relative to (the sum itself can cancel to near zero).
+    pub fn magnitude(&self, prefix: f64, suffix: f64) -> f64 {
+        match *self {
+            RowMerge::CopySuffix { .. } => suffix.abs(),
+            RowMerge::CopyPrefix => prefix.abs(),
+            RowMerge::Blend {
+                prefix_weight,
+                suffix_weight,
+                ..
+            } => (prefix * prefix_weight).abs() + (suffix * suffix_weight).abs(),
+        }
+    }
+}
+
+/// How row (t, h) merges, given its two lse values and whether the token has context
+/// (`t < prefill_tokens_with_context`).
+pub fn merge_row(prefix_lse: f32, suffix_lse: f32, has_context: bool) -> RowMerge {
+    if !has_context {
+        return RowMerge::CopySuffix {
+            lse: f64::from(suffix_lse),
+        };
+    }
+    // FA2 reports an empty sequence as +inf, FA3 as -inf: both mean "no keys".
+    let no_keys = |x: f64| {
+        if x == f64::INFINITY {
+            f64::NEG_INFINITY
+        } else {
+            x
+        }
+    };
+    let p = no_keys(f64::from(prefix_lse));
+    let s = no_keys(f64::from(suffix_lse));
+    // Not f64::max: a NaN must propagate.
+    let m = if p > s { p } else { s };
+    if m == f64::NEG_INFINITY {
+        return RowMerge::CopyPrefix;
+    }
+    let a = (p - m).exp();
+    let b = (s - m).exp();
+    RowMerge::Blend {
+        prefix_weight: a / (a + b),
+        suffix_weight: b / (a + b),
+        lse: (a + b).ln() + m,
+    }
+}
+
+/// Round a float64 to the nearest value of `dtype` (ties to even), returned as f64.
+pub fn round_to(dtype: Dtype, x: f64) -> f64 {
+    match dtype {
+        Dtype::F32 => f64::from(x as f32),
+        Dtype::F16 => f64::from(half::f16::from_f64(x)),
+        Dtype::Bf16 => f64::from(half::bf16::from_f64(x)),
+    }
+}
+
+/// Distance between `x` (a value of `dtype`) and the next representable value away from zero.
+pub fn ulp(dtype: Dtype, x: f64) -> f64 {
+    let x = x.abs();
+    match dtype {
+        Dtype::F32 => {
+            let f = x as f32;
+            f64::from(f32::from_bits(f.to_bits() + 1)) - f64::from(f)
+        }
+        Dtype::F16 => {
+            let h = half::f16::from_f64(x);
+            f64::from(half::f16::from_bits(h.to_bits() + 1)) - f64::from(h)
+        }
+        Dtype::Bf16 => {
+            let h = half::bf16::from_f64(x);
+            f64::from(half::bf16::from_bits(h.to_bits() + 1)) - f64::from(h)
+        }
+    }
+}
+
+/// Per-element relative tolerance of a float32 merge rounded into `dtype`.
+pub fn tolerance(dtype: Dtype) -> f64 {
+    match dtype {
+        Dtype::F32 => 1e-6,
+        Dtype::F16 => 1e-3,
+        Dtype::Bf16 => 8e-3,
+    }
+}
+
+/// Does a kernel's element `got` match the reference?
+/// Copies must be exact; blends within `tolerance * magnitude` plus one ulp of the rounded
+/// reference. NaN matches only NaN; infinities match exactly.
+pub fn element_matches(dtype: Dtype, row: &RowMerge, prefix: f64, suffix: f64, got: f64) -> bool {
+    let want = row.value(prefix, suffix);
+    if want.is_nan() || got.is_nan() {
+        return want.is_nan() && got.is_nan();
+    }
+    let rounded = round_to(dtype, want);
+    if rounded.is_infinite() || got.is_infinite() {
+        return rounded == got;
+    }
+    match row {
+        RowMerge::CopySuffix { .. } | RowMerge::CopyPrefix => got == rounded,
+        RowMerge::Blend { .. } => {
+            let slack = tolerance(dtype) * row.magnitude(prefix, suffix) + ulp(dtype, rounded);
+            (got - rounded).abs() <= slack
+        }
+    }
+}
+
+/// Does a kernel's output lse match? Within 1e-5 absolute; -inf, +inf and NaN exactly.
+pub fn lse_matches(want: f64, got: f32) -> bool {
+    let got = f64::from(got);
+    if want.is_nan() || got.is_nan() {
+        return want.is_nan() && got.is_nan();
+    }
+    if want.is_infinite() || got.is_infinite() {
+        return want == got;
+    }
+    (want - got).abs() <= 1e-5
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INF: f32 = f32::INFINITY;
+
+    #[test]
+    fn equal_lse_averages_the_rows() {
+        let r = merge_row(0.0, 0.0, true);
+        assert_eq!(r.value(2.0, 4.0), 3.0);
+        assert!((r.lse() - 2f64.ln()).abs() < 1e-15);
+    }
+
+    #[test]
+    fn hand_computed_blend() {
+        // p = ln 3, s = 0: a = 1, b = 1/3 after subtracting m = ln 3 -> weights 3/4, 1/4.
+        let r = merge_row(3f32.ln(), 0.0, true);
+        let RowMerge::Blend {
+            prefix_weight,
+            suffix_weight,
+            lse,
+        } = r
+        else {
+            panic!("{r:?}")
+        };
+        assert!((prefix_weight - 0.75).abs() < 1e-7);
+        assert!((suffix_weight - 0.25).abs() < 1e-7);
+        assert!((lse - 4f64.ln()).abs() < 1e-7);
+        assert!((r.value(8.0, 4.0) - 7.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn plus_infinity_means_no_keys() {
+        // FA2's +inf on the prefix: all weight on the suffix.
+        let r = merge_row(INF, 1.5, true);
+        assert_eq!(r.value(100.0, 7.0), 7.0);
+        assert_eq!(r.lse(), 1.5);
+        // -inf behaves the same.
+        assert_eq!(merge_row(-INF, 1.5, true), r);
+        // And on the suffix side.
+        assert_eq!(merge_row(2.0, INF, true).value(5.0, 9.0), 5.0);
+    }
+
+    #[test]
+    fn no_keys_on_either_side_gives_the_prefix_and_minus_infinity() {
+        for (p, s) in [(-INF, -INF), (INF, INF), (INF, -INF), (-INF, INF)] {
+            let r = merge_row(p, s, true);
+            assert_eq!(r, RowMerge::CopyPrefix);
+            assert_eq!(r.value(3.0, f64::NAN), 3.0, "never NaN from the suffix");
+            assert_eq!(r.lse(), f64::NEG_INFINITY);
+        }
+    }
+
+    #[test]
+    fn threshold_copies_the_suffix_and_its_lse_as_given() {
+        for t in [0usize, 4, 7] {
+            let n = 4; // prefill_tokens_with_context
+            let r = merge_row(1.0, INF, t < n);
+            if t < n {
+                assert_eq!(r.value(2.0, 9.0), 2.0);
+                assert_eq!(r.lse(), 1.0);
+            } else {
+                assert_eq!(
+                    r,
+                    RowMerge::CopySuffix { lse: f64::INFINITY },
+                    "lse as given, +inf kept"
+                );
+            }
+        }
+        // n = 0: every row copies; n = T: none does.
+        assert!(matches!(
+            merge_row(0.0, 0.0, false),
+            RowMerge::CopySuffix { .. }
+        ));
+    }
+
+    #[test]
+    fn nan_propagates() {
+        assert!(merge_row(f32::NAN, 0.0, true).value(1.0, 1.0).is_nan());
+        assert!(merge_row(0.0, f32::NAN, true).lse().is_nan());
+        assert!(merge_row(0.0, 0.0, true).value(f64::NAN, 1.0).is_nan());
+    }
+
+    #[test]
+    fn comparisons() {
+        let r = merge_row(0.0, 0.0, true);
+        assert!(element_matches(Dtype::Bf16, &r, 1.0, 2.0, 1.5));
+        assert!(!element_matches(Dtype::Bf16, &r, 1.0, 2.0, 1.53));
+        assert!(element_matches(
+            Dtype::F32,
+            &r,
+            1.0,
+            2.0,
+            f64::from(1.5f32 + f32::EPSILON)
+        ));
+        assert!(!element_matches(Dtype::F32, &r, 1.0, 2.0, 1.5001));
+        assert!(!element_matches(Dtype::F16, &r, 1.0, 2.0, f64::NAN));
+        let copy = merge_row(0.0, 0.0, false);
+        assert!(!element_matches(
+            Dtype::F32,
+            &copy,
+            1.0,
+            2.0,
+            f64::from(2.0f32 + 2.0 * f32::EPSILON)
+        ));
+        assert!(lse_matches(f64::NEG_INFINITY, f32::NEG_INFINITY));
+        assert!(!lse_matches(1.0, f32::NEG_INFINITY));
+        assert!(!lse_matches(1.0, 1.0001));
+        assert_eq!(round_to(Dtype::Bf16, 1.0 + 1.0 / 256.0), 1.0, "tie to even");
+        assert_eq!(ulp(Dtype::F16, 1.0), 1.0 / 1024.0);
+    }
+
+    #[test]
+    fn layouts_and_lse_indices() {
+        let l = Layout {
+            token_stride: 4 * 192,
+            head_stride: 192,
+        };
+        assert_eq!(l.row(2, 3), 2 * 768 + 3 * 192);
+        assert_eq!(lse_index(true, 10, 4, 3, 2), 2 * 10 + 3);
+        assert_eq!(lse_index(false, 10, 4, 3, 2), 3 * 4 + 2);
+    }
+}

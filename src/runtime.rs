@@ -1,0 +1,558 @@
+//! Runtime (feature `cuda`): load generated kernels from a manifest folder through the CUDA driver
+//! (cudarc, loaded at run time) and launch them on a stream. Every launch is validated first, so a
+//! wrong call gets an error instead of touching memory outside its tensors. No host-device
+//! synchronization happens in a launch, so launches can be captured in a CUDA graph.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
+use serde::Deserialize;
+
+use crate::dtype::Dtype;
+use crate::reference::Layout;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("{path}: {detail}")]
+    Manifest { path: PathBuf, detail: String },
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    #[error("{file} cannot be loaded: its PTX ISA {isa} (made by NVRTC {nvrtc}) needs a CUDA {needed} driver, and this driver supports CUDA {driver}. Generate with the pinned NVRTC 13.0.88, or list an sm_ arch (CUBIN) for this GPU in the spec.")]
+    PtxTooNew {
+        file: String,
+        isa: String,
+        nvrtc: String,
+        needed: String,
+        driver: String,
+    },
+    #[error("{file} cannot be loaded on this GPU (sm_{cc}): {detail}")]
+    Load {
+        file: String,
+        cc: String,
+        detail: String,
+    },
+    #[error("no kernel in the manifest matches {0}")]
+    NoKernel(String),
+    #[error("{kernel}: {problem}")]
+    InvalidArgument { kernel: String, problem: String },
+}
+
+fn driver(e: DriverError) -> RuntimeError {
+    RuntimeError::Driver(format!("{e:?}"))
+}
+
+// ---- the manifest, as the runtime reads it ----
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ManifestView {
+    pub nvrtc: NvrtcView,
+    pub kernels: Vec<KernelView>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct NvrtcView {
+    pub release: String,
+    pub ptx_isa: String,
+    pub oldest_driver_cuda: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct VariantView {
+    pub dtype: String,
+    pub head_size: u32,
+    pub prefix_threshold: bool,
+    pub output_lse: bool,
+    pub lse_layout: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ParamView {
+    pub name: String,
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct LaunchView {
+    pub vec_elems: u32,
+    pub vec_bytes: u32,
+    pub tokens_per_block: u32,
+    pub block_threads: u32,
+    pub shared_mem_bytes: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct FileView {
+    pub file: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ArchView {
+    pub arch: String,
+    pub ptx: FileView,
+    pub cubin: Option<FileView>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct KernelView {
+    pub name: String,
+    pub variant: VariantView,
+    pub params: Vec<ParamView>,
+    pub launch: LaunchView,
+    pub archs: Vec<ArchView>,
+}
+
+impl KernelView {
+    pub fn dtype(&self) -> Option<Dtype> {
+        Dtype::from_name(&self.variant.dtype)
+    }
+    pub fn head_major(&self) -> bool {
+        self.variant.lse_layout == "head_major"
+    }
+}
+
+/// One kernel, loaded.
+pub struct LoadedKernel {
+    pub meta: KernelView,
+    /// The file it was loaded from (`kernels/x.sm_90.cubin`).
+    pub loaded_from: String,
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+}
+
+/// A device buffer handed to a launch: raw pointer, length in elements, element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceBuffer {
+    pub ptr: u64,
+    pub len: usize,
+    pub dtype: Dtype,
+}
+
+impl DeviceBuffer {
+    fn byte_range(&self) -> (u64, u64) {
+        (
+            self.ptr,
+            self.ptr + (self.len as u64) * u64::from(self.dtype.size_bytes()),
+        )
+    }
+}
+
+/// Arguments of one merge launch.
+#[derive(Debug, Clone)]
+pub struct MergeArgs {
+    pub output: DeviceBuffer,
+    pub output_lse: Option<DeviceBuffer>,
+    pub prefix: DeviceBuffer,
+    pub prefix_lse: DeviceBuffer,
+    pub suffix: DeviceBuffer,
+    pub suffix_lse: DeviceBuffer,
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub output_layout: Layout,
+    pub prefix_layout: Layout,
+    pub suffix_layout: Layout,
+    /// `None` = every token has context (n = T).
+    pub prefill_tokens_with_context: Option<usize>,
+}
+
+/// Kernels of one manifest, loaded into one context.
+pub struct Runtime {
+    pub ctx: Arc<CudaContext>,
+    pub compute_capability: (i32, i32),
+    pub driver_cuda: (i32, i32),
+    pub manifest: ManifestView,
+    kernels: Vec<LoadedKernel>,
+    by_name: HashMap<String, usize>,
+}
+
+/// The CUDA version the installed driver supports.
+pub fn driver_cuda_version() -> Result<(i32, i32), RuntimeError> {
+    let mut v = 0;
+    // SAFETY: out-pointer to a live local; needs no cuInit.
+    let rc = unsafe { sys::cuDriverGetVersion(&mut v) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(RuntimeError::Driver(format!("cuDriverGetVersion: {rc:?}")));
+    }
+    Ok((v / 1000, (v % 1000) / 10))
+}
+
+/// Is a CUDA driver library present? (Never panics, unlike touching cudarc without one.)
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { sys::is_culib_present() }
+}
+
+fn arch_number(arch: &str) -> Option<(u32, bool, bool)> {
+    let (real, rest) = if let Some(r) = arch.strip_prefix("sm_") {
+        (true, r)
+    } else {
+        (false, arch.strip_prefix("compute_")?)
+    };
+    let (digits, specific) = match rest.strip_suffix('a') {
+        Some(d) => (d, true),
+        None => (rest, false),
+    };
+    Some((digits.parse().ok()?, real, specific))
+}
+
+/// The best artifact for a device: a CUBIN of its exact arch, else one of the same major and a
+/// lower minor (binary compatible), else the newest PTX not newer than the device.
+fn pick_artifact(k: &KernelView, cc: (i32, i32)) -> Option<(String, bool)> {
+    let dev = (cc.0 * 10 + cc.1) as u32;
+    let mut best_cubin: Option<(u32, &str)> = None;
+    let mut best_ptx: Option<(u32, &str)> = None;
+    for a in &k.archs {
+        let Some((n, real, specific)) = arch_number(&a.arch) else {
+            continue;
+        };
+        if let Some(c) = a.cubin.as_ref().filter(|_| real) {
+            let compatible = if specific {
+                n == dev
+            } else {
+                n / 10 == dev / 10 && n <= dev
+            };
+            if compatible && best_cubin.is_none_or(|(b, _)| n > b) {
+                best_cubin = Some((n, c.file.as_str()));
+            }
+        }
+        if !specific && n <= dev && best_ptx.is_none_or(|(b, _)| n > b) {
+            best_ptx = Some((n, a.ptx.file.as_str()));
+        }
+    }
+    best_cubin
+        .map(|(_, f)| (f.to_string(), true))
+        .or(best_ptx.map(|(_, f)| (f.to_string(), false)))
+}
+
+impl Runtime {
+    /// Load every kernel of `dir/manifest.json` into `ctx`.
+    pub fn load(ctx: Arc<CudaContext>, dir: &Path) -> Result<Runtime, RuntimeError> {
+        let path = dir.join(crate::emit::MANIFEST);
+        let text = std::fs::read(&path).map_err(|e| RuntimeError::Manifest {
+            path: path.clone(),
+            detail: e.to_string(),
+        })?;
+        let manifest: ManifestView =
+            serde_json::from_slice(&text).map_err(|e| RuntimeError::Manifest {
+                path: path.clone(),
+                detail: e.to_string(),
+            })?;
+        let cc = ctx.compute_capability().map_err(driver)?;
+        let driver_cuda = driver_cuda_version()?;
+        ctx.bind_to_thread().map_err(driver)?;
+        let mut kernels = Vec::new();
+        let mut by_name = HashMap::new();
+        for k in &manifest.kernels {
+            let Some((file, _is_cubin)) = pick_artifact(k, cc) else {
+                return Err(RuntimeError::Load {
+                    file: k.name.clone(),
+                    cc: format!("{}{}", cc.0, cc.1),
+                    detail: format!(
+                        "the manifest has no CUBIN or PTX for it (archs: {})",
+                        k.archs
+                            .iter()
+                            .map(|a| a.arch.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            };
+            let mut image = std::fs::read(dir.join(&file)).map_err(|e| RuntimeError::Manifest {
+                path: dir.join(&file),
+                detail: e.to_string(),
+            })?;
+            if file.ends_with(".ptx") {
+                image.push(0); // cuModuleLoadData takes PTX as a C string
+            }
+            // SAFETY: `image` is a complete CUBIN or NUL-terminated PTX and outlives the call.
+            let module = match unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            {
+                Ok(m) => m,
+                Err(DriverError(sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION)) => {
+                    return Err(RuntimeError::PtxTooNew {
+                        file,
+                        isa: manifest.nvrtc.ptx_isa.clone(),
+                        nvrtc: manifest.nvrtc.release.clone(),
+                        needed: manifest.nvrtc.oldest_driver_cuda.clone(),
+                        driver: format!("{}.{}", driver_cuda.0, driver_cuda.1),
+                    })
+                }
+                Err(e) => {
+                    return Err(RuntimeError::Load {
+                        file,
+                        cc: format!("{}{}", cc.0, cc.1),
+                        detail: format!("{e:?}"),
+                    })
+                }
+            };
+            let name = CString::new(k.name.as_str()).map_err(|_| RuntimeError::Manifest {
+                path: path.clone(),
+                detail: format!("kernel name {:?} holds a NUL byte", k.name),
+            })?;
+            // SAFETY: module just loaded; name is a valid C string.
+            let function = unsafe { result::module::get_function(module, name) }.map_err(driver)?;
+            by_name.insert(k.name.clone(), kernels.len());
+            kernels.push(LoadedKernel {
+                meta: k.clone(),
+                loaded_from: file,
+                module,
+                function,
+            });
+        }
+        Ok(Runtime {
+            ctx,
+            compute_capability: cc,
+            driver_cuda,
+            manifest,
+            kernels,
+            by_name,
+        })
+    }
+
+    pub fn kernels(&self) -> &[LoadedKernel] {
+        &self.kernels
+    }
+
+    pub fn kernel(&self, name: &str) -> Option<&LoadedKernel> {
+        self.by_name.get(name).map(|&i| &self.kernels[i])
+    }
+
+    /// Validate `args` against `kernel`'s variant and launch it on `stream`.
+    pub fn launch_merge(
+        &self,
+        kernel: &LoadedKernel,
+        stream: &CudaStream,
+        args: &MergeArgs,
+    ) -> Result<(), RuntimeError> {
+        let values = validate(&kernel.meta, args)?;
+        let Some(values) = values else {
+            return Ok(()); // T = 0 or H = 0: nothing to write
+        };
+        let (grid, block) = values.1;
+        let mut storage: Vec<u64> = values.0;
+        let mut params: Vec<*mut c_void> = storage
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut c_void)
+            .collect();
+        self.ctx.bind_to_thread().map_err(driver)?;
+        // SAFETY: every parameter is an 8-byte value in the kernel's declared order (pointers and
+        // long longs), validated above to stay inside the caller's buffers; `storage` outlives it.
+        unsafe {
+            result::launch_kernel(
+                kernel.function,
+                (grid[0], grid[1], grid[2]),
+                (block, 1, 1),
+                kernel.meta.launch.shared_mem_bytes,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(driver)
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            for k in &self.kernels {
+                // SAFETY: loaded by `load`, unloaded once; functions die with their module.
+                let _ = unsafe { result::module::unload(k.module) };
+            }
+        }
+    }
+}
+
+type LaunchValues = (Vec<u64>, ([u32; 3], u32));
+
+/// Check every argument against the kernel; return the parameter values in ABI order and the
+/// launch shape, or `None` when there is nothing to launch.
+pub fn validate(k: &KernelView, a: &MergeArgs) -> Result<Option<LaunchValues>, RuntimeError> {
+    let bad = |problem: String| RuntimeError::InvalidArgument {
+        kernel: k.name.clone(),
+        problem,
+    };
+    let dtype = k.dtype().ok_or_else(|| {
+        bad(format!(
+            "unknown dtype {:?} in the manifest",
+            k.variant.dtype
+        ))
+    })?;
+    let d = k.variant.head_size as usize;
+    let (t, h) = (a.num_tokens, a.num_heads);
+    let vec = k.launch.vec_elems as usize;
+
+    for (name, buf, want) in [
+        ("output", Some(&a.output), dtype),
+        ("prefix_output", Some(&a.prefix), dtype),
+        ("suffix_output", Some(&a.suffix), dtype),
+        ("prefix_lse", Some(&a.prefix_lse), Dtype::F32),
+        ("suffix_lse", Some(&a.suffix_lse), Dtype::F32),
+        ("output_lse", a.output_lse.as_ref(), Dtype::F32),
+    ] {
+        let Some(buf) = buf else { continue };
+        if buf.dtype != want {
+            return Err(bad(format!(
+                "{name} is {}, the kernel takes {}",
+                buf.dtype.name(),
+                want.name()
+            )));
+        }
+        if buf.ptr == 0 {
+            return Err(bad(format!("{name} is a null pointer")));
+        }
+    }
+    if a.output_lse.is_some() && !k.variant.output_lse {
+        return Err(bad(
+            "output_lse given, but this kernel has no output_lse (spec: output_lse = true)".into(),
+        ));
+    }
+    let n = match (a.prefill_tokens_with_context, k.variant.prefix_threshold) {
+        (Some(n), _) if n > t => {
+            return Err(bad(format!("prefill_tokens_with_context = {n} exceeds num_tokens = {t}")))
+        }
+        (Some(n), false) if n != t => {
+            return Err(bad("prefill_tokens_with_context given, but this kernel has no threshold (spec: prefix_threshold = true)".into()))
+        }
+        (Some(n), _) => n,
+        (None, _) => t,
+    };
+    let i64_max = i64::MAX as usize;
+    if t > i64_max || h > i64_max {
+        return Err(bad("num_tokens or num_heads does not fit in 64 bits".into()));
+    }
+
+    let grid = match (t as u64).div_ceil(u64::from(k.launch.tokens_per_block)) {
+        0 => return Ok(None),
+        x if x > i32::MAX as u64 => {
+            return Err(bad(format!(
+                "num_tokens = {t} needs more than 2^31-1 blocks"
+            )));
+        }
+        x => [x as u32, h.min(65535) as u32, 1],
+    };
+    if h == 0 {
+        return Ok(None);
+    }
+
+    for (name, buf, l) in [
+        ("output", &a.output, &a.output_layout),
+        ("prefix_output", &a.prefix, &a.prefix_layout),
+        ("suffix_output", &a.suffix, &a.suffix_layout),
+    ] {
+        if l.head_stride < d && h > 1 {
+            return Err(bad(format!(
+                "{name}: head stride {} < head size {d}",
+                l.head_stride
+            )));
+        }
+        if l.head_stride % vec != 0 || l.token_stride % vec != 0 {
+            return Err(bad(format!(
+                "{name}: strides ({}, {}) must be multiples of {vec} elements (the kernel's {}-byte access)",
+                l.token_stride, l.head_stride, k.launch.vec_bytes
+            )));
+        }
+        if buf.ptr % u64::from(k.launch.vec_bytes) != 0 {
+            return Err(bad(format!(
+                "{name}: pointer {:#x} is not aligned to {} bytes",
+                buf.ptr, k.launch.vec_bytes
+            )));
+        }
+        if t > 0 && h > 0 {
+            let last = (t - 1)
+                .checked_mul(l.token_stride)
+                .and_then(|x| x.checked_add((h - 1).checked_mul(l.head_stride)?))
+                .and_then(|x| x.checked_add(d));
+            match last {
+                Some(end) if end <= buf.len => {}
+                _ => {
+                    return Err(bad(format!(
+                        "{name}: [T={t}, H={h}, D={d}] with strides ({}, {}) needs more than its {} elements",
+                        l.token_stride, l.head_stride, buf.len
+                    )))
+                }
+            }
+        }
+    }
+    // Output rows must not overlap, or threads race on shared elements.
+    let ol = &a.output_layout;
+    if t > 1 && ol.token_stride < h * ol.head_stride.max(d) {
+        return Err(bad(format!(
+            "output: token stride {} < num_heads * head stride ({}): rows would overlap",
+            ol.token_stride,
+            h * ol.head_stride.max(d)
+        )));
+    }
+    for (name, buf) in [
+        ("prefix_lse", Some(&a.prefix_lse)),
+        ("suffix_lse", Some(&a.suffix_lse)),
+        ("output_lse", a.output_lse.as_ref()),
+    ] {
+        let Some(buf) = buf else { continue };
+        if buf.len < t * h {
+            return Err(bad(format!(
+                "{name}: {} elements, needs num_tokens * num_heads = {}",
+                buf.len,
+                t * h
+            )));
+        }
+        if buf.ptr % 4 != 0 {
+            return Err(bad(format!(
+                "{name}: pointer {:#x} is not 4-byte aligned",
+                buf.ptr
+            )));
+        }
+    }
+    // The kernel reads inputs through the read-only cache and assumes no aliasing.
+    let outputs: Vec<(&str, &DeviceBuffer)> = std::iter::once(("output", &a.output))
+        .chain(a.output_lse.as_ref().map(|b| ("output_lse", b)))
+        .collect();
+    for (oname, o) in &outputs {
+        for (iname, i) in [
+            ("prefix_output", &a.prefix),
+            ("suffix_output", &a.suffix),
+            ("prefix_lse", &a.prefix_lse),
+            ("suffix_lse", &a.suffix_lse),
+        ] {
+            let (o0, o1) = o.byte_range();
+            let (i0, i1) = i.byte_range();
+            if o0 < i1 && i0 < o1 {
+                return Err(bad(format!(
+                    "{oname} overlaps {iname}: this kernel is not in-place"
+                )));
+            }
+        }
+    }
+
+    let value = |name: &str| -> Result<u64, RuntimeError> {
+        Ok(match name {
+            "output" => a.output.ptr,
+            "output_lse" => a.output_lse.map_or(0, |b| b.ptr),
+            "prefix_output" => a.prefix.ptr,
+            "prefix_lse" => a.prefix_lse.ptr,
+            "suffix_output" => a.suffix.ptr,
+            "suffix_lse" => a.suffix_lse.ptr,
+            "num_tokens" => t as u64,
+            "num_heads" => h as u64,
+            "output_token_stride" => a.output_layout.token_stride as u64,
+            "output_head_stride" => a.output_layout.head_stride as u64,
+            "prefix_token_stride" => a.prefix_layout.token_stride as u64,
+            "prefix_head_stride" => a.prefix_layout.head_stride as u64,
+            "suffix_token_stride" => a.suffix_layout.token_stride as u64,
+            "suffix_head_stride" => a.suffix_layout.head_stride as u64,
+            "prefill_tokens_with_context" => n as u64,
+            other => {
+                return Err(bad(format!(
+                    "the manifest lists a parameter this runtime does not know: {other}"
+                )))
+            }
+        })
+    };
+    let values = k
+        .params
+        .iter()
+        .map(|p| value(&p.name))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some((values, (grid, k.launch.block_threads))))
+}

@@ -146,7 +146,11 @@ pub struct MergeVariant {
 impl MergeVariant {
     /// Readable and stable: family, dtype, head size, then one tag per non-default option.
     pub fn kernel_name(&self) -> String {
-        let mut name = format!("merge_attn_states_{}_d{}", self.dtype.name(), self.head_size);
+        let mut name = format!(
+            "merge_attn_states_{}_d{}",
+            self.dtype.name(),
+            self.head_size
+        );
         if self.prefix_threshold {
             name.push_str("_thr");
         }
@@ -274,10 +278,7 @@ impl Ctx<'_> {
         for item in items {
             let parsed = one(item).map_err(|why| self.at(offset, format!("`{key}`: {why}")))?;
             if out.contains(&parsed) {
-                return Err(self.at(
-                    offset,
-                    format!("`{key}` lists {} twice", short(item)),
-                ));
+                return Err(self.at(offset, format!("`{key}` lists {} twice", short(item))));
             }
             out.push(parsed);
         }
@@ -298,10 +299,9 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let offset = offset.min(text.len());
     let before = &text[..offset];
     let line = before.matches('\n').count() + 1;
-    let column = before
-        .rfind('\n')
-        .map_or(before.chars().count(), |nl| before[nl + 1..].chars().count())
-        + 1;
+    let column = before.rfind('\n').map_or(before.chars().count(), |nl| {
+        before[nl + 1..].chars().count()
+    }) + 1;
     (line, column)
 }
 
@@ -312,12 +312,7 @@ fn one_of<T: Copy>(key_values: &[(&'static str, T)], v: &toml::Value) -> Result<
             .iter()
             .find(|(k, _)| *k == s)
             .map(|(_, t)| *t)
-            .ok_or_else(|| {
-                format!(
-                    "\"{s}\" is not allowed; allowed: {}",
-                    allowed.join(", ")
-                )
-            }),
+            .ok_or_else(|| format!("\"{s}\" is not allowed; allowed: {}", allowed.join(", "))),
         None => Err(format!(
             "expected a string, got {}; allowed: {}",
             short(v),
@@ -348,14 +343,20 @@ fn dtype(v: &toml::Value) -> Result<Dtype, String> {
         Some(s) => {
             Dtype::from_name(s).ok_or_else(|| format!("\"{s}\" is not allowed; allowed: {allowed}"))
         }
-        None => Err(format!("expected a string, got {}; allowed: {allowed}", short(v))),
+        None => Err(format!(
+            "expected a string, got {}; allowed: {allowed}",
+            short(v)
+        )),
     }
 }
 
 fn arch(v: &toml::Value) -> Result<Arch, String> {
     match v.as_str() {
         Some(s) => Arch::parse(s),
-        None => Err(format!("expected a string such as \"sm_90\", got {}", short(v))),
+        None => Err(format!(
+            "expected a string such as \"sm_90\", got {}",
+            short(v)
+        )),
     }
 }
 
@@ -393,7 +394,11 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
     for family in &families {
         let table_offset = family.span().start;
         let f = family.get_ref();
-        let dtypes = ctx.list("dtype", ctx.required(table_offset, "dtype", &f.dtype)?, dtype)?;
+        let dtypes = ctx.list(
+            "dtype",
+            ctx.required(table_offset, "dtype", &f.dtype)?,
+            dtype,
+        )?;
         let heads = ctx.list(
             "head_size",
             ctx.required(table_offset, "head_size", &f.head_size)?,
@@ -414,7 +419,12 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             None => vec![LseLayout::HeadMajor],
         };
 
-        let count = dtypes.len() * heads.len() * thresholds.len() * lses.len() * outputs.len() * layouts.len();
+        let count = dtypes.len()
+            * heads.len()
+            * thresholds.len()
+            * lses.len()
+            * outputs.len()
+            * layouts.len();
         if variants.len() + count > MAX_VARIANTS {
             return Err(ctx.at(
                 table_offset,
@@ -506,10 +516,20 @@ mod tests {
     fn default_spec_is_the_vllm_set() {
         let s = default_spec().unwrap();
         assert_eq!(s.variants.len(), 27);
-        assert_eq!(s.archs.iter().map(Arch::name).collect::<Vec<_>>(), ["sm_80", "sm_90"]);
-        assert!(s.variants.iter().all(|v| v.prefix_threshold && v.output_lse));
-        let heads: std::collections::BTreeSet<u32> = s.variants.iter().map(|v| v.head_size).collect();
-        assert_eq!(heads.into_iter().collect::<Vec<_>>(), [64, 80, 96, 112, 128, 192, 256, 512, 576]);
+        assert_eq!(
+            s.archs.iter().map(Arch::name).collect::<Vec<_>>(),
+            ["sm_80", "sm_90"]
+        );
+        assert!(s
+            .variants
+            .iter()
+            .all(|v| v.prefix_threshold && v.output_lse));
+        let heads: std::collections::BTreeSet<u32> =
+            s.variants.iter().map(|v| v.head_size).collect();
+        assert_eq!(
+            heads.into_iter().collect::<Vec<_>>(),
+            [64, 80, 96, 112, 128, 192, 256, 512, 576]
+        );
     }
 
     #[test]
@@ -533,16 +553,27 @@ mod tests {
             err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 0\n"),
             "t.toml:3:13: `head_size`: 0 is out of range; allowed: 1..=1024"
         );
-        assert!(err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput = \"fp4\"\n")
-            .contains("\"fp4\" is not allowed; allowed: same"));
+        assert!(
+            err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput = \"fp4\"\n")
+                .contains("\"fp4\" is not allowed; allowed: same")
+        );
         assert!(err("[[merge_attn_states]]\ndtype = []\nhead_size = 64\n").contains("empty list"));
-        assert!(err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = [64, 64]\n").contains("lists 64 twice"));
-        assert!(err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput_lse = \"yes\"\n")
-            .contains("expected true or false"));
-        assert!(err("arch = [\"sm_9x\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n")
-            .contains("must be digits"));
-        assert!(err("arch = [\"gfx90a\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n")
-            .contains("not an architecture"));
+        assert!(
+            err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = [64, 64]\n")
+                .contains("lists 64 twice")
+        );
+        assert!(err(
+            "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput_lse = \"yes\"\n"
+        )
+        .contains("expected true or false"));
+        assert!(err(
+            "arch = [\"sm_9x\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n"
+        )
+        .contains("must be digits"));
+        assert!(err(
+            "arch = [\"gfx90a\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n"
+        )
+        .contains("not an architecture"));
         assert!(err("").contains("names no kernels"));
         assert!(err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n")
             .contains("also produced by the table at line 1"));

@@ -52,7 +52,11 @@ fn generate_then_check_then_detect_every_kind_of_drift() {
     let cu = out.join("kernels/merge_attn_states_f16_d64_thr_lse.cu");
     let before = std::fs::metadata(&cu).unwrap().modified().unwrap();
     let o = mla_gen(&["generate", "--out", &out_s], &[]);
-    assert!(stderr(&o).contains("up to date, nothing written"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("up to date, nothing written"),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(std::fs::metadata(&cu).unwrap().modified().unwrap(), before);
 
     std::fs::write(&cu, "// edited by hand\n").unwrap();
@@ -61,8 +65,14 @@ fn generate_then_check_then_detect_every_kind_of_drift() {
     let o = mla_gen(&["check", "--out", &out_s], &[]);
     assert_eq!(o.status.code(), Some(1));
     let e = stderr(&o);
-    assert!(e.contains("stale") && e.contains("merge_attn_states_f16_d64_thr_lse.cu"), "{e}");
-    assert!(e.contains("missing") && e.contains("merge_attn_states_f32_d80_thr_lse.sm_80.ptx"), "{e}");
+    assert!(
+        e.contains("stale") && e.contains("merge_attn_states_f16_d64_thr_lse.cu"),
+        "{e}"
+    );
+    assert!(
+        e.contains("missing") && e.contains("merge_attn_states_f32_d80_thr_lse.sm_80.ptx"),
+        "{e}"
+    );
     assert!(e.contains("extra") && e.contains("stray.txt"), "{e}");
 
     // Regenerating repairs all three; an unchanged file keeps its timestamp.
@@ -70,8 +80,14 @@ fn generate_then_check_then_detect_every_kind_of_drift() {
     let kept_before = std::fs::metadata(&kept).unwrap().modified().unwrap();
     let o = mla_gen(&["generate", "--out", &out_s], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(mla_gen(&["check", "--out", &out_s], &[]).status.code(), Some(0));
-    assert_eq!(std::fs::metadata(&kept).unwrap().modified().unwrap(), kept_before);
+    assert_eq!(
+        mla_gen(&["check", "--out", &out_s], &[]).status.code(),
+        Some(0)
+    );
+    assert_eq!(
+        std::fs::metadata(&kept).unwrap().modified().unwrap(),
+        kept_before
+    );
 }
 
 #[test]
@@ -80,10 +96,27 @@ fn generation_is_byte_identical_across_job_counts_and_folders() {
     let spec = write_spec(tmp.path(), "s.toml", SMALL);
     let a = tmp.path().join("a");
     let b = tmp.path().join("deeper/b");
-    let o = mla_gen(&["generate", &spec, "--out", &a.display().to_string(), "-j", "1"], &[]);
+    let o = mla_gen(
+        &[
+            "generate",
+            &spec,
+            "--out",
+            &a.display().to_string(),
+            "-j",
+            "1",
+        ],
+        &[],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let o = Command::new(env!("CARGO_BIN_EXE_mla-gen"))
-        .args(["generate", "s.toml", "--out", &b.display().to_string(), "-j", "2"])
+        .args([
+            "generate",
+            "s.toml",
+            "--out",
+            &b.display().to_string(),
+            "-j",
+            "2",
+        ])
         .current_dir(tmp.path())
         .env("TZ", "Pacific/Kiritimati")
         .env("LC_ALL", "C")
@@ -94,7 +127,10 @@ fn generation_is_byte_identical_across_job_counts_and_folders() {
     assert_eq!(ta.len(), 4 * 3 + 1);
     assert_eq!(ta, tb);
     let manifest = String::from_utf8(ta["manifest.json"].clone()).unwrap();
-    assert!(!manifest.contains(&tmp.path().display().to_string()), "absolute path in manifest");
+    assert!(
+        !manifest.contains(&tmp.path().display().to_string()),
+        "absolute path in manifest"
+    );
 }
 
 #[test]
@@ -103,7 +139,12 @@ fn spec_errors_point_at_file_line_and_column_and_write_nothing() {
     let out = tmp.path().join("out");
     let out_s = out.display().to_string();
     let cases = [
-        ("syntax.toml", "[[merge_attn_states]\ndtype = \"bf16\"\n", "syntax.toml:1:", "expected"),
+        (
+            "syntax.toml",
+            "[[merge_attn_states]\ndtype = \"bf16\"\n",
+            "syntax.toml:1:",
+            "expected",
+        ),
         (
             "unknown.toml",
             "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_sise = 128\n",
@@ -159,12 +200,26 @@ fn a_failed_generate_leaves_the_previous_output_as_it_was() {
     let spec = write_spec(tmp.path(), "s.toml", SMALL);
     let out = tmp.path().join("out");
     let out_s = out.display().to_string();
-    assert!(mla_gen(&["generate", &spec, "--out", &out_s], &[]).status.success());
+    assert!(mla_gen(&["generate", &spec, "--out", &out_s], &[])
+        .status
+        .success());
     let before = read_tree(&out).unwrap();
 
-    let bad = write_spec(tmp.path(), "bad.toml", "[[merge_attn_states]]\ndtype = 1\nhead_size = 64\n");
-    assert_eq!(mla_gen(&["generate", &bad, "--out", &out_s], &[]).status.code(), Some(1));
-    let o = mla_gen(&["generate", &spec, "--out", &out_s, "--arch", "sm_100"], &[("MLA_GEN_NVRTC", "/nonexistent/libnvrtc.so")]);
+    let bad = write_spec(
+        tmp.path(),
+        "bad.toml",
+        "[[merge_attn_states]]\ndtype = 1\nhead_size = 64\n",
+    );
+    assert_eq!(
+        mla_gen(&["generate", &bad, "--out", &out_s], &[])
+            .status
+            .code(),
+        Some(1)
+    );
+    let o = mla_gen(
+        &["generate", &spec, "--out", &out_s, "--arch", "sm_100"],
+        &[("MLA_GEN_NVRTC", "/nonexistent/libnvrtc.so")],
+    );
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(read_tree(&out).unwrap(), before);
     let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
@@ -187,7 +242,10 @@ fn missing_nvrtc_says_where_it_looked_and_how_to_install() {
     let e = stderr(&o);
     assert!(e.contains("NVRTC (libnvrtc) not found"), "{e}");
     assert!(e.contains("MLA_GEN_NVRTC=/nonexistent/nvrtc"), "{e}");
-    assert!(e.contains("python3 -m pip install nvidia-cuda-nvrtc==13.0.88"), "{e}");
+    assert!(
+        e.contains("python3 -m pip install nvidia-cuda-nvrtc==13.0.88"),
+        "{e}"
+    );
     assert!(!out.exists());
     let o = mla_gen(&["doctor"], &[("MLA_GEN_NVRTC", "/nonexistent/nvrtc")]);
     assert_eq!(o.status.code(), Some(1));
@@ -200,10 +258,20 @@ fn refuses_to_replace_a_folder_it_did_not_write() {
     let out = tmp.path().join("src");
     std::fs::create_dir(&out).unwrap();
     std::fs::write(out.join("main.rs"), "fn main() {}").unwrap();
-    let o = mla_gen(&["generate", &spec, "--out", &out.display().to_string()], &[]);
+    let o = mla_gen(
+        &["generate", &spec, "--out", &out.display().to_string()],
+        &[],
+    );
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("not an mla-gen output folder"), "{}", stderr(&o));
-    assert_eq!(std::fs::read_to_string(out.join("main.rs")).unwrap(), "fn main() {}");
+    assert!(
+        stderr(&o).contains("not an mla-gen output folder"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("main.rs")).unwrap(),
+        "fn main() {}"
+    );
 }
 
 #[test]
@@ -214,7 +282,10 @@ fn list_render_inspect_doctor() {
     assert_eq!(names.len(), 27);
     assert!(names.contains(&"merge_attn_states_bf16_d576_thr_lse".to_string()));
 
-    let o = mla_gen(&["render", "--kernel", "merge_attn_states_f32_d80_thr_lse"], &[]);
+    let o = mla_gen(
+        &["render", "--kernel", "merge_attn_states_f32_d80_thr_lse"],
+        &[],
+    );
     assert!(o.status.success());
     let src = stdout(&o);
     assert!(src.contains("extern \"C\" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) merge_attn_states_f32_d80_thr_lse("));
@@ -234,19 +305,30 @@ fn list_render_inspect_doctor() {
     let o = mla_gen(&["inspect", &spec, "--json"], &[]);
     let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 4);
-    assert!(rows[0]["archs"][0]["resources"]["registers"].as_u64().unwrap() > 0);
+    assert!(
+        rows[0]["archs"][0]["resources"]["registers"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
 
     let o = mla_gen(&["doctor"], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let d = stdout(&o);
-    assert!(d.contains("NVRTC loaded:") && d.contains("PTX ISA:") && d.contains("GPU driver:"), "{d}");
+    assert!(
+        d.contains("NVRTC loaded:") && d.contains("PTX ISA:") && d.contains("GPU driver:"),
+        "{d}"
+    );
 }
 
 #[test]
 fn usage_errors_exit_2() {
     assert_eq!(mla_gen(&["frobnicate"], &[]).status.code(), Some(2));
     assert_eq!(mla_gen(&["render"], &[]).status.code(), Some(2));
-    assert_eq!(mla_gen(&["generate", "--jobs", "many"], &[]).status.code(), Some(2));
+    assert_eq!(
+        mla_gen(&["generate", "--jobs", "many"], &[]).status.code(),
+        Some(2)
+    );
     let o = mla_gen(&["--help"], &[]);
     assert!(o.status.success());
     assert!(stdout(&o).contains("Examples:"));
@@ -257,12 +339,32 @@ fn arch_override_from_flag_and_environment() {
     let tmp = tempfile::tempdir().unwrap();
     let spec = write_spec(tmp.path(), "s.toml", SMALL);
     let out = tmp.path().join("o");
-    let o = mla_gen(&["generate", &spec, "--out", &out.display().to_string(), "--arch", "compute_90"], &[]);
+    let o = mla_gen(
+        &[
+            "generate",
+            &spec,
+            "--out",
+            &out.display().to_string(),
+            "--arch",
+            "compute_90",
+        ],
+        &[],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let tree = read_tree(&out).unwrap();
     assert!(tree.keys().any(|k| k.ends_with(".compute_90.ptx")));
     assert!(!tree.keys().any(|k| k.ends_with(".cubin")));
-    let o = mla_gen(&["generate", &spec, "--out", &out.display().to_string(), "--arch", "sm_7"], &[]);
+    let o = mla_gen(
+        &[
+            "generate",
+            &spec,
+            "--out",
+            &out.display().to_string(),
+            "--arch",
+            "sm_7",
+        ],
+        &[],
+    );
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("older than sm_80"), "{}", stderr(&o));
 }

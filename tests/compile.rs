@@ -23,7 +23,10 @@ fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
                 .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
                 .collect();
             assert_eq!(entries.len(), 1, "{} {}: {entries:?}", k.name, a.arch);
-            assert!(entries[0].starts_with(&format!("{}(", k.name)), "{entries:?}");
+            assert!(
+                entries[0].starts_with(&format!("{}(", k.name)),
+                "{entries:?}"
+            );
             assert!(
                 ptx.contains(&format!(".target {}", a.arch.name())),
                 "{} PTX targets the wrong arch",
@@ -36,11 +39,31 @@ fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
                 4 => ("ld.global.nc.b32", "st.global.b32"),
                 _ => ("ld.global.nc.b16", "st.global.b16"),
             };
-            assert!(ptx.contains(ld) && ptx.contains(st), "{} {}: no {} access", k.name, a.arch, launch.vec_bytes);
-            let row_stores = ptx.lines().filter(|l| l.trim_start().starts_with("st.global")).count();
-            let lse_stores = ptx.lines().filter(|l| l.trim_start().starts_with("st.global.f32") || l.trim_start().starts_with("st.global.u32")).count();
+            assert!(
+                ptx.contains(ld) && ptx.contains(st),
+                "{} {}: no {} access",
+                k.name,
+                a.arch,
+                launch.vec_bytes
+            );
+            let row_stores = ptx
+                .lines()
+                .filter(|l| l.trim_start().starts_with("st.global"))
+                .count();
+            let lse_stores = ptx
+                .lines()
+                .filter(|l| {
+                    l.trim_start().starts_with("st.global.f32")
+                        || l.trim_start().starts_with("st.global.u32")
+                })
+                .count();
             // copy path, empty path, merge path: one vector store each per vector of the thread.
-            assert!(row_stores - lse_stores <= 3 * launch.vecs_per_thread as usize, "{} {}: split stores", k.name, a.arch);
+            assert!(
+                row_stores - lse_stores <= 3 * launch.vecs_per_thread as usize,
+                "{} {}: split stores",
+                k.name,
+                a.arch
+            );
             let cubin = a.cubin.as_ref().expect("sm_ arch has a CUBIN");
             assert_eq!(&cubin[..4], b"\x7fELF", "{}: CUBIN is an ELF image", k.name);
             let r = a.resources.as_ref().expect("ptxas report parsed");
@@ -80,7 +103,10 @@ fn compile_errors_name_the_kernel_options_and_source_line() {
     std::fs::create_dir_all(&dir).unwrap();
     for (name, text) in mla_gen::render::EMBEDDED_TEMPLATES {
         let text = if name == "merge_attn_states.cu.tera" {
-            text.replace("const float sum = a + b;", "const float sum = a + b + undefined_symbol;")
+            text.replace(
+                "const float sum = a + b;",
+                "const float sum = a + b + undefined_symbol;",
+            )
         } else {
             text.to_string()
         };

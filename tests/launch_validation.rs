@@ -1,0 +1,162 @@
+//! Every argument that could make a kernel touch memory outside its tensors is refused before
+//! launch. Runs without a GPU: validation reads only the manifest.
+#![cfg(feature = "cuda")]
+
+use mla_gen::dtype::Dtype;
+use mla_gen::reference::Layout;
+use mla_gen::runtime::{validate, DeviceBuffer, KernelView, ManifestView, MergeArgs};
+
+fn kernel(name: &str) -> KernelView {
+    let text = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/generated/manifest.json"
+    ))
+    .unwrap();
+    let m: ManifestView = serde_json::from_slice(&text).unwrap();
+    m.kernels.into_iter().find(|k| k.name == name).unwrap()
+}
+
+const T: usize = 10;
+const H: usize = 4;
+const D: usize = 128;
+
+fn buf(base: u64, len: usize, dtype: Dtype) -> DeviceBuffer {
+    DeviceBuffer {
+        ptr: base,
+        len,
+        dtype,
+    }
+}
+
+fn good() -> MergeArgs {
+    let n = T * H * D;
+    let l = Layout::contiguous(H, D);
+    MergeArgs {
+        output: buf(0x1000_0000, n, Dtype::Bf16),
+        output_lse: Some(buf(0x2000_0000, T * H, Dtype::F32)),
+        prefix: buf(0x3000_0000, n, Dtype::Bf16),
+        prefix_lse: buf(0x4000_0000, T * H, Dtype::F32),
+        suffix: buf(0x5000_0000, n, Dtype::Bf16),
+        suffix_lse: buf(0x6000_0000, T * H, Dtype::F32),
+        num_tokens: T,
+        num_heads: H,
+        output_layout: l,
+        prefix_layout: l,
+        suffix_layout: l,
+        prefill_tokens_with_context: Some(T / 2),
+    }
+}
+
+fn refused(k: &KernelView, a: &MergeArgs, needle: &str) {
+    match validate(k, a) {
+        Ok(_) => panic!("accepted; expected an error containing {needle:?}"),
+        Err(e) => assert!(e.to_string().contains(needle), "{e}"),
+    }
+}
+
+#[test]
+fn a_valid_call_yields_params_in_abi_order() {
+    let k = kernel("merge_attn_states_bf16_d128_thr_lse");
+    let (values, (grid, block)) = validate(&k, &good()).unwrap().unwrap();
+    assert_eq!(values.len(), k.params.len());
+    assert_eq!(values[0], 0x1000_0000);
+    assert_eq!(*values.last().unwrap(), (T / 2) as u64);
+    assert_eq!(grid, [1, H as u32, 1]);
+    assert_eq!(block, 256);
+    // No threshold given: n = T. T = 0: nothing to launch.
+    let mut a = good();
+    a.prefill_tokens_with_context = None;
+    assert_eq!(
+        *validate(&k, &a).unwrap().unwrap().0.last().unwrap(),
+        T as u64
+    );
+    a.num_tokens = 0;
+    assert!(validate(&k, &a).unwrap().is_none());
+    // Padded heads (V of 128 inside 192) are fine.
+    let mut a = good();
+    a.prefix_layout = Layout {
+        token_stride: H * 192,
+        head_stride: 192,
+    };
+    a.prefix.len = T * H * 192;
+    assert!(validate(&k, &a).is_ok());
+}
+
+#[test]
+fn each_unsafe_argument_is_refused() {
+    let k = kernel("merge_attn_states_bf16_d128_thr_lse");
+    let mut a = good();
+    a.prefix.dtype = Dtype::F16;
+    refused(&k, &a, "prefix_output is f16, the kernel takes bf16");
+    let mut a = good();
+    a.suffix_lse.dtype = Dtype::Bf16;
+    refused(&k, &a, "suffix_lse is bf16");
+    let mut a = good();
+    a.suffix.len -= 1;
+    refused(&k, &a, "suffix_output: [T=10, H=4, D=128]");
+    let mut a = good();
+    a.prefix_lse.len = T * H - 1;
+    refused(&k, &a, "prefix_lse: 39 elements");
+    let mut a = good();
+    a.output_layout.head_stride = 120;
+    refused(&k, &a, "head stride 120 < head size 128");
+    let mut a = good();
+    a.suffix_layout = Layout {
+        token_stride: H * 132,
+        head_stride: 132,
+    };
+    a.suffix.len = T * H * 132;
+    refused(&k, &a, "must be multiples of 8 elements");
+    let mut a = good();
+    a.prefix.ptr += 2;
+    refused(&k, &a, "not aligned to 16 bytes");
+    let mut a = good();
+    a.prefill_tokens_with_context = Some(T + 1);
+    refused(
+        &k,
+        &a,
+        "prefill_tokens_with_context = 11 exceeds num_tokens = 10",
+    );
+    let mut a = good();
+    a.output.ptr = 0;
+    refused(&k, &a, "output is a null pointer");
+    let mut a = good();
+    a.output = a.prefix;
+    refused(&k, &a, "output overlaps prefix_output");
+    let mut a = good();
+    a.output_layout = Layout {
+        token_stride: D,
+        head_stride: D,
+    };
+    refused(&k, &a, "rows would overlap");
+    let mut a = good();
+    a.num_tokens = 1 << 40;
+    a.output.len = usize::MAX / 4;
+    a.prefix.len = usize::MAX / 4;
+    a.suffix.len = usize::MAX / 4;
+    a.prefix_lse.len = usize::MAX / 4;
+    a.suffix_lse.len = usize::MAX / 4;
+    a.output_lse = None;
+    a.prefill_tokens_with_context = None;
+    refused(&k, &a, "needs more than 2^31-1 blocks");
+}
+
+#[test]
+fn options_the_variant_lacks_are_refused() {
+    let text = "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nprefix_threshold = false\noutput_lse = false\n";
+    let spec = mla_gen::spec::parse("t.toml", text).unwrap();
+    let t = mla_gen::render::Templates::embedded().unwrap();
+    let (_, manifest) = mla_gen::generate_files(&spec, &t, 1, false).unwrap();
+    let m: ManifestView = serde_json::from_value(serde_json::to_value(&manifest).unwrap()).unwrap();
+    let k = &m.kernels[0];
+    let a = good();
+    refused(k, &a, "output_lse given, but this kernel has no output_lse");
+    let mut a = good();
+    a.output_lse = None;
+    refused(k, &a, "this kernel has no threshold");
+    a.prefill_tokens_with_context = Some(T);
+    assert!(
+        validate(k, &a).is_ok(),
+        "n = T is what a kernel without threshold does"
+    );
+}
