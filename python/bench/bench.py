@@ -1,0 +1,251 @@
+"""Side-by-side benchmark of merge_attn_states on one GPU, in one process:
+
+  mla-gen   the generated kernel, through the Python drop-in
+  copy      a device-to-device copy moving the same bytes (read + written): the limit
+  torch     a PyTorch eager composite of the same semantics
+  triton    a Triton kernel of the same semantics, with prefill_tokens_with_context as
+            tl.constexpr, as engines ship it today (the baseline mla-gen replaces)
+
+Each time is the median of >= 100 launches timed with CUDA events, with the L2 flushed before
+each launch; inputs are fresh random data for every shape. Bytes moved per call:
+rows with context x (3*D*size + 12) + rows without x (2*D*size + 8).
+
+Usage: python3 python/bench/bench.py [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import mla_gen  # noqa: E402
+
+
+# ---- the Triton baseline (written here; semantics of docs/SEMANTICS.md) ----
+
+@triton.jit
+def _triton_merge(out, out_lse, prefix, prefix_lse, suffix, suffix_lse, num_tokens,
+                  o_ts, o_hs, p_ts, p_hs, s_ts, s_hs,
+                  N_CTX: tl.constexpr, HEAD: tl.constexpr, BLOCK: tl.constexpr,
+                  WRITE_LSE: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HEAD
+    li = h * num_tokens + t
+    s_lse = tl.load(suffix_lse + li)
+    s_row = tl.load(suffix + t * s_ts + h * s_hs + offs, mask=mask)
+    if t >= N_CTX:
+        tl.store(out + t * o_ts + h * o_hs + offs, s_row, mask=mask)
+        if WRITE_LSE:
+            tl.store(out_lse + li, s_lse)
+    else:
+        p_lse = tl.load(prefix_lse + li)
+        p_row = tl.load(prefix + t * p_ts + h * p_hs + offs, mask=mask).to(tl.float32)
+        p_lse = tl.where(p_lse == float("inf"), float("-inf"), p_lse)
+        s_lse = tl.where(s_lse == float("inf"), float("-inf"), s_lse)
+        m = tl.where(p_lse > s_lse, p_lse, s_lse)
+        empty = m == float("-inf")
+        m_safe = tl.where(empty, 0.0, m)
+        a = tl.exp(p_lse - m_safe)
+        b = tl.exp(s_lse - m_safe)
+        pw = a / (a + b)
+        sw = b / (a + b)
+        merged = p_row * pw + s_row.to(tl.float32) * sw
+        merged = tl.where(empty, p_row, merged)
+        tl.store(out + t * o_ts + h * o_hs + offs, merged.to(out.dtype.element_ty), mask=mask)
+        if WRITE_LSE:
+            tl.store(out_lse + li, tl.where(empty, float("-inf"), tl.log(a + b) + m_safe))
+
+
+def triton_merge(out, prefix, plse, suffix, slse, out_lse, n):
+    T, H, D = out.shape
+    _triton_merge[(T, H)](out, out_lse if out_lse is not None else plse, prefix, plse, suffix, slse, T,
+                          out.stride(0), out.stride(1), prefix.stride(0), prefix.stride(1),
+                          suffix.stride(0), suffix.stride(1),
+                          N_CTX=n, HEAD=D, BLOCK=triton.next_power_of_2(D), WRITE_LSE=out_lse is not None)
+
+
+def torch_merge(out, prefix, plse, suffix, slse, out_lse, n):
+    p = plse.t()
+    s = slse.t()
+    inf = math.inf
+    p = torch.where(p == inf, -inf, p)
+    s = torch.where(s == inf, -inf, s)
+    m = torch.maximum(p, s)
+    empty = m == -inf
+    m = torch.where(empty, 0.0, m)
+    a = torch.exp(p - m)
+    b = torch.exp(s - m)
+    pw = (a / (a + b))[..., None]
+    sw = (b / (a + b))[..., None]
+    merged = prefix[:n].float() * pw[:n] + suffix[:n].float() * sw[:n]
+    merged = torch.where(empty[:n, :, None], prefix[:n].float(), merged)
+    out[:n] = merged.to(out.dtype)
+    out[n:] = suffix[n:]
+    if out_lse is not None:
+        lse = torch.where(empty, -inf, torch.log(a + b) + m)
+        out_lse[:, :n] = lse[:n].t()
+        out_lse[:, n:] = slse[:, n:]
+
+
+# ---- timing ----
+
+_flush = None
+
+
+def flush_l2():
+    global _flush
+    if _flush is None:
+        _flush = torch.empty(512 << 20, dtype=torch.int8, device="cuda")  # 512 MB >> 60 MB L2
+    _flush.zero_()
+
+
+def time_ms(fn, reps):
+    for _ in range(3):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush_l2()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def merge_bytes(T, H, D, size, n, with_lse=True):
+    ctx_rows = n * H
+    plain_rows = (T - n) * H
+    lse = 12 if with_lse else 8
+    return ctx_rows * (3 * D * size + lse) + plain_rows * (2 * D * size + (8 if with_lse else 4))
+
+
+def make(T, H, D, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    prefix = torch.empty(T, H, D, device="cuda", dtype=dtype).uniform_(-4, 4, generator=g)
+    suffix = torch.empty(T, H, D, device="cuda", dtype=dtype).uniform_(-4, 4, generator=g)
+    plse = torch.empty(H, T, device="cuda").uniform_(-10, 10, generator=g)
+    slse = torch.empty(H, T, device="cuda").uniform_(-10, 10, generator=g)
+    return prefix, plse, suffix, slse
+
+
+def bench_shape(T, H, D, dtype, threshold_half, reps, impls):
+    n = T // 2 if threshold_half else T
+    prefix, plse, suffix, slse = make(T, H, D, dtype, seed=T * 7 + H * 3 + D)
+    out = torch.empty_like(prefix)
+    out_lse = torch.empty(H, T, device="cuda")
+    size = prefix.element_size()
+    nbytes = merge_bytes(T, H, D, size, n)
+    row = {"T": T, "H": H, "D": D, "dtype": str(dtype).replace("torch.", ""),
+           "threshold": "T/2" if threshold_half else "none", "bytes": nbytes}
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    fns = {
+        "mla-gen": lambda: mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, out_lse,
+                                                     n if threshold_half else None),
+        "copy": lambda: dst.copy_(src),
+        "torch": lambda: torch_merge(out, prefix, plse, suffix, slse, out_lse, n),
+        "triton": lambda: triton_merge(out, prefix, plse, suffix, slse, out_lse, n),
+    }
+    for name in impls:
+        ms = time_ms(fns[name], reps)
+        row[name + "_us"] = ms * 1e3
+        row[name + "_gbs"] = nbytes / (ms * 1e-3) / 1e9
+    del prefix, suffix, out, src, dst
+    return row
+
+
+def host_cost(reps=2000):
+    """Per-call host time of back-to-back launches on a tiny shape (1 token, 1 head)."""
+    T, H, D, dtype = 1, 1, 128, torch.bfloat16
+    prefix, plse, suffix, slse = make(T, H, D, dtype, 1)
+    out = torch.empty_like(prefix)
+    res = {}
+    for name, fn in (("mla-gen (Python drop-in)", lambda: mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, None, 1)),
+                     ("triton baseline", lambda: triton_merge(out, prefix, plse, suffix, slse, None, 1))):
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        res[name] = (t1 - t0) / reps * 1e6
+    return res
+
+
+def new_threshold_cost(values=20):
+    """Wall time of a call with a threshold value never seen before."""
+    T, H, D, dtype = 4096, 16, 128, torch.bfloat16
+    prefix, plse, suffix, slse = make(T, H, D, dtype, 2)
+    out = torch.empty_like(prefix)
+    res = {}
+    for name, fn in (("mla-gen", lambda n: mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, None, n)),
+                     ("triton baseline", lambda n: triton_merge(out, prefix, plse, suffix, slse, None, n))):
+        fn(1)
+        torch.cuda.synchronize()
+        times = []
+        for n in range(1000, 1000 + values):
+            t0 = time.perf_counter()
+            fn(n)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        res[name] = statistics.median(times) * 1e3
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a few shapes, for calibration")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--reps", type=int, default=100)
+    args = ap.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bf16 = torch.bfloat16
+    if args.quick:
+        shapes = [(T, H, D, bf16, th) for T in (1024, 8192, 32768) for H in (16, 128) for D in (128, 576)
+                  for th in (False, True)]
+    else:
+        shapes = [(T, H, D, bf16, th) for T in (256, 613, 1024, 4096, 8192, 32768) for H in (16, 64, 128)
+                  for D in (64, 80, 96, 128, 192, 256, 512) for th in (False, True)]
+        shapes += [(T, H, 128, dt, th) for dt in (torch.float16, torch.float32)
+                   for T in (256, 613, 1024, 4096, 8192, 32768) for H in (16, 64, 128) for th in (False, True)]
+    impls = ["mla-gen", "copy", "torch", "triton"]
+    rows = []
+    prop = torch.cuda.get_device_properties(0)
+    print(f"# {prop.name}, {prop.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"{'dtype':>8} {'T':>6} {'H':>4} {'D':>4} {'thr':>4} {'MB':>8} | {'mla-gen us':>10} {'GB/s':>6} {'%copy':>6} | "
+          f"{'copy GB/s':>9} | {'torch GB/s':>10} | {'triton GB/s':>11} {'x triton':>8}")
+    for (T, H, D, dt, th) in shapes:
+        r = bench_shape(T, H, D, dt, th, args.reps, impls)
+        r["pct_copy"] = 100 * r["mla-gen_gbs"] / r["copy_gbs"]
+        r["x_triton"] = r["triton_us"] / r["mla-gen_us"]
+        rows.append(r)
+        print(f"{r['dtype']:>8} {T:>6} {H:>4} {D:>4} {r['threshold']:>4} {r['bytes']/1e6:>8.1f} | "
+              f"{r['mla-gen_us']:>10.1f} {r['mla-gen_gbs']:>6.0f} {r['pct_copy']:>5.1f}% | {r['copy_gbs']:>9.0f} | "
+              f"{r['torch_gbs']:>10.0f} | {r['triton_gbs']:>11.0f} {r['x_triton']:>7.2f}x", flush=True)
+    host = host_cost()
+    thr = new_threshold_cost()
+    print("# host cost per call (us):", json.dumps(host))
+    print("# new threshold value, wall ms per call incl. sync:", json.dumps(thr))
+    (out_dir / "bench.json").write_text(json.dumps({"device": prop.name, "torch": torch.__version__,
+                                                    "triton": triton.__version__, "rows": rows,
+                                                    "host_cost_us": host, "new_threshold_ms": thr}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""vLLM-compatible ``merge_attn_states`` on kernels generated ahead of time by mla-gen.
+
+No compiler runs here: kernels are loaded once per (device, kernel) from the generated CUBIN/PTX
+through the CUDA driver (cuda-python), and ``prefill_tokens_with_context`` is a plain kernel
+argument, so a new value never compiles or loads anything. Launches go on torch's current stream
+with no device-to-host synchronization, so they can be captured in CUDA graphs.
+
+The kernel folder is ``$MLA_GEN_KERNELS`` or the repository's ``generated/``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from pathlib import Path
+
+import torch
+from cuda.bindings import driver as _cu
+
+__all__ = ["merge_attn_states", "stats", "kernel_for", "available_kernels"]
+
+_DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+_SIZES = {"f32": 4, "f16": 2, "bf16": 2}
+
+_lock = threading.Lock()
+_manifest: dict | None = None
+_loaded: dict[tuple[int, str], "_Kernel"] = {}
+_stats = {"module_loads": 0, "launches": 0, "compilations": 0}
+
+
+def stats() -> dict:
+    """Counters: ``module_loads`` (cuModuleLoadData calls), ``launches``, and ``compilations``
+    (always 0: nothing is compiled at run time; kept so callers can assert it)."""
+    return dict(_stats)
+
+
+def kernels_dir() -> Path:
+    env = os.environ.get("MLA_GEN_KERNELS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "generated"
+
+
+def _manifest_data() -> dict:
+    global _manifest
+    if _manifest is None:
+        path = kernels_dir() / "manifest.json"
+        try:
+            _manifest = json.loads(path.read_text())
+        except OSError as e:
+            raise RuntimeError(f"cannot read {path}: {e}; run `mla-gen generate` or set MLA_GEN_KERNELS") from e
+    return _manifest
+
+
+def available_kernels() -> list[str]:
+    return [k["name"] for k in _manifest_data()["kernels"]]
+
+
+def _check(result, what: str):
+    err = result[0] if isinstance(result, tuple) else result
+    if err != _cu.CUresult.CUDA_SUCCESS:
+        _, name = _cu.cuGetErrorName(err)
+        detail = name.decode() if isinstance(name, bytes) else str(err)
+        if err == _cu.CUresult.CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
+            nv = _manifest_data()["nvrtc"]
+            detail += (f": PTX ISA {nv['ptx_isa']} from NVRTC {nv['release']} needs a CUDA "
+                       f"{nv['oldest_driver_cuda']} driver; use CUBIN or the pinned NVRTC 13.0.88")
+        raise RuntimeError(f"{what} failed: {detail}")
+    return result[1] if isinstance(result, tuple) and len(result) == 2 else result
+
+
+class _Kernel:
+    __slots__ = ("meta", "module", "function", "param_names", "loaded_from")
+
+    def __init__(self, meta: dict, device: int):
+        major = torch.cuda.get_device_capability(device)
+        cc = major[0] * 10 + major[1]
+        self.meta = meta
+        self.param_names = [p["name"] for p in meta["params"]]
+        choice = _pick_artifact(meta, cc)
+        if choice is None:
+            raise RuntimeError(f"{meta['name']}: no CUBIN or PTX in the manifest runs on sm_{cc}")
+        data = (kernels_dir() / choice).read_bytes()
+        if choice.endswith(".ptx"):
+            data += b"\0"
+        _ensure_context(device)
+        self.module = _check(_cu.cuModuleLoadData(data), f"cuModuleLoadData({choice})")
+        self.function = _check(_cu.cuModuleGetFunction(self.module, meta["name"].encode()),
+                               f"cuModuleGetFunction({meta['name']})")
+        self.loaded_from = choice
+        _stats["module_loads"] += 1
+
+
+def _pick_artifact(meta: dict, cc: int) -> str | None:
+    best_cubin, best_ptx = None, None
+    for a in meta["archs"]:
+        arch = a["arch"]
+        real = arch.startswith("sm_")
+        digits = arch.split("_", 1)[1]
+        specific = digits.endswith("a")
+        n = int(digits.rstrip("a"))
+        if real and a.get("cubin"):
+            ok = n == cc if specific else (n // 10 == cc // 10 and n <= cc)
+            if ok and (best_cubin is None or n > best_cubin[0]):
+                best_cubin = (n, a["cubin"]["file"])
+        if not specific and n <= cc and (best_ptx is None or n > best_ptx[0]):
+            best_ptx = (n, a["ptx"]["file"])
+    pick = best_cubin or best_ptx
+    return pick[1] if pick else None
+
+
+def _ensure_context(device: int):
+    # torch runs on the device's primary context; make it current for the driver API.
+    torch.cuda.init()
+    _, ctx = _cu.cuCtxGetCurrent()
+    if ctx is None or int(ctx) == 0:
+        dev = _check(_cu.cuDeviceGet(device), "cuDeviceGet")
+        pctx = _check(_cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        _check(_cu.cuCtxSetCurrent(pctx), "cuCtxSetCurrent")
+
+
+def kernel_for(dtype: torch.dtype, head_size: int, device: int, *, threshold: bool = True,
+               output_lse: bool = True, head_major: bool = True) -> _Kernel:
+    """The loaded kernel for a variant; loads it on first use (the only time anything is loaded)."""
+    name = _DTYPE_NAMES.get(dtype)
+    key_meta = None
+    for k in _manifest_data()["kernels"]:
+        v = k["variant"]
+        if (v["dtype"] == name and v["head_size"] == head_size and v["output"] == "same"
+                and (v["lse_layout"] == "head_major") == head_major
+                and (not threshold or v["prefix_threshold"]) and (not output_lse or v["output_lse"])):
+            # Prefer the exact option set; a kernel with more options also serves.
+            if key_meta is None or (v["prefix_threshold"] == threshold and v["output_lse"] == output_lse):
+                key_meta = k
+    if key_meta is None:
+        sizes = sorted({k["variant"]["head_size"] for k in _manifest_data()["kernels"]
+                        if k["variant"]["dtype"] == name})
+        raise ValueError(f"no generated kernel for dtype={dtype}, head_size={head_size} "
+                         f"(this manifest has head sizes {sizes} for {dtype}); add it to the spec")
+    key = (device, key_meta["name"])
+    kern = _loaded.get(key)
+    if kern is None:
+        with _lock:
+            kern = _loaded.get(key)
+            if kern is None:
+                kern = _Kernel(key_meta, device)
+                _loaded[key] = kern
+    return kern
+
+
+def _ranges_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    def span(t):
+        if t.numel() == 0:
+            return (0, 0)
+        last = sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+        return (t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size())
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def merge_attn_states(
+    output: torch.Tensor,
+    prefix_output: torch.Tensor,
+    prefix_lse: torch.Tensor,
+    suffix_output: torch.Tensor,
+    suffix_lse: torch.Tensor,
+    output_lse: torch.Tensor | None = None,
+    prefill_tokens_with_context: int | None = None,
+    output_scale: torch.Tensor | None = None,
+) -> None:
+    """vLLM's ``merge_attn_states``: output [T, H, D] (written), prefix/suffix outputs [T, H, D],
+    lse [H, T] float32; tokens ``t >= prefill_tokens_with_context`` copy the suffix."""
+    if output_scale is not None:
+        raise ValueError("output_scale (FP8 output) needs an fp8_e4m3 kernel, which this manifest "
+                         "does not hold; pass output_scale=None")
+    tensors = {"output": output, "prefix_output": prefix_output, "suffix_output": suffix_output,
+               "prefix_lse": prefix_lse, "suffix_lse": suffix_lse}
+    if output_lse is not None:
+        tensors["output_lse"] = output_lse
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_cuda:
+            raise ValueError(f"{name} is on {t.device}; all tensors must be on the same CUDA device")
+        if t.device != output.device:
+            raise ValueError(f"{name} is on {t.device}, output on {output.device}")
+    if output.dim() != 3:
+        raise ValueError(f"output must be [num_tokens, num_heads, head_size], got shape {tuple(output.shape)}")
+    T, H, D = output.shape
+    for name in ("prefix_output", "suffix_output"):
+        t = tensors[name]
+        if tuple(t.shape) != (T, H, D):
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, output {tuple(output.shape)}")
+        if t.dtype != output.dtype:
+            raise TypeError(f"{name} is {t.dtype}, output is {output.dtype}; they must match")
+    if output.dtype not in _DTYPE_NAMES:
+        raise TypeError(f"output dtype {output.dtype} is not supported (float32, float16, bfloat16)")
+    for name in ("prefix_lse", "suffix_lse", "output_lse"):
+        t = tensors.get(name)
+        if t is None:
+            continue
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}")
+        if tuple(t.shape) != (H, T):
+            raise ValueError(f"{name} must be [num_heads, num_tokens] = {(H, T)}, got {tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if prefill_tokens_with_context is None:
+        n = T
+    else:
+        if isinstance(prefill_tokens_with_context, bool) or not isinstance(prefill_tokens_with_context, int):
+            raise TypeError("prefill_tokens_with_context must be a Python int (a tensor would need a "
+                            f"device-to-host sync), got {type(prefill_tokens_with_context).__name__}")
+        n = prefill_tokens_with_context
+        if not 0 <= n <= T:
+            raise ValueError(f"prefill_tokens_with_context = {n} is outside 0..={T}")
+    for name in ("prefix_output", "suffix_output", "prefix_lse", "suffix_lse"):
+        for oname in ("output", "output_lse"):
+            if oname in tensors and _ranges_overlap(tensors[oname], tensors[name]):
+                raise ValueError(f"{oname} overlaps {name}; this merge is not in-place")
+    if T == 0 or H == 0:
+        return
+
+    device = output.device.index if output.device.index is not None else torch.cuda.current_device()
+    kern = kernel_for(output.dtype, D, device, output_lse=output_lse is not None)
+    launch = kern.meta["launch"]
+    vec, vec_bytes = launch["vec_elems"], launch["vec_bytes"]
+    for name in ("output", "prefix_output", "suffix_output"):
+        t = tensors[name]
+        ts, hs, es = t.stride()
+        if es != 1:
+            raise ValueError(f"{name}: the head_size dimension must be contiguous (stride 1), got strides {t.stride()}")
+        if H > 1 and hs < D:
+            raise ValueError(f"{name}: head stride {hs} < head size {D}")
+        if ts % vec or hs % vec:
+            raise ValueError(f"{name}: strides {t.stride()} must be multiples of {vec} elements")
+        if t.data_ptr() % vec_bytes:
+            raise ValueError(f"{name}: data pointer is not {vec_bytes}-byte aligned")
+    ots, ohs, _ = output.stride()
+    if T > 1 and ots < H * max(ohs, D):
+        raise ValueError(f"output: token stride {ots} < num_heads * head stride: rows would overlap")
+
+    values = {
+        "output": output.data_ptr(),
+        "output_lse": 0 if output_lse is None else output_lse.data_ptr(),
+        "prefix_output": prefix_output.data_ptr(),
+        "prefix_lse": prefix_lse.data_ptr(),
+        "suffix_output": suffix_output.data_ptr(),
+        "suffix_lse": suffix_lse.data_ptr(),
+        "num_tokens": T,
+        "num_heads": H,
+        "output_token_stride": ots,
+        "output_head_stride": ohs,
+        "prefix_token_stride": prefix_output.stride(0),
+        "prefix_head_stride": prefix_output.stride(1),
+        "suffix_token_stride": suffix_output.stride(0),
+        "suffix_head_stride": suffix_output.stride(1),
+        "prefill_tokens_with_context": n,
+    }
+    count = len(kern.param_names)
+    # Every parameter is 8 bytes (pointer or long long): one array of values, one of pointers to them.
+    args = (ctypes.c_uint64 * count)(*[values[p] for p in kern.param_names])
+    base = ctypes.addressof(args)
+    ptrs = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
+    tpb = launch["tokens_per_block"]
+    grid_x = (T + tpb - 1) // tpb
+    stream = torch.cuda.current_stream(output.device).cuda_stream
+    _check(_cu.cuLaunchKernel(kern.function, grid_x, min(H, 65535), 1, launch["block_threads"], 1, 1,
+                              launch["shared_mem_bytes"], stream, ctypes.addressof(ptrs), 0),
+           f"cuLaunchKernel({kern.meta['name']})")
+    _stats["launches"] += 1

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# GPU verification in two halves, because the GPU machine has no Rust toolchain or network:
+#
+#   scripts/gpu-check.sh build   (here)  builds the GPU test binaries and the extra kernels into
+#                                        .device/ (git-ignored; carry it to the GPU machine)
+#   scripts/gpu-check.sh run     (there) runs, in one go: module loads of every PTX and CUBIN, the
+#                                        Rust suite against the float64 reference, the Python
+#                                        drop-in's pytest suite, and compute-sanitizer (memcheck,
+#                                        initcheck, racecheck) on the quick subset. Logs go to
+#                                        $OUT (or .device/out), counts to report.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-}" in
+build)
+    scripts/install-nvrtc.sh
+    rm -rf .device && mkdir -p .device/bin
+    cargo build --release --quiet
+    cp target/release/mla-gen .device/bin/
+    for t in gpu; do
+        exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
+            python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("executable") and m.get("target",{}).get("kind")==["test"]: print(m["executable"])')
+        cp "$exe" ".device/bin/test-$t"
+    done
+    .device/bin/mla-gen generate tests/gpu-extra.toml --out .device/gpu-extra --quiet
+    echo "built .device/ ($(du -sh .device | cut -f1)); run 'scripts/gpu-check.sh run' on the GPU machine with .device carried"
+    ;;
+run)
+    OUT="${OUT:-.device/out}"; mkdir -p "$OUT"
+    REPORT="$OUT/report.txt"; : > "$REPORT"
+    export MLA_GEN_GPU_REPORT="$REPORT" MLA_GEN_GPU_EXTRA=.device/gpu-extra PYTHONUNBUFFERED=1
+    status=0
+    {
+        echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /'
+        echo "nvrtc (generated/manifest.json): $(python3 -c 'import json;m=json.load(open("generated/manifest.json"));print(m["nvrtc"]["release"], "PTX ISA", m["nvrtc"]["ptx_isa"])')"
+    } | tee -a "$REPORT"
+    echo "== Rust GPU suite" | tee -a "$REPORT"
+    .device/bin/test-gpu --test-threads=1 2>&1 | tee "$OUT/rust-suite.log" | tail -n 30 || status=1
+    echo "== Python drop-in (pytest)" | tee -a "$REPORT"
+    (PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider python/tests 2>&1 | tee "$OUT/pytest.log" | tail -n 15) || status=1
+    tail -n 1 "$OUT/pytest.log" | sed 's/^/pytest: /' >> "$REPORT"
+    echo "== compute-sanitizer on the quick subset" | tee -a "$REPORT"
+    for tool in memcheck initcheck racecheck; do
+        if MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_REPORT=/dev/null compute-sanitizer --tool "$tool" --error-exitcode 99 \
+            .device/bin/test-gpu --test-threads=1 every_kernel_matches > "$OUT/sanitizer-$tool.log" 2>&1; then
+            echo "compute-sanitizer $tool: clean ($(grep -o 'ERROR SUMMARY: [0-9]* errors' "$OUT/sanitizer-$tool.log" | tail -1))" | tee -a "$REPORT"
+        else
+            echo "compute-sanitizer $tool: FAILED (see sanitizer-$tool.log)" | tee -a "$REPORT"; status=1
+            tail -n 20 "$OUT/sanitizer-$tool.log"
+        fi
+    done
+    echo "== report"; cat "$REPORT"
+    exit $status
+    ;;
+*)
+    echo "usage: scripts/gpu-check.sh build|run   (see the comment at the top)" >&2; exit 2 ;;
+esac

@@ -1,0 +1,470 @@
+//! GPU suite: every generated kernel against the float64 reference, on poisoned outputs.
+//! Skips with a message where no CUDA driver is present (CI). On a GPU machine:
+//! `scripts/gpu-check.sh` (see docs/GPU-VERIFICATION.md).
+//!
+//! Environment: MLA_GEN_GPU_EXTRA = a second generated folder (token-major, no-threshold, no-lse
+//! and odd head sizes, from tests/gpu-extra.toml); MLA_GEN_GPU_QUICK = 1 for the small subset run
+//! under compute-sanitizer; MLA_GEN_GPU_REPORT = a file to append the counts to.
+#![cfg(feature = "cuda")]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use rayon::prelude::*;
+
+use mla_gen::dtype::Dtype;
+use mla_gen::reference::{self, lse_index, Layout, RowMerge};
+use mla_gen::runtime::{self, DeviceBuffer, LoadedKernel, MergeArgs, Runtime};
+
+/// Say it where a person sees it: libtest captures print!, not direct writes to stderr.
+fn say(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
+fn gpu() -> Option<Arc<CudaContext>> {
+    if !runtime::driver_present() {
+        say("SKIPPED GPU test: no CUDA driver (libcuda.so.1) on this machine; run scripts/gpu-check.sh on a GPU machine");
+        return None;
+    }
+    match CudaContext::new(0) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            say(&format!(
+                "SKIPPED GPU test: CUDA driver present but no usable GPU ({e:?})"
+            ));
+            None
+        }
+    }
+}
+
+fn dir_of(var: Option<&str>) -> Option<PathBuf> {
+    match var {
+        Some(v) => std::env::var_os(v).map(PathBuf::from),
+        None => {
+            let in_repo = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/generated"));
+            Some(if in_repo.exists() {
+                in_repo
+            } else {
+                PathBuf::from("generated")
+            })
+        }
+    }
+}
+
+fn report(line: &str) {
+    say(line);
+    if let Some(p) = std::env::var_os("MLA_GEN_GPU_REPORT") {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+#[test]
+fn every_ptx_and_cubin_loads() {
+    let Some(ctx) = gpu() else { return };
+    let dir = dir_of(None).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    ctx.bind_to_thread().unwrap();
+    let (mut ok, mut failed) = (0, Vec::new());
+    for k in manifest["kernels"].as_array().unwrap() {
+        for a in k["archs"].as_array().unwrap() {
+            let arch = a["arch"].as_str().unwrap();
+            let cc = ctx.compute_capability().unwrap();
+            let dev = format!("sm_{}{}", cc.0, cc.1);
+            let mut files = vec![a["ptx"]["file"].as_str().unwrap().to_string()];
+            // A CUBIN loads only on its own architecture family.
+            if arch == dev {
+                files.push(a["cubin"]["file"].as_str().unwrap().to_string());
+            }
+            for f in files {
+                let mut image = std::fs::read(dir.join(&f)).unwrap();
+                if f.ends_with(".ptx") {
+                    image.push(0);
+                }
+                // SAFETY: a complete image, alive for the call.
+                match unsafe { cudarc::driver::result::module::load_data(image.as_ptr().cast()) } {
+                    Ok(m) => {
+                        ok += 1;
+                        unsafe { cudarc::driver::result::module::unload(m) }.unwrap();
+                    }
+                    Err(e) => failed.push(format!("{f}: {e:?}")),
+                }
+            }
+        }
+    }
+    report(&format!(
+        "module load (cuModuleLoadData): {ok} loaded, {} failed{}",
+        failed.len(),
+        failed
+            .iter()
+            .map(|f| format!("\n  {f}"))
+            .collect::<String>()
+    ));
+    assert!(failed.is_empty());
+    assert!(ok > 0);
+}
+
+// ---- random inputs ----
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*: fast, and plenty for test data.
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn to_bits(dtype: Dtype, x: f32) -> u32 {
+    match dtype {
+        Dtype::F32 => x.to_bits(),
+        Dtype::F16 => u32::from(half::f16::from_f32(x).to_bits()),
+        Dtype::Bf16 => u32::from(half::bf16::from_f32(x).to_bits()),
+    }
+}
+
+fn from_bits(dtype: Dtype, b: u32) -> f64 {
+    match dtype {
+        Dtype::F32 => f64::from(f32::from_bits(b)),
+        Dtype::F16 => f64::from(half::f16::from_bits(b as u16)),
+        Dtype::Bf16 => f64::from(half::bf16::from_bits(b as u16)),
+    }
+}
+
+/// NaNs with payloads no arithmetic produces: an element still holding one was never written.
+fn poison(dtype: Dtype) -> u32 {
+    match dtype {
+        Dtype::F32 => 0x7fc0_dead,
+        Dtype::F16 => 0x7e5a,
+        Dtype::Bf16 => 0x7fa5,
+    }
+}
+const LSE_POISON: u32 = 0x7fc0_beef;
+
+/// A [T, H, D] tensor's storage on the host, as raw bits.
+fn random_tensor(dtype: Dtype, t: usize, h: usize, d: usize, l: Layout, seed: u64) -> Vec<u32> {
+    let len = if t * h == 0 {
+        0
+    } else {
+        l.row(t - 1, h - 1) + d
+    };
+    let mut v = vec![poison(dtype); len];
+    v.par_chunks_mut(l.token_stride.max(1))
+        .enumerate()
+        .for_each(|(ti, chunk)| {
+            let mut rng = Rng(seed ^ (ti as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            for hi in 0..h {
+                let start = hi * l.head_stride;
+                if start + d > chunk.len() {
+                    break;
+                }
+                for x in &mut chunk[start..start + d] {
+                    *x = to_bits(dtype, (rng.unit() * 8.0 - 4.0) as f32);
+                }
+            }
+        });
+    v
+}
+
+/// lse with ~10% +inf, ~10% -inf, ~3% rows -inf on both sides, ~0.5% NaN.
+fn random_lse(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut rng = Rng(seed | 1);
+    let mut p = Vec::with_capacity(n);
+    let mut s = Vec::with_capacity(n);
+    for _ in 0..n {
+        let pick = |rng: &mut Rng| {
+            let u = rng.unit();
+            if u < 0.10 {
+                f32::INFINITY
+            } else if u < 0.20 {
+                f32::NEG_INFINITY
+            } else if u < 0.205 {
+                f32::NAN
+            } else {
+                (rng.unit() * 30.0 - 15.0) as f32
+            }
+        };
+        let (mut a, mut b) = (pick(&mut rng), pick(&mut rng));
+        if rng.unit() < 0.03 {
+            a = f32::NEG_INFINITY;
+            b = if rng.unit() < 0.5 {
+                f32::NEG_INFINITY
+            } else {
+                f32::INFINITY
+            };
+        }
+        p.push(a);
+        s.push(b);
+    }
+    (p, s)
+}
+
+fn upload_bits(
+    stream: &Arc<CudaStream>,
+    dtype: Dtype,
+    bits: &[u32],
+) -> (Box<dyn std::any::Any>, DeviceBuffer) {
+    let (holder, ptr): (Box<dyn std::any::Any>, u64) = match dtype {
+        Dtype::F32 => {
+            let s: CudaSlice<u32> = stream.clone_htod(bits).unwrap();
+            let p = raw(&s, stream);
+            (Box::new(s), p)
+        }
+        _ => {
+            let narrow: Vec<u16> = bits.iter().map(|&b| b as u16).collect();
+            let s: CudaSlice<u16> = stream.clone_htod(&narrow).unwrap();
+            let p = raw(&s, stream);
+            (Box::new(s), p)
+        }
+    };
+    (
+        holder,
+        DeviceBuffer {
+            ptr,
+            len: bits.len(),
+            dtype,
+        },
+    )
+}
+
+fn raw<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    use cudarc::driver::DevicePtr;
+    let (p, _sync) = s.device_ptr(stream);
+    p
+}
+
+fn download_bits(stream: &Arc<CudaStream>, dtype: Dtype, holder: &dyn std::any::Any) -> Vec<u32> {
+    match dtype {
+        Dtype::F32 => stream
+            .clone_dtoh(holder.downcast_ref::<CudaSlice<u32>>().unwrap())
+            .unwrap(),
+        _ => stream
+            .clone_dtoh(holder.downcast_ref::<CudaSlice<u16>>().unwrap())
+            .unwrap()
+            .into_iter()
+            .map(u32::from)
+            .collect(),
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    cases: usize,
+    passed: usize,
+    failed: Vec<String>,
+    elements: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_case(
+    rt: &Runtime,
+    k: &LoadedKernel,
+    stream: &Arc<CudaStream>,
+    t: usize,
+    h: usize,
+    threshold: Option<usize>,
+    with_lse: bool,
+    seed: u64,
+) -> Result<u64, String> {
+    let dtype = k.meta.dtype().unwrap();
+    let d = k.meta.variant.head_size as usize;
+    let vec = k.meta.launch.vec_elems as usize;
+    let round = |x: usize| x.div_ceil(vec) * vec;
+    // Each tensor its own padding: prefix a V of D inside a 1.5x-wide buffer, suffix dense,
+    // output one vector of head padding and one of token padding.
+    let pl = Layout {
+        head_stride: round(d + d / 2),
+        token_stride: h * round(d + d / 2) + vec,
+    };
+    let sl = Layout::contiguous(h, d);
+    let ol = Layout {
+        head_stride: round(d + 1),
+        token_stride: h * round(d + 1) + vec,
+    };
+    let prefix = random_tensor(dtype, t, h, d, pl, seed ^ 0x1111);
+    let suffix = random_tensor(dtype, t, h, d, sl, seed ^ 0x2222);
+    let (plse, slse) = random_lse(t * h, seed ^ 0x3333);
+    let out_len = if t * h == 0 {
+        0
+    } else {
+        ol.row(t - 1, h - 1) + d
+    };
+    let out_init = vec![poison(dtype); out_len];
+
+    let (p_hold, p_buf) = upload_bits(stream, dtype, &prefix);
+    let (s_hold, s_buf) = upload_bits(stream, dtype, &suffix);
+    let (o_hold, o_buf) = upload_bits(stream, dtype, &out_init);
+    let pl_dev: CudaSlice<f32> = stream.clone_htod(&plse).unwrap();
+    let sl_dev: CudaSlice<f32> = stream.clone_htod(&slse).unwrap();
+    let ol_dev: CudaSlice<u32> = stream.clone_htod(&vec![LSE_POISON; t * h]).unwrap();
+    let f32buf = |p: u64| DeviceBuffer {
+        ptr: p,
+        len: t * h,
+        dtype: Dtype::F32,
+    };
+    let args = MergeArgs {
+        output: o_buf,
+        output_lse: with_lse.then(|| f32buf(raw(&ol_dev, stream))),
+        prefix: p_buf,
+        prefix_lse: f32buf(raw(&pl_dev, stream)),
+        suffix: s_buf,
+        suffix_lse: f32buf(raw(&sl_dev, stream)),
+        num_tokens: t,
+        num_heads: h,
+        output_layout: ol,
+        prefix_layout: pl,
+        suffix_layout: sl,
+        prefill_tokens_with_context: threshold,
+    };
+    rt.launch_merge(k, stream, &args)
+        .map_err(|e| e.to_string())?;
+    stream.synchronize().map_err(|e| format!("{e:?}"))?;
+    let out = download_bits(stream, dtype, o_hold.as_ref());
+    let out_lse: Vec<u32> = stream.clone_dtoh(&ol_dev).unwrap();
+    drop((p_hold, s_hold));
+
+    let n = threshold.unwrap_or(t);
+    let head_major = k.meta.head_major();
+    // Check rows in parallel; report the first mismatch.
+    let bad: Option<String> = (0..t * h).into_par_iter().find_map_any(|row| {
+        let (ti, hi) = (row / h, row % h);
+        let li = lse_index(head_major, t, h, ti, hi);
+        let m: RowMerge = reference::merge_row(plse[li], slse[li], ti < n);
+        for e in 0..d {
+            let got_bits = out[ol.row(ti, hi) + e];
+            if got_bits == poison(dtype) {
+                return Some(format!("t={ti} h={hi} e={e}: never written"));
+            }
+            let pv = from_bits(dtype, prefix[pl.row(ti, hi) + e]);
+            let sv = from_bits(dtype, suffix[sl.row(ti, hi) + e]);
+            let got = from_bits(dtype, got_bits);
+            if !reference::element_matches(dtype, &m, pv, sv, got) {
+                return Some(format!(
+                    "t={ti} h={hi} e={e}: got {got:e}, want {:e} (prefix {pv:e} suffix {sv:e} lse {}/{} -> {m:?})",
+                    m.value(pv, sv), plse[li], slse[li]
+                ));
+            }
+        }
+        // Head padding of the output must still hold the poison: nothing written outside rows.
+        let pad_end = if hi + 1 < h { ol.head_stride } else { d };
+        for e in d..pad_end {
+            if out[ol.row(ti, hi) + e] != poison(dtype) {
+                return Some(format!("t={ti} h={hi}: wrote padding element {e}"));
+            }
+        }
+        if with_lse {
+            let got = out_lse[li];
+            if got == LSE_POISON {
+                return Some(format!("t={ti} h={hi}: output_lse never written"));
+            }
+            if !reference::lse_matches(m.lse(), f32::from_bits(got)) {
+                return Some(format!("t={ti} h={hi}: lse got {}, want {}", f32::from_bits(got), m.lse()));
+            }
+        } else if out_lse[li] != LSE_POISON {
+            return Some(format!("t={ti} h={hi}: output_lse written although null"));
+        }
+        None
+    });
+    match bad {
+        None => Ok((t * h * d) as u64),
+        Some(b) => Err(b),
+    }
+}
+
+fn suite(dirs: &[PathBuf], tokens: &[usize], heads: &[usize]) -> Counts {
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.default_stream();
+    let mut c = Counts::default();
+    for dir in dirs {
+        let rt =
+            Runtime::load(ctx.clone(), dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for (ki, k) in rt.kernels().iter().enumerate() {
+            let mut case = 0usize;
+            for &t in tokens {
+                for &h in heads {
+                    // Cycle (threshold, output lse) over the shapes so every kernel sees every
+                    // setting several times; inputs are fresh for each case.
+                    let thresholds: Vec<Option<usize>> = if k.meta.variant.prefix_threshold {
+                        vec![None, Some(0), Some(t / 2), Some(t)]
+                    } else {
+                        vec![None]
+                    };
+                    let lse_opts: Vec<bool> = if k.meta.variant.output_lse {
+                        vec![true, false]
+                    } else {
+                        vec![false]
+                    };
+                    let combos: Vec<(Option<usize>, bool)> = thresholds
+                        .iter()
+                        .flat_map(|&th| lse_opts.iter().map(move |&l| (th, l)))
+                        .collect();
+                    let (th, with_lse) = combos[(case + ki) % combos.len()];
+                    case += 1;
+                    let seed = 0x5eed
+                        ^ ((ki as u64) << 32)
+                        ^ ((t as u64) << 8)
+                        ^ h as u64
+                        ^ (case as u64) << 48;
+                    c.cases += 1;
+                    match run_case(&rt, k, &stream, t, h, th, with_lse, seed) {
+                        Ok(n) => {
+                            c.passed += 1;
+                            c.elements += n;
+                        }
+                        Err(why) => c.failed.push(format!(
+                            "{} T={t} H={h} threshold={th:?} lse={with_lse} seed={seed:#x}: {why}",
+                            k.meta.name
+                        )),
+                    }
+                }
+            }
+        }
+    }
+    c
+}
+
+#[test]
+fn every_kernel_matches_the_float64_reference() {
+    let Some(_ctx) = gpu() else { return };
+    let quick = std::env::var_os("MLA_GEN_GPU_QUICK").is_some();
+    let (tokens, heads): (&[usize], &[usize]) = if quick {
+        (&[1, 7, 613], &[1, 4])
+    } else {
+        (&[1, 7, 256, 613, 4096], &[1, 4, 16, 128])
+    };
+    let mut dirs = vec![dir_of(None).unwrap()];
+    match dir_of(Some("MLA_GEN_GPU_EXTRA")) {
+        Some(extra) => dirs.push(extra),
+        None => say(
+            "note: MLA_GEN_GPU_EXTRA unset: token-major / no-threshold / odd head sizes not run",
+        ),
+    }
+    let started = std::time::Instant::now();
+    let c = suite(&dirs, tokens, heads);
+    report(&format!(
+        "merge suite{}: {} cases, {} passed, {} failed ({:.2e} output elements checked) in {:.0}s",
+        if quick { " (quick subset)" } else { "" },
+        c.cases,
+        c.passed,
+        c.failed.len(),
+        c.elements as f64,
+        started.elapsed().as_secs_f64()
+    ));
+    for f in c.failed.iter().take(20) {
+        report(&format!("  FAILED {f}"));
+    }
+    assert!(c.failed.is_empty());
+}
