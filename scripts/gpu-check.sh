@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # GPU verification in two halves, because the GPU machine has no Rust toolchain or network:
 #
-#   scripts/gpu-check.sh build   (here)  builds the GPU test binaries and the extra kernels into
-#                                        .device/ (git-ignored; carry it to the GPU machine)
+#   scripts/gpu-check.sh build   (here)  builds the GPU test binaries, the extra kernels and the
+#                                        tune candidates into .device/ (git-ignored; carry it)
 #   scripts/gpu-check.sh run     (there) runs, in one go: module loads of every PTX and CUBIN, the
 #                                        Rust suite against the float64 reference, the Python
 #                                        drop-in's pytest suite, and compute-sanitizer (memcheck,
 #                                        initcheck, racecheck) on the quick subset. Logs go to
 #                                        $OUT (or .device/out), counts to report.txt.
+#   scripts/gpu-check.sh tune    (there) checks every tune candidate on the quick subset, then
+#                                        times them and writes $OUT/tuned.toml (copy it to specs/)
+#   scripts/gpu-check.sh bench   (there) the benchmark: Rust runtime and Python side by side
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -25,6 +28,7 @@ for l in sys.stdin:
         cp "$exe" ".device/bin/test-$t"
     done
     .device/bin/mla-gen generate tests/gpu-extra.toml --out .device/gpu-extra --quiet
+    .device/bin/mla-gen generate specs/tune.toml --out .device/tune-candidates --quiet
     echo "built .device/ ($(du -sh .device | cut -f1)); run 'scripts/gpu-check.sh run' on the GPU machine with .device carried"
     ;;
 run)
@@ -46,7 +50,7 @@ run)
     for tool in memcheck initcheck racecheck; do
         if MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_REPORT=/dev/null compute-sanitizer --tool "$tool" --error-exitcode 99 \
             .device/bin/test-gpu --test-threads=1 every_kernel_matches > "$OUT/sanitizer-$tool.log" 2>&1; then
-            echo "compute-sanitizer $tool: clean ($(grep -o 'ERROR SUMMARY: [0-9]* errors' "$OUT/sanitizer-$tool.log" | tail -1))" | tee -a "$REPORT"
+            echo "compute-sanitizer $tool: clean ($(grep -Eo '(ERROR|RACECHECK) SUMMARY: [0-9]* (errors|hazards[^,]*)' "$OUT/sanitizer-$tool.log" | tail -1))" | tee -a "$REPORT"
         else
             echo "compute-sanitizer $tool: FAILED (see sanitizer-$tool.log)" | tee -a "$REPORT"; status=1
             tail -n 20 "$OUT/sanitizer-$tool.log"
@@ -55,6 +59,20 @@ run)
     echo "== report"; cat "$REPORT"
     exit $status
     ;;
+tune)
+    OUT="${OUT:-.device/out}"; mkdir -p "$OUT"
+    echo "== correctness of every candidate schedule (quick subset)"
+    MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_EXTRA=.device/tune-candidates MLA_GEN_GPU_REPORT="$OUT/report.txt" \
+        .device/bin/test-gpu --test-threads=1 every_kernel_matches 2>&1 | tail -n 5
+    echo "== timing"
+    .device/bin/mla-gen tune --candidates .device/tune-candidates --out "$OUT/tuned.toml" | tee "$OUT/tune.log"
+    ;;
+bench)
+    OUT="${OUT:-.device/out}"; mkdir -p "$OUT"
+    .device/bin/mla-gen bench --kernels generated --json "$OUT/bench-rust.json" > "$OUT/bench-rust.log"
+    tail -n 1 "$OUT/bench-rust.log"
+    PYTHONUNBUFFERED=1 python3 python/bench/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-python.log"
+    ;;
 *)
-    echo "usage: scripts/gpu-check.sh build|run   (see the comment at the top)" >&2; exit 2 ;;
+    echo "usage: scripts/gpu-check.sh build|run|tune|bench   (see the comment at the top)" >&2; exit 2 ;;
 esac

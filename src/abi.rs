@@ -11,9 +11,7 @@ use crate::spec::{LseLayout, MergeVariant};
 pub const MAX_VEC_BYTES: u32 = 16;
 /// Threads that cooperate on one row stop growing here; longer rows loop.
 pub const MAX_THREADS_PER_ROW: u32 = 128;
-/// Target block size; the actual one is `threads_per_row * tokens_per_block`.
-pub const TARGET_BLOCK_THREADS: u32 = 256;
-/// CUDA's limit on gridDim.y; heads beyond it are covered by a loop in the kernel.
+/// CUDA's limit on gridDim.y, which counts heads: launchers refuse more heads.
 pub const MAX_GRID_Y: u32 = 65535;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -164,6 +162,8 @@ pub struct Launch {
     pub vecs_per_thread: u32,
     pub tokens_per_block: u32,
     pub block_threads: u32,
+    /// Rows each thread handles, all loads issued before any is used.
+    pub rows_per_thread: u32,
     /// `__launch_bounds__` occupancy hint.
     pub min_blocks_per_sm: u32,
     pub shared_mem_bytes: u32,
@@ -172,7 +172,7 @@ pub struct Launch {
 }
 
 pub const GRID_RULE: &str =
-    "x = ceil(num_tokens / tokens_per_block), y = min(num_heads, 65535), z = 1; no launch when num_tokens or num_heads is 0";
+    "x = ceil(num_tokens / (tokens_per_block * rows_per_thread)), y = num_heads (at most 65535), z = 1; no launch when num_tokens or num_heads is 0";
 
 impl Launch {
     pub fn for_variant(v: &MergeVariant) -> Launch {
@@ -186,7 +186,7 @@ impl Launch {
         let vecs_per_row = v.head_size / vec_elems;
         let vecs_per_thread = vecs_per_row.div_ceil(MAX_THREADS_PER_ROW);
         let threads_per_row = vecs_per_row.div_ceil(vecs_per_thread);
-        let tokens_per_block = tokens_per_block(threads_per_row);
+        let tokens_per_block = tokens_per_block(threads_per_row, v.schedule.block_threads);
         Launch {
             vec_elems,
             vec_bytes: vec_elems * size,
@@ -196,21 +196,27 @@ impl Launch {
             vecs_per_thread,
             tokens_per_block,
             block_threads: threads_per_row * tokens_per_block,
-            min_blocks_per_sm: 1,
+            rows_per_thread: v.schedule.rows_per_thread,
+            min_blocks_per_sm: v.schedule.min_blocks_per_sm,
             shared_mem_bytes: 0,
             grid_rule: GRID_RULE,
         }
     }
 
-    /// Grid for a problem size; `None` when there is nothing to launch.
+    /// Tokens one block covers.
+    pub fn tokens_per_launch_block(&self) -> u32 {
+        self.tokens_per_block * self.rows_per_thread
+    }
+
+    /// Grid for a problem size; `None` when there is nothing to launch or it exceeds the
+    /// device's grid limits (launchers say which).
     pub fn grid(&self, num_tokens: u64, num_heads: u64) -> Option<[u32; 3]> {
-        if num_tokens == 0 || num_heads == 0 {
+        if num_tokens == 0 || num_heads == 0 || num_heads > u64::from(MAX_GRID_Y) {
             return None;
         }
-        let x = num_tokens.div_ceil(u64::from(self.tokens_per_block));
+        let x = num_tokens.div_ceil(u64::from(self.tokens_per_launch_block()));
         let x = u32::try_from(x).ok().filter(|&x| x <= i32::MAX as u32)?;
-        let y = num_heads.min(u64::from(MAX_GRID_Y)) as u32;
-        Some([x, y, 1])
+        Some([x, num_heads as u32, 1])
     }
 }
 
@@ -224,14 +230,14 @@ fn gcd(a: u32, b: u32) -> u32 {
 
 /// Tokens per block: the block is a whole number of warps whenever the row width allows (a
 /// partial last warp made ptxas cap d576 kernels at 32 registers and spill), near
-/// TARGET_BLOCK_THREADS.
-fn tokens_per_block(threads_per_row: u32) -> u32 {
+/// the schedule's target block size.
+fn tokens_per_block(threads_per_row: u32, target: u32) -> u32 {
     let warp_multiple = threads_per_row / gcd(threads_per_row, 32) * 32;
     if warp_multiple <= 1024 {
-        let repeats = (TARGET_BLOCK_THREADS / warp_multiple).max(1);
+        let repeats = (target / warp_multiple).max(1);
         warp_multiple / threads_per_row * repeats
     } else {
-        (TARGET_BLOCK_THREADS / threads_per_row).max(1)
+        (target / threads_per_row).max(1)
     }
 }
 
@@ -248,6 +254,8 @@ mod tests {
             output_lse: true,
             output: OutputKind::Same,
             lse_layout: LseLayout::HeadMajor,
+            schedule: crate::spec::FALLBACK_SCHEDULE,
+            explicit_schedule: false,
         }
     }
 
@@ -263,7 +271,7 @@ mod tests {
         );
         assert_eq!(l.block_threads % 32, 0);
         for tpr in 1..=128 {
-            let block = tpr * tokens_per_block(tpr);
+            let block = tpr * tokens_per_block(tpr, 256);
             assert!(block <= 1024, "threads_per_row {tpr}");
             if (tpr / gcd(tpr, 32)) * 32 <= 1024 {
                 assert_eq!(block % 32, 0, "threads_per_row {tpr}: block {block}");
@@ -294,7 +302,11 @@ mod tests {
     fn grid_caps_heads_and_skips_empty_problems() {
         let l = Launch::for_variant(&variant(Dtype::Bf16, 128));
         assert_eq!(l.grid(17, 8), Some([2, 8, 1]));
-        assert_eq!(l.grid(1, 100_000), Some([1, 65535, 1]));
+        assert_eq!(l.grid(1, 65535), Some([1, 65535, 1]));
+        assert_eq!(l.grid(1, 65536), None);
+        let mut v = variant(Dtype::Bf16, 128);
+        v.schedule.rows_per_thread = 4;
+        assert_eq!(Launch::for_variant(&v).grid(65, 2), Some([2, 2, 1]));
         assert_eq!(l.grid(0, 8), None);
         assert_eq!(l.grid(8, 0), None);
     }

@@ -17,6 +17,8 @@ pub mod render;
 pub mod spec;
 
 #[cfg(feature = "cuda")]
+pub mod bench;
+#[cfg(feature = "cuda")]
 pub mod runtime;
 
 /// Any failure of a generation, from spec to files.

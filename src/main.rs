@@ -114,6 +114,34 @@ enum Command {
         #[command(flatten)]
         jobs: JobsArg,
     },
+    /// (GPU) Time every schedule in a folder of candidate kernels and write the fastest per
+    /// (dtype, head size) as TOML (specs/tuned.toml, read by generation on machines without a GPU).
+    ///
+    /// Make the candidates first: `mla-gen generate specs/tune.toml --out target/tune-candidates`.
+    Tune {
+        /// Folder generated from a spec that lists schedules explicitly.
+        #[arg(long, default_value = "target/tune-candidates")]
+        candidates: PathBuf,
+        /// Where to write the winners.
+        #[arg(long, default_value = "specs/tuned.toml")]
+        out: PathBuf,
+        /// Timed launches per kernel and shape (median).
+        #[arg(long, default_value_t = 30)]
+        reps: usize,
+    },
+    /// (GPU) Time a generated folder's kernels through the Rust runtime on the benchmark shapes
+    /// (bf16 at each head size, f16 and f32 at 128), and the host cost of one launch.
+    Bench {
+        /// Generated folder to time.
+        #[arg(long, default_value = "generated")]
+        kernels: PathBuf,
+        /// Write all rows as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Timed launches per kernel and shape (median).
+        #[arg(long, default_value_t = 100)]
+        reps: usize,
+    },
     /// Where NVRTC was found, its version, the PTX ISA it emits, the oldest driver that can JIT
     /// that PTX, and whether a GPU driver is present.
     Doctor,
@@ -373,6 +401,90 @@ fn doctor() -> Result<(), Failure> {
     Ok(())
 }
 
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::Failure;
+    use std::path::Path;
+
+    fn need_driver() -> Result<(), Failure> {
+        if mla_gen::runtime::driver_present() {
+            Ok(())
+        } else {
+            Err(Failure(
+                "no CUDA driver (libcuda.so.1): tune and bench run on a GPU machine".into(),
+                1,
+            ))
+        }
+    }
+
+    pub fn tune(candidates: &Path, out: &Path, reps: usize) -> Result<(), Failure> {
+        need_driver()?;
+        let report = mla_gen::bench::tune(candidates, out, reps)?;
+        print!("{report}");
+        eprintln!("wrote {}", out.display());
+        Ok(())
+    }
+
+    /// The benchmark table's kernels: bf16 at each listed head size, f16 and f32 at 128.
+    const TABLE: [(&str, u32); 9] = [
+        ("bf16", 64),
+        ("bf16", 80),
+        ("bf16", 96),
+        ("bf16", 128),
+        ("bf16", 192),
+        ("bf16", 256),
+        ("bf16", 512),
+        ("f16", 128),
+        ("f32", 128),
+    ];
+
+    pub fn bench(dir: &Path, json: Option<&Path>, reps: usize) -> Result<(), Failure> {
+        need_driver()?;
+        let mut shapes = Vec::new();
+        for t in [256, 613, 1024, 4096, 8192, 32768] {
+            for h in [16, 64, 128] {
+                for half in [false, true] {
+                    shapes.push((t, h, half));
+                }
+            }
+        }
+        let result = mla_gen::bench::bench(dir, &shapes, reps, &TABLE)?;
+        for r in result["rows"].as_array().into_iter().flatten() {
+            println!(
+                "{:<40} T={:<6} H={:<4} thr={:<5} {:>9.1} us {:>6.0} GB/s",
+                r["kernel"].as_str().unwrap_or(""),
+                r["T"],
+                r["H"],
+                r["threshold"].as_str().unwrap_or(""),
+                r["us"].as_f64().unwrap_or(0.0),
+                r["gbs"].as_f64().unwrap_or(0.0)
+            );
+        }
+        println!(
+            "host cost per launch (Rust runtime, validation included): {:.2} us",
+            result["host_us_per_launch"].as_f64().unwrap_or(0.0)
+        );
+        if let Some(path) = json {
+            std::fs::write(path, serde_json::to_vec_pretty(&result)?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod gpu {
+    use super::Failure;
+    use std::path::Path;
+    const MSG: &str =
+        "this mla-gen was built without the `cuda` feature; rebuild with default features";
+    pub fn tune(_: &Path, _: &Path, _: usize) -> Result<(), Failure> {
+        Err(Failure(MSG.into(), 1))
+    }
+    pub fn bench(_: &Path, _: Option<&Path>, _: usize) -> Result<(), Failure> {
+        Err(Failure(MSG.into(), 1))
+    }
+}
+
 fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Generate {
@@ -427,6 +539,16 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Check { spec, out, jobs } => check(&spec, &out, jobs.jobs),
         Command::Inspect { spec, json, jobs } => inspect(&spec, json, jobs.jobs),
         Command::Doctor => doctor(),
+        Command::Tune {
+            candidates,
+            out,
+            reps,
+        } => gpu::tune(&candidates, &out, reps),
+        Command::Bench {
+            kernels,
+            json,
+            reps,
+        } => gpu::bench(&kernels, json.as_deref(), reps),
     }
 }
 

@@ -66,6 +66,7 @@ pub struct VariantView {
     pub prefix_threshold: bool,
     pub output_lse: bool,
     pub lse_layout: String,
+    pub schedule: crate::spec::Schedule,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -79,6 +80,8 @@ pub struct LaunchView {
     pub vec_elems: u32,
     pub vec_bytes: u32,
     pub tokens_per_block: u32,
+    pub rows_per_thread: u32,
+    pub min_blocks_per_sm: u32,
     pub block_threads: u32,
     pub shared_mem_bytes: u32,
 }

@@ -132,6 +132,65 @@ impl fmt::Display for Arch {
     }
 }
 
+/// How a kernel's threads walk its rows: a performance choice that never changes results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Schedule {
+    /// Rows each thread handles, all their loads issued before the first is used (1, 2, 4, 8).
+    pub rows_per_thread: u32,
+    /// `__launch_bounds__` minimum blocks per SM: caps registers so that many blocks fit.
+    pub min_blocks_per_sm: u32,
+    /// Target threads per block; the block is the nearest whole number of rows (and of warps,
+    /// where the row width allows) at or under it.
+    pub block_threads: u32,
+}
+
+pub const ROWS_PER_THREAD_ALLOWED: [u32; 4] = [1, 2, 4, 8];
+pub const BLOCK_THREADS_ALLOWED: [u32; 4] = [128, 256, 512, 1024];
+pub const MAX_THREADS_PER_SM: u32 = 2048;
+
+/// Used where the tuned table has no entry for a (dtype, head size).
+pub const FALLBACK_SCHEDULE: Schedule = Schedule {
+    rows_per_thread: 1,
+    min_blocks_per_sm: 1,
+    block_threads: 256,
+};
+
+/// Schedules measured best by `mla-gen tune`, checked in so generation needs no GPU.
+pub const TUNED_SCHEDULES: &str = include_str!("../specs/tuned.toml");
+
+#[derive(Deserialize)]
+struct TunedFile {
+    #[serde(default)]
+    schedule: Vec<TunedEntry>,
+}
+
+#[derive(Deserialize)]
+struct TunedEntry {
+    dtype: String,
+    head_size: u32,
+    rows_per_thread: u32,
+    min_blocks_per_sm: u32,
+    block_threads: u32,
+}
+
+/// The tuned schedule for a (dtype, head size), or the fallback.
+pub fn tuned_schedule(dtype: Dtype, head_size: u32) -> Schedule {
+    static TABLE: std::sync::OnceLock<Vec<TunedEntry>> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        toml::from_str::<TunedFile>(TUNED_SCHEDULES)
+            .map(|f| f.schedule)
+            .unwrap_or_default()
+    });
+    table
+        .iter()
+        .find(|e| e.dtype == dtype.name() && e.head_size == head_size)
+        .map_or(FALLBACK_SCHEDULE, |e| Schedule {
+            rows_per_thread: e.rows_per_thread,
+            min_blocks_per_sm: e.min_blocks_per_sm,
+            block_threads: e.block_threads,
+        })
+}
+
 /// One kernel to generate: every choice fixed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct MergeVariant {
@@ -141,6 +200,9 @@ pub struct MergeVariant {
     pub output_lse: bool,
     pub output: OutputKind,
     pub lse_layout: LseLayout,
+    pub schedule: Schedule,
+    /// The spec chose the schedule (it then shows in the name); else it is the tuned one.
+    pub explicit_schedule: bool,
 }
 
 impl MergeVariant {
@@ -159,6 +221,13 @@ impl MergeVariant {
         }
         if self.lse_layout == LseLayout::TokenMajor {
             name.push_str("_tm");
+        }
+        if self.explicit_schedule {
+            let s = &self.schedule;
+            name.push_str(&format!(
+                "_r{}m{}b{}",
+                s.rows_per_thread, s.min_blocks_per_sm, s.block_threads
+            ));
         }
         name
     }
@@ -224,6 +293,9 @@ struct RawMerge {
     output_lse: Option<Spanned<toml::Value>>,
     output: Option<Spanned<toml::Value>>,
     lse_layout: Option<Spanned<toml::Value>>,
+    rows_per_thread: Option<Spanned<toml::Value>>,
+    min_blocks_per_sm: Option<Spanned<toml::Value>>,
+    block_threads: Option<Spanned<toml::Value>>,
 }
 
 struct Ctx<'a> {
@@ -419,12 +491,64 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             None => vec![LseLayout::HeadMajor],
         };
 
-        let count = dtypes.len()
+        let small_int = |allowed: &'static [u32], what: &'static str| {
+            move |v: &toml::Value| match v.as_integer() {
+                Some(n) if allowed.iter().any(|&a| i64::from(a) == n) => Ok(n as u32),
+                _ => Err(format!("{} is not allowed; allowed: {what}", short(v))),
+            }
+        };
+        const MIN_BLOCKS: [u32; 32] = {
+            let mut a = [0u32; 32];
+            let mut i = 0;
+            while i < 32 {
+                a[i] = i as u32 + 1;
+                i += 1;
+            }
+            a
+        };
+        let rows: Vec<Option<u32>> = match &f.rows_per_thread {
+            Some(v) => ctx
+                .list(
+                    "rows_per_thread",
+                    v,
+                    small_int(&ROWS_PER_THREAD_ALLOWED, "1, 2, 4, 8"),
+                )?
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => vec![None],
+        };
+        let mins: Vec<Option<u32>> = match &f.min_blocks_per_sm {
+            Some(v) => ctx
+                .list("min_blocks_per_sm", v, small_int(&MIN_BLOCKS, "1..=32"))?
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => vec![None],
+        };
+
+        let blocks: Vec<Option<u32>> = match &f.block_threads {
+            Some(v) => ctx
+                .list(
+                    "block_threads",
+                    v,
+                    small_int(&BLOCK_THREADS_ALLOWED, "128, 256, 512, 1024"),
+                )?
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => vec![None],
+        };
+
+        let count = blocks.len()
+            * dtypes.len()
             * heads.len()
             * thresholds.len()
             * lses.len()
             * outputs.len()
-            * layouts.len();
+            * layouts.len()
+            * rows.len()
+            * mins.len();
         if variants.len() + count > MAX_VARIANTS {
             return Err(ctx.at(
                 table_offset,
@@ -434,35 +558,74 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             ));
         }
         let (table_line, _) = line_col(text, table_offset);
+        // The cross product, in the order the keys are documented.
+        let mut expanded = Vec::with_capacity(count);
         for &dtype in &dtypes {
             for &head_size in &heads {
+                let tuned = tuned_schedule(dtype, head_size);
                 for &prefix_threshold in &thresholds {
                     for &output_lse in &lses {
                         for &output in &outputs {
                             for &lse_layout in &layouts {
-                                let v = MergeVariant {
-                                    dtype,
-                                    head_size,
-                                    prefix_threshold,
-                                    output_lse,
-                                    output,
-                                    lse_layout,
-                                };
-                                let name = v.kernel_name();
-                                if let Some(first) = seen.insert(name.clone(), table_line) {
-                                    return Err(ctx.at(
-                                        table_offset,
-                                        format!(
-                                            "kernel `{name}` is also produced by the table at line {first}; each kernel may appear once"
-                                        ),
-                                    ));
+                                for &r in &rows {
+                                    for &m in &mins {
+                                        for &b in &blocks {
+                                            expanded.push(MergeVariant {
+                                                dtype,
+                                                head_size,
+                                                prefix_threshold,
+                                                output_lse,
+                                                output,
+                                                lse_layout,
+                                                schedule: Schedule {
+                                                    rows_per_thread: r
+                                                        .unwrap_or(tuned.rows_per_thread),
+                                                    min_blocks_per_sm: m
+                                                        .unwrap_or(tuned.min_blocks_per_sm),
+                                                    block_threads: b.unwrap_or(tuned.block_threads),
+                                                },
+                                                explicit_schedule: r.is_some()
+                                                    || m.is_some()
+                                                    || b.is_some(),
+                                            });
+                                        }
+                                    }
                                 }
-                                variants.push(v);
                             }
                         }
                     }
                 }
             }
+        }
+        for v in expanded {
+            let block = crate::abi::Launch::for_variant(&v).block_threads;
+            if block * v.schedule.min_blocks_per_sm > MAX_THREADS_PER_SM {
+                let offset = f
+                    .min_blocks_per_sm
+                    .as_ref()
+                    .map_or(table_offset, |s| s.span().start);
+                return Err(ctx.at(
+                    offset,
+                    format!(
+                        "`min_blocks_per_sm` = {} with {}-thread blocks ({} d{}) exceeds {MAX_THREADS_PER_SM} threads per SM; allowed here: 1..={}",
+                        v.schedule.min_blocks_per_sm,
+                        block,
+                        v.dtype.name(),
+                        v.head_size,
+                        MAX_THREADS_PER_SM / block
+                    ),
+                ));
+            }
+            let name = v.kernel_name();
+            if let Some(first) = seen.insert(name.clone(), table_line) {
+                return Err(ctx.at(
+                    table_offset,
+                    format!(
+                        "kernel `{name}` is also produced by the table at line {first}; each kernel may appear once"
+                    ),
+                ));
+            }
+            variants.push(v);
         }
     }
 

@@ -2,7 +2,7 @@
 //! Skips with a message where no CUDA driver is present (CI). On a GPU machine:
 //! `scripts/gpu-check.sh` (see docs/GPU-VERIFICATION.md).
 //!
-//! Environment: MLA_GEN_GPU_EXTRA = a second generated folder (token-major, no-threshold, no-lse
+//! Environment: MLA_GEN_GPU_EXTRA = more generated folders, colon-separated (token-major, no-threshold, no-lse
 //! and odd head sizes, from tests/gpu-extra.toml); MLA_GEN_GPU_QUICK = 1 for the small subset run
 //! under compute-sanitizer; MLA_GEN_GPU_REPORT = a file to append the counts to.
 #![cfg(feature = "cuda")]

@@ -13,6 +13,8 @@ fn variant(dtype: Dtype, head_size: u32, prefix_threshold: bool, output_lse: boo
         output_lse,
         output: OutputKind::Same,
         lse_layout: LseLayout::HeadMajor,
+        schedule: spec::FALLBACK_SCHEDULE,
+        explicit_schedule: false,
     }
 }
 
@@ -37,6 +39,19 @@ fn head_sizes_in_bf16() {
         let v = variant(Dtype::Bf16, d, true, true);
         insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", &v).unwrap());
     }
+}
+
+#[test]
+fn explicit_schedule() {
+    let t = Templates::embedded().unwrap();
+    let mut v = variant(Dtype::Bf16, 128, true, true);
+    v.schedule = spec::Schedule {
+        rows_per_thread: 4,
+        min_blocks_per_sm: 2,
+        block_threads: 128,
+    };
+    v.explicit_schedule = true;
+    insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", &v).unwrap());
 }
 
 #[test]

@@ -10,8 +10,8 @@
 //   output           = "same"
 //   lse_layout       = "head_major"  (lse[h * num_tokens + t])
 //
-// Launch: block = 256 threads (32 tokens x 8 threads per row);
-//         grid = (ceil(num_tokens / 32), min(num_heads, 65535), 1); no shared memory.
+// Launch: block = 256 threads (32 tokens x 8 threads per row), 1 row(s) per thread;
+//         grid = (ceil(num_tokens / 32), num_heads, 1); no shared memory.
 // Requires: pointers aligned to 16 bytes, strides multiples of 8 elements,
 //           head strides >= 64.
 
@@ -54,21 +54,11 @@ constexpr int VEC = 8;                 // elements per access
 constexpr int VECS_PER_ROW = HEAD_SIZE / VEC;
 constexpr int THREADS_PER_ROW = 8;
 constexpr int VECS_PER_THREAD = 1;
-constexpr int TOKENS_PER_BLOCK = 32;
+constexpr int TOKENS_PER_BLOCK = 32;  // rows of one head per pass of the block
+constexpr int ROWS_PER_THREAD = 1;     // passes, with all their loads in flight
 constexpr int BLOCK_THREADS = THREADS_PER_ROW * TOKENS_PER_BLOCK;
 // A bare __launch_bounds__(BLOCK_THREADS) lets ptxas trade registers for occupancy until it spills.
 constexpr int MIN_BLOCKS_PER_SM = 1;
-
-// Copy one row (this thread's share of it).
-__device__ __forceinline__ void copy_row(elem_t* out_row, const elem_t* in_row, int lane) {
-#pragma unroll
-    for (int k = 0; k < VECS_PER_THREAD; ++k) {
-        const int v = lane + k * THREADS_PER_ROW;
-        if (VECS_PER_ROW % THREADS_PER_ROW == 0 || v < VECS_PER_ROW) {
-            store_pack(out_row + v * VEC, load_pack(in_row + v * VEC));
-        }
-    }
-}
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) merge_attn_states_bf16_d64_thr_lse(
     mla_bf16* __restrict__ output,
@@ -88,42 +78,70 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
     long long prefill_tokens_with_context)
 {
     // A row is one (token, head): HEAD_SIZE contiguous elements shared by THREADS_PER_ROW threads.
+    // This block covers head blockIdx.y and ROWS_PER_THREAD * TOKENS_PER_BLOCK consecutive tokens;
+    // each thread keeps the loads of all its rows in flight before it computes any of them.
     // THREADS_PER_ROW is a compile-time constant, so / and % here are multiplies and shifts.
     const int lane = threadIdx.x % THREADS_PER_ROW;
-    const long long t = static_cast<long long>(blockIdx.x) * TOKENS_PER_BLOCK + threadIdx.x / THREADS_PER_ROW;
-    if (t >= num_tokens) return;
-    const bool has_context = t < prefill_tokens_with_context;
+    const long long first_token = static_cast<long long>(blockIdx.x) * (TOKENS_PER_BLOCK * ROWS_PER_THREAD) +
+                                  threadIdx.x / THREADS_PER_ROW;
+    const long long h = blockIdx.y;  // grid.y = num_heads (<= 65535, checked by the launcher)
+    const long long n = prefill_tokens_with_context;
 
-    // Heads beyond gridDim.y (65535) loop; offsets are 64-bit throughout.
-    for (long long h = blockIdx.y; h < num_heads; h += gridDim.y) {
+    Pack prefix[ROWS_PER_THREAD][VECS_PER_THREAD], suffix[ROWS_PER_THREAD][VECS_PER_THREAD];
+    float p_lse[ROWS_PER_THREAD], s_lse[ROWS_PER_THREAD];
+
+    // Phase 1: issue every load. Rows past the threshold read the suffix only.
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_THREAD; ++r) {
+        const long long t = first_token + r * TOKENS_PER_BLOCK;
+        if (t >= num_tokens) continue;
         const long long lse_at = h * num_tokens + t;
-        elem_t* out_row = output + t * output_token_stride + h * output_head_stride;
         const elem_t* suffix_row = suffix_output + t * suffix_token_stride + h * suffix_head_stride;
-
-        if (!has_context) {
-            // No context: the suffix row as is; the prefix is not read.
-            copy_row(out_row, suffix_row, lane);
-            if (output_lse != nullptr && lane == 0) output_lse[lse_at] = suffix_lse[lse_at];
-            continue;
-        }
-
-        // Issue the row loads before the lse arithmetic so they are in flight together.
         const elem_t* prefix_row = prefix_output + t * prefix_token_stride + h * prefix_head_stride;
-        Pack prefix[VECS_PER_THREAD], suffix[VECS_PER_THREAD];
+        s_lse[r] = suffix_lse[lse_at];
 #pragma unroll
         for (int k = 0; k < VECS_PER_THREAD; ++k) {
             const int v = lane + k * THREADS_PER_ROW;
             if (VECS_PER_ROW % THREADS_PER_ROW == 0 || v < VECS_PER_ROW) {
-                prefix[k] = load_pack(prefix_row + v * VEC);
-                suffix[k] = load_pack(suffix_row + v * VEC);
+                suffix[r][k] = load_pack(suffix_row + v * VEC);
             }
         }
+        if (t < n) {
+            p_lse[r] = prefix_lse[lse_at];
+#pragma unroll
+            for (int k = 0; k < VECS_PER_THREAD; ++k) {
+                const int v = lane + k * THREADS_PER_ROW;
+                if (VECS_PER_ROW % THREADS_PER_ROW == 0 || v < VECS_PER_ROW) {
+                    prefix[r][k] = load_pack(prefix_row + v * VEC);
+                }
+            }
+        }
+    }
 
-        float p = prefix_lse[lse_at];
-        float s = suffix_lse[lse_at];
+    // Phase 2: merge and store.
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_THREAD; ++r) {
+        const long long t = first_token + r * TOKENS_PER_BLOCK;
+        if (t >= num_tokens) continue;
+        const long long lse_at = h * num_tokens + t;
+        elem_t* out_row = output + t * output_token_stride + h * output_head_stride;
+
+        if (t >= n) {
+            // No context: the suffix row as is, and its lse as given.
+#pragma unroll
+            for (int k = 0; k < VECS_PER_THREAD; ++k) {
+                const int v = lane + k * THREADS_PER_ROW;
+                if (VECS_PER_ROW % THREADS_PER_ROW == 0 || v < VECS_PER_ROW) {
+                    store_pack(out_row + v * VEC, suffix[r][k]);
+                }
+            }
+            if (output_lse != nullptr && lane == 0) output_lse[lse_at] = s_lse[r];
+            continue;
+        }
+
         // FlashAttention-2 reports an empty sequence as +inf, FA3 as -inf: both mean "no keys".
-        p = (p == INF) ? -INF : p;
-        s = (s == INF) ? -INF : s;
+        const float p = (p_lse[r] == INF) ? -INF : p_lse[r];
+        const float s = (s_lse[r] == INF) ? -INF : s_lse[r];
         const float m = (p > s) ? p : s;  // not fmaxf: a NaN must propagate, not be dropped
 
         if (m == -INF) {
@@ -132,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
             for (int k = 0; k < VECS_PER_THREAD; ++k) {
                 const int v = lane + k * THREADS_PER_ROW;
                 if (VECS_PER_ROW % THREADS_PER_ROW == 0 || v < VECS_PER_ROW) {
-                    store_pack(out_row + v * VEC, prefix[k]);
+                    store_pack(out_row + v * VEC, prefix[r][k]);
                 }
             }
             if (output_lse != nullptr && lane == 0) output_lse[lse_at] = -INF;
@@ -152,8 +170,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
                 Pack merged;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    merged.v[e] = from_float(to_float(prefix[k].v[e]) * prefix_scale +
-                                             to_float(suffix[k].v[e]) * suffix_scale);
+                    merged.v[e] = from_float(to_float(prefix[r][k].v[e]) * prefix_scale +
+                                             to_float(suffix[r][k].v[e]) * suffix_scale);
                 }
                 store_pack(out_row + v * VEC, merged);
             }
