@@ -62,7 +62,7 @@ fn a_valid_call_yields_params_in_abi_order() {
     assert_eq!(values[0], 0x1000_0000);
     assert_eq!(*values.last().unwrap(), (T / 2) as u64);
     assert_eq!(grid, [1, H as u32, 1]);
-    assert_eq!(block, 256);
+    assert_eq!(block, k.launch.block_threads);
     // No threshold given: n = T. T = 0: nothing to launch.
     let mut a = good();
     a.prefill_tokens_with_context = None;

@@ -10,8 +10,8 @@
 //   output           = "same"
 //   lse_layout       = "head_major"  (lse[h * num_tokens + t])
 //
-// Launch: block = 256 threads (4 tokens x 64 threads per row), 1 row(s) per thread;
-//         grid = (ceil(num_tokens / 4), num_heads, 1); no shared memory.
+// Launch: block = 512 threads (8 tokens x 64 threads per row), 1 row(s) per thread;
+//         grid = (ceil(num_tokens / 8), num_heads, 1); no shared memory.
 // Requires: pointers aligned to 16 bytes, strides multiples of 4 elements,
 //           head strides >= 256.
 
@@ -45,7 +45,7 @@ constexpr int VEC = 4;                 // elements per access
 constexpr int VECS_PER_ROW = HEAD_SIZE / VEC;
 constexpr int THREADS_PER_ROW = 64;
 constexpr int VECS_PER_THREAD = 1;
-constexpr int TOKENS_PER_BLOCK = 4;  // rows of one head per pass of the block
+constexpr int TOKENS_PER_BLOCK = 8;  // rows of one head per pass of the block
 constexpr int ROWS_PER_THREAD = 1;     // passes, with all their loads in flight
 constexpr int BLOCK_THREADS = THREADS_PER_ROW * TOKENS_PER_BLOCK;
 // A bare __launch_bounds__(BLOCK_THREADS) lets ptxas trade registers for occupancy until it spills.

@@ -165,9 +165,13 @@ def _launcher():
     return _libcuda
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _current_stream(device: int) -> int:
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    if _raw_stream is not None:
+        return _raw_stream(device)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _fail(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n):
@@ -246,6 +250,10 @@ def _span_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def _lse_overlaps(a0, a1, *ranges):
+    return any(a0 < ranges[i + 1] and ranges[i] < a1 for i in range(0, len(ranges), 2))
+
+
 # (dtype, head_size, device, with output_lse) -> (kernel, param values, param pointer array, lock)
 _fast: dict = {}
 
@@ -265,8 +273,11 @@ def _fast_entry(dtype, D, device, with_lse):
                  "prefix_token_stride", "prefix_head_stride", "suffix_token_stride", "suffix_head_stride",
                  "prefill_tokens_with_context")
         index = [order.index(p) for p in kern.param_names]
+        identity = index == list(range(len(order)))
         launch = kern.meta["launch"]
-        entry = (int(kern.function), values, ctypes.addressof(pointers), pointers, index,
+        # ctypes instances pass through argtypes without conversion.
+        entry = (ctypes.c_void_p(int(kern.function)), values, ctypes.c_void_p(ctypes.addressof(pointers)),
+                 pointers, index, identity, _SIZES[_DTYPE_NAMES[dtype]],
                  launch["vec_elems"], launch["vec_bytes"],
                  launch["tokens_per_block"] * launch["rows_per_thread"], launch["block_threads"],
                  launch["shared_mem_bytes"], threading.Lock())
@@ -320,37 +331,38 @@ def merge_attn_states(
         _fail(*args)
     if T == 0 or H == 0:
         return
-    (function, values, pointers_addr, _keep, index, vec, vec_bytes, tokens_per_block, block,
-     shmem, lock) = _fast_entry(dtype, D, device, output_lse is not None)
+    (function, values, pointers_addr, _keep, index, identity, size, vec, vec_bytes, tokens_per_block,
+     block, shmem, lock) = _fast_entry(dtype, D, device, output_lse is not None)
     ots, ohs, oes = output.stride()
     pts, phs, pes = prefix_output.stride()
     sts, shs, ses = suffix_output.stride()
     o_ptr, p_ptr, s_ptr = output.data_ptr(), prefix_output.data_ptr(), suffix_output.data_ptr()
     pl_ptr, sl_ptr = prefix_lse.data_ptr(), suffix_lse.data_ptr()
     ol_ptr = 0 if output_lse is None else output_lse.data_ptr()
-    size = output.element_size()
-    row_span = ((T - 1) * ots + (H - 1) * ohs + D) * size
+    last = (T - 1, H - 1)
+    o_end = o_ptr + (last[0] * ots + last[1] * ohs + D) * size
+    p_end = p_ptr + (last[0] * pts + last[1] * phs + D) * size
+    s_end = s_ptr + (last[0] * sts + last[1] * shs + D) * size
     lse_bytes = 4 * T * H
+    pl_end, sl_end = pl_ptr + lse_bytes, sl_ptr + lse_bytes
     if (oes != 1 or pes != 1 or ses != 1
             or (H > 1 and (ohs < D or phs < D or shs < D))
             or (ots | ohs | pts | phs | sts | shs) % vec
             or (o_ptr | p_ptr | s_ptr) % vec_bytes
             or (T > 1 and ots < H * (ohs if ohs > D else D))
-            # output must not overlap an input (byte ranges)
-            or (o_ptr < p_ptr + ((T - 1) * pts + (H - 1) * phs + D) * size and p_ptr < o_ptr + row_span)
-            or (o_ptr < s_ptr + ((T - 1) * sts + (H - 1) * shs + D) * size and s_ptr < o_ptr + row_span)
-            or (o_ptr < pl_ptr + lse_bytes and pl_ptr < o_ptr + row_span)
-            or (o_ptr < sl_ptr + lse_bytes and sl_ptr < o_ptr + row_span)
-            or (ol_ptr and ((ol_ptr < p_ptr + ((T - 1) * pts + (H - 1) * phs + D) * size and p_ptr < ol_ptr + lse_bytes)
-                            or (ol_ptr < s_ptr + ((T - 1) * sts + (H - 1) * shs + D) * size and s_ptr < ol_ptr + lse_bytes)
-                            or (ol_ptr < pl_ptr + lse_bytes and pl_ptr < ol_ptr + lse_bytes)
-                            or (ol_ptr < sl_ptr + lse_bytes and sl_ptr < ol_ptr + lse_bytes)))):
+            # no output may overlap an input (byte ranges)
+            or (o_ptr < p_end and p_ptr < o_end) or (o_ptr < s_end and s_ptr < o_end)
+            or (o_ptr < pl_end and pl_ptr < o_end) or (o_ptr < sl_end and sl_ptr < o_end)
+            or (ol_ptr and _lse_overlaps(ol_ptr, ol_ptr + lse_bytes, p_ptr, p_end, s_ptr, s_end,
+                                         pl_ptr, pl_end, sl_ptr, sl_end))):
         _fail(*args)
     by_order = (o_ptr, ol_ptr, p_ptr, pl_ptr, s_ptr, sl_ptr, T, H, ots, ohs, pts, phs, sts, shs, n)
     stream = _current_stream(device)
     with lock:
-        for slot, i in enumerate(index):
-            values[slot] = by_order[i]
+        if identity:
+            values[:] = by_order
+        else:
+            values[:] = [by_order[i] for i in index]
         err = _launcher()(function, (T + tokens_per_block - 1) // tokens_per_block, H, 1, block, 1, 1,
                           shmem, stream, pointers_addr, None)
     if err:
