@@ -212,7 +212,12 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a few shapes, for calibration")
     ap.add_argument("--out", default=".")
     ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--host-only", action="store_true", help="only the host-cost measurements")
     args = ap.parse_args()
+    if args.host_only:
+        print("# host cost per call (us):", json.dumps(host_cost()))
+        print("# new threshold value, wall ms per call incl. sync:", json.dumps(new_threshold_cost()))
+        return
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     bf16 = torch.bfloat16
