@@ -167,24 +167,29 @@ def bench_shape(T, H, D, dtype, threshold_half, reps, impls):
     return row
 
 
-def host_cost(reps=2000):
-    """Per-call host time of back-to-back launches on a tiny shape (1 token, 1 head)."""
+def host_cost(calls=1000, rounds=7):
+    """Per-call host time of back-to-back launches on a tiny shape (1 token, 1 head), both
+    implementations interleaved round by round; the minimum over rounds is the least disturbed
+    (the median is reported too)."""
     T, H, D, dtype = 1, 1, 128, torch.bfloat16
     prefix, plse, suffix, slse = make(T, H, D, dtype, 1)
     out = torch.empty_like(prefix)
-    res = {}
-    for name, fn in (("mla-gen (Python drop-in)", lambda: mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, None, 1)),
-                     ("triton baseline", lambda: triton_merge(out, prefix, plse, suffix, slse, None, 1))):
-        for _ in range(50):
+    impls = (("mla-gen (Python drop-in)", lambda: mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, None, 1)),
+             ("triton baseline", lambda: triton_merge(out, prefix, plse, suffix, slse, None, 1)))
+    samples = {name: [] for name, _ in impls}
+    for name, fn in impls:
+        for _ in range(100):
             fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        res[name] = (t1 - t0) / reps * 1e6
-    return res
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        for name, fn in impls:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return {name: {"min": min(v), "median": statistics.median(v)} for name, v in samples.items()}
 
 
 def new_threshold_cost(values=20):
@@ -240,6 +245,8 @@ def main():
         r["pct_copy"] = 100 * r["mla-gen_gbs"] / r["copy_gbs"]
         r["x_triton"] = r["triton_us"] / r["mla-gen_us"]
         rows.append(r)
+        (out_dir / "bench.json").write_text(json.dumps({"device": prop.name, "torch": torch.__version__,
+                                                        "triton": triton.__version__, "rows": rows}, indent=1))
         print(f"{r['dtype']:>8} {T:>6} {H:>4} {D:>4} {r['threshold']:>4} {r['bytes']/1e6:>8.1f} | "
               f"{r['mla-gen_us']:>10.1f} {r['mla-gen_gbs']:>6.0f} {r['pct_copy']:>5.1f}% | {r['copy_gbs']:>9.0f} | "
               f"{r['torch_gbs']:>10.0f} | {r['triton_gbs']:>11.0f} {r['x_triton']:>7.2f}x", flush=True)

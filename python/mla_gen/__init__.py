@@ -154,12 +154,12 @@ _libcuda = None
 
 def _launcher():
     """cuLaunchKernel through ctypes: the per-call cost of cuda-python's wrapper is several
-    microseconds, which the host-cost budget does not have."""
+    microseconds, which the host-cost budget does not have. No argtypes: the grid and block
+    numbers are Python ints below 2^31, which ctypes passes as C ints without a conversion
+    object, and the pointers are passed as ready-made c_void_p instances."""
     global _libcuda
     if _libcuda is None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernel
-        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
         fn.restype = ctypes.c_int
         _libcuda = fn
     return _libcuda
@@ -277,7 +277,7 @@ def _fast_entry(dtype, D, device, with_lse):
         launch = kern.meta["launch"]
         # ctypes instances pass through argtypes without conversion.
         entry = (ctypes.c_void_p(int(kern.function)), values, ctypes.c_void_p(ctypes.addressof(pointers)),
-                 pointers, index, identity, _SIZES[_DTYPE_NAMES[dtype]],
+                 (pointers, _launcher()), index, identity, _SIZES[_DTYPE_NAMES[dtype]],
                  launch["vec_elems"], launch["vec_bytes"],
                  launch["tokens_per_block"] * launch["rows_per_thread"], launch["block_threads"],
                  launch["shared_mem_bytes"], threading.Lock())
@@ -331,8 +331,8 @@ def merge_attn_states(
         _fail(*args)
     if T == 0 or H == 0:
         return
-    (function, values, pointers_addr, _keep, index, identity, size, vec, vec_bytes, tokens_per_block,
-     block, shmem, lock) = _fast_entry(dtype, D, device, output_lse is not None)
+    (function, values, pointers_addr, (_keep, launch_kernel), index, identity, size, vec, vec_bytes,
+     tokens_per_block, block, shmem, lock) = _fast_entry(dtype, D, device, output_lse is not None)
     ots, ohs, oes = output.stride()
     pts, phs, pes = prefix_output.stride()
     sts, shs, ses = suffix_output.stride()
@@ -363,8 +363,8 @@ def merge_attn_states(
             values[:] = by_order
         else:
             values[:] = [by_order[i] for i in index]
-        err = _launcher()(function, (T + tokens_per_block - 1) // tokens_per_block, H, 1, block, 1, 1,
-                          shmem, stream, pointers_addr, None)
+        err = launch_kernel(function, (T + tokens_per_block - 1) // tokens_per_block, H, 1, block, 1, 1,
+                            shmem, ctypes.c_void_p(stream), pointers_addr, None)
     if err:
         _check((_cu.CUresult(err), None), "cuLaunchKernel")
     _stats["launches"] += 1
