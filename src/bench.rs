@@ -353,8 +353,9 @@ pub fn bench(
         }
     }
     // Host cost: back-to-back launches on a tiny shape, fewer than the launch queue holds.
+    // The last kernel's dtype is the one the current buffers hold.
     let k = kernels
-        .first()
+        .last()
         .ok_or_else(|| RuntimeError::NoKernel("any".into()))?;
     let bufs = current
         .as_ref()
