@@ -162,6 +162,8 @@ pub struct Launch {
     pub vecs_per_thread: u32,
     pub tokens_per_block: u32,
     pub block_threads: u32,
+    /// Adjacent heads a block covers (grid.y counts groups of them).
+    pub heads_per_block: u32,
     /// Rows each thread handles, all loads issued before any is used.
     pub rows_per_thread: u32,
     /// `__launch_bounds__` occupancy hint.
@@ -172,7 +174,7 @@ pub struct Launch {
 }
 
 pub const GRID_RULE: &str =
-    "x = ceil(num_tokens / (tokens_per_block * rows_per_thread)), y = num_heads (at most 65535), z = 1; no launch when num_tokens or num_heads is 0";
+    "x = ceil(num_tokens / (tokens_per_block * rows_per_thread)), y = ceil(num_heads / heads_per_block) (at most 65535), z = 1; no launch when num_tokens or num_heads is 0";
 
 impl Launch {
     pub fn for_variant(v: &MergeVariant) -> Launch {
@@ -186,7 +188,13 @@ impl Launch {
         let vecs_per_row = v.head_size / vec_elems;
         let vecs_per_thread = vecs_per_row.div_ceil(MAX_THREADS_PER_ROW);
         let threads_per_row = vecs_per_row.div_ceil(vecs_per_thread);
-        let tokens_per_block = tokens_per_block(threads_per_row, v.schedule.block_threads);
+        let rows_per_block = tokens_per_block(threads_per_row, v.schedule.block_threads);
+        // Heads per block must divide the rows of a block; take the largest allowed that does.
+        let mut heads_per_block = v.schedule.heads_per_block.max(1);
+        while rows_per_block % heads_per_block != 0 {
+            heads_per_block /= 2;
+        }
+        let tokens_per_block = rows_per_block / heads_per_block;
         Launch {
             vec_elems,
             vec_bytes: vec_elems * size,
@@ -195,7 +203,8 @@ impl Launch {
             threads_per_row,
             vecs_per_thread,
             tokens_per_block,
-            block_threads: threads_per_row * tokens_per_block,
+            block_threads: threads_per_row * rows_per_block,
+            heads_per_block,
             rows_per_thread: v.schedule.rows_per_thread,
             min_blocks_per_sm: v.schedule.min_blocks_per_sm,
             shared_mem_bytes: 0,
@@ -211,12 +220,13 @@ impl Launch {
     /// Grid for a problem size; `None` when there is nothing to launch or it exceeds the
     /// device's grid limits (launchers say which).
     pub fn grid(&self, num_tokens: u64, num_heads: u64) -> Option<[u32; 3]> {
-        if num_tokens == 0 || num_heads == 0 || num_heads > u64::from(MAX_GRID_Y) {
+        let y = num_heads.div_ceil(u64::from(self.heads_per_block));
+        if num_tokens == 0 || num_heads == 0 || y > u64::from(MAX_GRID_Y) {
             return None;
         }
         let x = num_tokens.div_ceil(u64::from(self.tokens_per_launch_block()));
         let x = u32::try_from(x).ok().filter(|&x| x <= i32::MAX as u32)?;
-        Some([x, num_heads as u32, 1])
+        Some([x, y as u32, 1])
     }
 }
 

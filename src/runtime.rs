@@ -81,6 +81,7 @@ pub struct LaunchView {
     pub vec_bytes: u32,
     pub tokens_per_block: u32,
     pub rows_per_thread: u32,
+    pub heads_per_block: u32,
     pub min_blocks_per_sm: u32,
     pub block_threads: u32,
     pub shared_mem_bytes: u32,
@@ -426,14 +427,24 @@ pub fn validate(k: &KernelView, a: &MergeArgs) -> Result<Option<LaunchValues>, R
         return Err(bad("num_tokens or num_heads does not fit in 64 bits".into()));
     }
 
-    let grid = match (t as u64).div_ceil(u64::from(k.launch.tokens_per_block)) {
+    // The manifest's launch rule: x = ceil(T / (tokens_per_block * rows_per_thread)),
+    // y = ceil(H / heads_per_block).
+    let grid_y = h.div_ceil(k.launch.heads_per_block.max(1) as usize);
+    if grid_y > crate::abi::MAX_GRID_Y as usize {
+        return Err(bad(format!(
+            "num_heads = {h} needs {grid_y} block rows, over the grid's y limit {}",
+            crate::abi::MAX_GRID_Y
+        )));
+    }
+    let tokens_per_block = u64::from(k.launch.tokens_per_block * k.launch.rows_per_thread.max(1));
+    let grid = match (t as u64).div_ceil(tokens_per_block) {
         0 => return Ok(None),
         x if x > i32::MAX as u64 => {
             return Err(bad(format!(
                 "num_tokens = {t} needs more than 2^31-1 blocks"
             )));
         }
-        x => [x as u32, h.min(65535) as u32, 1],
+        x => [x as u32, grid_y as u32, 1],
     };
     if h == 0 {
         return Ok(None);

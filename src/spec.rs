@@ -142,10 +142,14 @@ pub struct Schedule {
     /// Target threads per block; the block is the nearest whole number of rows (and of warps,
     /// where the row width allows) at or under it.
     pub block_threads: u32,
+    /// Adjacent heads of the same tokens a block covers (1, 2, 4, 8): their rows are adjacent
+    /// in memory, so cache lines shared between two heads' rows are used while they are in L2.
+    pub heads_per_block: u32,
 }
 
 pub const ROWS_PER_THREAD_ALLOWED: [u32; 4] = [1, 2, 4, 8];
 pub const BLOCK_THREADS_ALLOWED: [u32; 4] = [128, 256, 512, 1024];
+pub const HEADS_PER_BLOCK_ALLOWED: [u32; 4] = [1, 2, 4, 8];
 pub const MAX_THREADS_PER_SM: u32 = 2048;
 
 /// Used where the tuned table has no entry for a (dtype, head size).
@@ -153,6 +157,7 @@ pub const FALLBACK_SCHEDULE: Schedule = Schedule {
     rows_per_thread: 1,
     min_blocks_per_sm: 1,
     block_threads: 256,
+    heads_per_block: 1,
 };
 
 /// Schedules measured best by `mla-gen tune`, checked in so generation needs no GPU.
@@ -171,6 +176,12 @@ struct TunedEntry {
     rows_per_thread: u32,
     min_blocks_per_sm: u32,
     block_threads: u32,
+    #[serde(default = "one")]
+    heads_per_block: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// The tuned schedule for a (dtype, head size), or the fallback.
@@ -188,6 +199,7 @@ pub fn tuned_schedule(dtype: Dtype, head_size: u32) -> Schedule {
             rows_per_thread: e.rows_per_thread,
             min_blocks_per_sm: e.min_blocks_per_sm,
             block_threads: e.block_threads,
+            heads_per_block: e.heads_per_block,
         })
 }
 
@@ -225,8 +237,8 @@ impl MergeVariant {
         if self.explicit_schedule {
             let s = &self.schedule;
             name.push_str(&format!(
-                "_r{}m{}b{}",
-                s.rows_per_thread, s.min_blocks_per_sm, s.block_threads
+                "_r{}m{}b{}h{}",
+                s.rows_per_thread, s.min_blocks_per_sm, s.block_threads, s.heads_per_block
             ));
         }
         name
@@ -296,6 +308,7 @@ struct RawMerge {
     rows_per_thread: Option<Spanned<toml::Value>>,
     min_blocks_per_sm: Option<Spanned<toml::Value>>,
     block_threads: Option<Spanned<toml::Value>>,
+    heads_per_block: Option<Spanned<toml::Value>>,
 }
 
 struct Ctx<'a> {
@@ -540,7 +553,21 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             None => vec![None],
         };
 
+        let head_groups: Vec<Option<u32>> = match &f.heads_per_block {
+            Some(v) => ctx
+                .list(
+                    "heads_per_block",
+                    v,
+                    small_int(&HEADS_PER_BLOCK_ALLOWED, "1, 2, 4, 8"),
+                )?
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => vec![None],
+        };
+
         let count = blocks.len()
+            * head_groups.len()
             * dtypes.len()
             * heads.len()
             * thresholds.len()
@@ -558,6 +585,17 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             ));
         }
         let (table_line, _) = line_col(text, table_offset);
+        // Schedule choices; a key the spec leaves out takes the tuned value of each variant.
+        let mut schedule_choices = Vec::new();
+        for &r in &rows {
+            for &m in &mins {
+                for &b in &blocks {
+                    for &hb in &head_groups {
+                        schedule_choices.push((r, m, b, hb));
+                    }
+                }
+            }
+        }
         // The cross product, in the order the keys are documented.
         let mut expanded = Vec::with_capacity(count);
         for &dtype in &dtypes {
@@ -567,29 +605,25 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                     for &output_lse in &lses {
                         for &output in &outputs {
                             for &lse_layout in &layouts {
-                                for &r in &rows {
-                                    for &m in &mins {
-                                        for &b in &blocks {
-                                            expanded.push(MergeVariant {
-                                                dtype,
-                                                head_size,
-                                                prefix_threshold,
-                                                output_lse,
-                                                output,
-                                                lse_layout,
-                                                schedule: Schedule {
-                                                    rows_per_thread: r
-                                                        .unwrap_or(tuned.rows_per_thread),
-                                                    min_blocks_per_sm: m
-                                                        .unwrap_or(tuned.min_blocks_per_sm),
-                                                    block_threads: b.unwrap_or(tuned.block_threads),
-                                                },
-                                                explicit_schedule: r.is_some()
-                                                    || m.is_some()
-                                                    || b.is_some(),
-                                            });
-                                        }
-                                    }
+                                for &(r, m, b, hb) in &schedule_choices {
+                                    expanded.push(MergeVariant {
+                                        dtype,
+                                        head_size,
+                                        prefix_threshold,
+                                        output_lse,
+                                        output,
+                                        lse_layout,
+                                        schedule: Schedule {
+                                            rows_per_thread: r.unwrap_or(tuned.rows_per_thread),
+                                            min_blocks_per_sm: m.unwrap_or(tuned.min_blocks_per_sm),
+                                            block_threads: b.unwrap_or(tuned.block_threads),
+                                            heads_per_block: hb.unwrap_or(tuned.heads_per_block),
+                                        },
+                                        explicit_schedule: r.is_some()
+                                            || m.is_some()
+                                            || b.is_some()
+                                            || hb.is_some(),
+                                    });
                                 }
                             }
                         }

@@ -160,3 +160,47 @@ fn options_the_variant_lacks_are_refused() {
         "n = T is what a kernel without threshold does"
     );
 }
+
+#[test]
+fn the_grid_follows_the_manifest_launch_rule_for_every_schedule() {
+    let text = "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = [80, 128]\nrows_per_thread = [1, 2]\nheads_per_block = [1, 4]\nblock_threads = 256\n";
+    let spec = mla_gen::spec::parse("t.toml", text).unwrap();
+    let t = mla_gen::render::Templates::embedded().unwrap();
+    let (_, manifest) = mla_gen::generate_files(&spec, &t, 1, false).unwrap();
+    let m: ManifestView = serde_json::from_value(serde_json::to_value(&manifest).unwrap()).unwrap();
+    assert_eq!(m.kernels.len(), 8);
+    for k in &m.kernels {
+        let d = k.variant.head_size as usize;
+        let (tt, hh) = (1000usize, 30usize);
+        let mut a = good();
+        let l = Layout::contiguous(hh, d);
+        let n = tt * hh * d;
+        a.num_tokens = tt;
+        a.num_heads = hh;
+        a.output_layout = l;
+        a.prefix_layout = l;
+        a.suffix_layout = l;
+        a.output = buf(0x1_0000_0000, n, Dtype::Bf16);
+        a.prefix = buf(0x2_0000_0000, n, Dtype::Bf16);
+        a.suffix = buf(0x3_0000_0000, n, Dtype::Bf16);
+        for lse in [&mut a.prefix_lse, &mut a.suffix_lse] {
+            lse.len = tt * hh;
+        }
+        a.output_lse = None;
+        a.prefill_tokens_with_context = None;
+        let (_, (grid, block)) = validate(k, &a).unwrap().unwrap();
+        let per_block = (k.launch.tokens_per_block * k.launch.rows_per_thread) as usize;
+        assert_eq!(grid[0] as usize, tt.div_ceil(per_block), "{}", k.name);
+        assert_eq!(
+            grid[1] as usize,
+            hh.div_ceil(k.launch.heads_per_block as usize),
+            "{}",
+            k.name
+        );
+        assert_eq!(block, k.launch.block_threads);
+        assert_eq!(
+            k.launch.block_threads % (k.launch.tokens_per_block * k.launch.heads_per_block),
+            0
+        );
+    }
+}

@@ -49,6 +49,7 @@ fn explicit_schedule() {
         rows_per_thread: 4,
         min_blocks_per_sm: 2,
         block_threads: 128,
+        heads_per_block: 4,
     };
     v.explicit_schedule = true;
     insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", &v).unwrap());

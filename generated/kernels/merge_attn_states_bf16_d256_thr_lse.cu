@@ -10,8 +10,8 @@
 //   output           = "same"
 //   lse_layout       = "head_major"  (lse[h * num_tokens + t])
 //
-// Launch: block = 512 threads (16 tokens x 32 threads per row), 1 row(s) per thread;
-//         grid = (ceil(num_tokens / 16), num_heads, 1); no shared memory.
+// Launch: block = 512 threads (16 tokens x 1 heads x 32 threads per row), 1 row(s) per thread;
+//         grid = (ceil(num_tokens / 16), ceil(num_heads / 1), 1); no shared memory.
 // Requires: pointers aligned to 16 bytes, strides multiples of 8 elements,
 //           head strides >= 256.
 
@@ -54,9 +54,10 @@ constexpr int VEC = 8;                 // elements per access
 constexpr int VECS_PER_ROW = HEAD_SIZE / VEC;
 constexpr int THREADS_PER_ROW = 32;
 constexpr int VECS_PER_THREAD = 1;
-constexpr int TOKENS_PER_BLOCK = 16;  // rows of one head per pass of the block
+constexpr int HEADS_PER_BLOCK = 1;    // adjacent heads of the same tokens
+constexpr int TOKENS_PER_BLOCK = 16;  // tokens per pass of the block
 constexpr int ROWS_PER_THREAD = 1;     // passes, with all their loads in flight
-constexpr int BLOCK_THREADS = THREADS_PER_ROW * TOKENS_PER_BLOCK;
+constexpr int BLOCK_THREADS = THREADS_PER_ROW * HEADS_PER_BLOCK * TOKENS_PER_BLOCK;
 // A bare __launch_bounds__(BLOCK_THREADS) lets ptxas trade registers for occupancy until it spills.
 constexpr int MIN_BLOCKS_PER_SM = 1;
 
@@ -78,13 +79,15 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
     long long prefill_tokens_with_context)
 {
     // A row is one (token, head): HEAD_SIZE contiguous elements shared by THREADS_PER_ROW threads.
-    // This block covers head blockIdx.y and ROWS_PER_THREAD * TOKENS_PER_BLOCK consecutive tokens;
-    // each thread keeps the loads of all its rows in flight before it computes any of them.
-    // THREADS_PER_ROW is a compile-time constant, so / and % here are multiplies and shifts.
+    // This block covers HEADS_PER_BLOCK adjacent heads and ROWS_PER_THREAD * TOKENS_PER_BLOCK
+    // consecutive tokens; each thread keeps the loads of all its rows in flight before it
+    // computes any of them. The divisors here are compile-time constants: multiplies and shifts.
     const int lane = threadIdx.x % THREADS_PER_ROW;
+    const int group = threadIdx.x / THREADS_PER_ROW;
+    const long long h = static_cast<long long>(blockIdx.y) * HEADS_PER_BLOCK + group % HEADS_PER_BLOCK;
+    if (h >= num_heads) return;
     const long long first_token = static_cast<long long>(blockIdx.x) * (TOKENS_PER_BLOCK * ROWS_PER_THREAD) +
-                                  threadIdx.x / THREADS_PER_ROW;
-    const long long h = blockIdx.y;  // grid.y = num_heads (<= 65535, checked by the launcher)
+                                  group / HEADS_PER_BLOCK;
     const long long n = prefill_tokens_with_context;
 
     Pack prefix[ROWS_PER_THREAD][VECS_PER_THREAD], suffix[ROWS_PER_THREAD][VECS_PER_THREAD];

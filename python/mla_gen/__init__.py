@@ -214,8 +214,8 @@ def _fail(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_l
                             f"device-to-host sync), got {type(n).__name__}")
         if not 0 <= n <= T:
             raise ValueError(f"prefill_tokens_with_context = {n} is outside 0..={T}")
-    if H > 65535:
-        raise ValueError(f"num_heads = {H} exceeds 65535, the grid's y limit")
+    if H > 65535 * 8:
+        raise ValueError(f"num_heads = {H} is over the grid's limit")
     kern = kernel_for(output.dtype, D, output.get_device(), output_lse=output_lse is not None)
     launch = kern.meta["launch"]
     vec, vec_bytes = launch["vec_elems"], launch["vec_bytes"]
@@ -279,8 +279,8 @@ def _fast_entry(dtype, D, device, with_lse):
         entry = (ctypes.c_void_p(int(kern.function)), values, ctypes.c_void_p(ctypes.addressof(pointers)),
                  (pointers, _launcher()), index, identity, _SIZES[_DTYPE_NAMES[dtype]],
                  launch["vec_elems"], launch["vec_bytes"],
-                 launch["tokens_per_block"] * launch["rows_per_thread"], launch["block_threads"],
-                 launch["shared_mem_bytes"], threading.Lock())
+                 launch["tokens_per_block"] * launch["rows_per_thread"], launch["heads_per_block"],
+                 launch["block_threads"], launch["shared_mem_bytes"], threading.Lock())
         _fast[key] = entry
     return entry
 
@@ -317,7 +317,7 @@ def merge_attn_states(
               and prefix_lse.get_device() == device and suffix_lse.get_device() == device
               and prefix_lse.shape == (H, T) and suffix_lse.shape == (H, T)
               and prefix_lse.is_contiguous() and suffix_lse.is_contiguous()
-              and dtype in _DTYPE_NAMES and H <= 65535)
+              and dtype in _DTYPE_NAMES and H <= 65535 * 8)
         if output_lse is not None:
             ok = ok and (output_lse.dtype is _F32 and output_lse.get_device() == device
                          and output_lse.shape == (H, T) and output_lse.is_contiguous())
@@ -332,7 +332,7 @@ def merge_attn_states(
     if T == 0 or H == 0:
         return
     (function, values, pointers_addr, (_keep, launch_kernel), index, identity, size, vec, vec_bytes,
-     tokens_per_block, block, shmem, lock) = _fast_entry(dtype, D, device, output_lse is not None)
+     tokens_per_block, heads_per_block, block, shmem, lock) = _fast_entry(dtype, D, device, output_lse is not None)
     ots, ohs, oes = output.stride()
     pts, phs, pes = prefix_output.stride()
     sts, shs, ses = suffix_output.stride()
@@ -356,6 +356,9 @@ def merge_attn_states(
             or (ol_ptr and _lse_overlaps(ol_ptr, ol_ptr + lse_bytes, p_ptr, p_end, s_ptr, s_end,
                                          pl_ptr, pl_end, sl_ptr, sl_end))):
         _fail(*args)
+    grid_y = (H + heads_per_block - 1) // heads_per_block
+    if grid_y > 65535:
+        raise ValueError(f"num_heads = {H} needs {grid_y} block rows, over the grid's y limit 65535")
     by_order = (o_ptr, ol_ptr, p_ptr, pl_ptr, s_ptr, sl_ptr, T, H, ots, ohs, pts, phs, sts, shs, n)
     stream = _current_stream(device)
     with lock:
@@ -363,7 +366,7 @@ def merge_attn_states(
             values[:] = by_order
         else:
             values[:] = [by_order[i] for i in index]
-        err = launch_kernel(function, (T + tokens_per_block - 1) // tokens_per_block, H, 1, block, 1, 1,
+        err = launch_kernel(function, (T + tokens_per_block - 1) // tokens_per_block, grid_y, 1, block, 1, 1,
                             shmem, ctypes.c_void_p(stream), pointers_addr, None)
     if err:
         _check((_cu.CUresult(err), None), "cuLaunchKernel")
