@@ -221,7 +221,7 @@ pub fn tune(candidates: &Path, out: &Path, reps: usize) -> Result<String, Runtim
     let max_rows = TUNE_SHAPES.iter().map(|s| s.0 * s.1).max().unwrap_or(0);
     let mut report = String::new();
     let mut toml = format!(
-        "# Schedules chosen by `mla-gen tune` on {} (sm_{}{}), driver CUDA {}.{}; each is the lowest\n# geometric-mean time over the tune shapes. Generation reads this file (embedded at build\n# time), so it needs no GPU. (dtype, head_size) pairs not listed use rows_per_thread = 1,\n# min_blocks_per_sm = 1, block_threads = 256.\n",
+        "# Schedules chosen by `mla-gen tune` on {} (sm_{}{}), driver CUDA {}.{}; each is the lowest\n# geometric-mean time over the tune shapes. Generation reads this file (embedded at build\n# time), so it needs no GPU. (dtype, head_size) pairs not listed use rows_per_thread = 1,\n# min_blocks_per_sm = 1, block_threads = 256,\n# heads_per_block = 1.\n",
         ctx.name().unwrap_or_default(),
         rt.compute_capability.0,
         rt.compute_capability.1,
@@ -289,8 +289,8 @@ pub fn tune(candidates: &Path, out: &Path, reps: usize) -> Result<String, Runtim
         }
         let w = &kernels[wi].meta.variant.schedule;
         toml.push_str(&format!(
-            "\n[[schedule]]\ndtype = \"{dtype_name}\"\nhead_size = {d}\nrows_per_thread = {}\nmin_blocks_per_sm = {}\nblock_threads = {}\n",
-            w.rows_per_thread, w.min_blocks_per_sm, w.block_threads
+            "\n[[schedule]]\ndtype = \"{dtype_name}\"\nhead_size = {d}\nrows_per_thread = {}\nmin_blocks_per_sm = {}\nblock_threads = {}\nheads_per_block = {}\n",
+            w.rows_per_thread, w.min_blocks_per_sm, w.block_threads, w.heads_per_block
         ));
     }
     std::fs::write(out, toml)

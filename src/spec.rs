@@ -170,6 +170,7 @@ struct TunedFile {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TunedEntry {
     dtype: String,
     head_size: u32,
@@ -784,6 +785,32 @@ mod tests {
             heads.join(", ")
         );
         assert!(err(&text).contains("more than 4096 kernels"));
+    }
+
+    #[test]
+    fn every_tuned_entry_reaches_the_variants() {
+        // A tuned table that fails to parse would silently fall back to the default schedule.
+        let file: TunedFile = toml::from_str(TUNED_SCHEDULES).expect("specs/tuned.toml parses");
+        assert!(!file.schedule.is_empty());
+        let spec = default_spec().unwrap();
+        for e in &file.schedule {
+            let dtype = Dtype::from_name(&e.dtype).expect("known dtype");
+            let want = Schedule {
+                rows_per_thread: e.rows_per_thread,
+                min_blocks_per_sm: e.min_blocks_per_sm,
+                block_threads: e.block_threads,
+                heads_per_block: e.heads_per_block,
+            };
+            assert_eq!(tuned_schedule(dtype, e.head_size), want);
+            for v in spec
+                .variants
+                .iter()
+                .filter(|v| v.dtype == dtype && v.head_size == e.head_size)
+            {
+                assert_eq!(v.schedule, want, "{}", v.kernel_name());
+                assert!(!v.explicit_schedule);
+            }
+        }
     }
 
     #[test]
