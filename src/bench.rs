@@ -150,6 +150,31 @@ impl Buffers {
     }
 }
 
+/// The buffers for `dtype`, reallocated (the old ones freed first) when the dtype changes.
+fn buffers_for<'a>(
+    current: &'a mut Option<Buffers>,
+    stream: &Arc<CudaStream>,
+    dtype: Dtype,
+    max_elems: usize,
+    max_rows: usize,
+) -> Result<&'a Buffers, RuntimeError> {
+    if current.as_ref().map(|b| b.dtype) != Some(dtype) {
+        drop(current.take());
+        *current = Some(Buffers::new(stream, dtype, max_elems, max_rows)?);
+    }
+    current
+        .as_ref()
+        .ok_or_else(|| RuntimeError::Driver("no buffers".into()))
+}
+
+fn max_head_size(rt: &Runtime) -> usize {
+    rt.kernels()
+        .iter()
+        .map(|k| k.meta.variant.head_size as usize)
+        .max()
+        .unwrap_or(0)
+}
+
 /// Median kernel time in microseconds over `reps` launches, each after an L2 flush.
 fn time_kernel(
     rt: &Runtime,
@@ -212,12 +237,7 @@ pub fn tune(candidates: &Path, out: &Path, reps: usize) -> Result<String, Runtim
             .or_default()
             .push(k);
     }
-    let max_d = rt
-        .kernels()
-        .iter()
-        .map(|k| k.meta.variant.head_size as usize)
-        .max()
-        .unwrap_or(0);
+    let max_d = max_head_size(&rt);
     let max_rows = TUNE_SHAPES.iter().map(|s| s.0 * s.1).max().unwrap_or(0);
     let mut report = String::new();
     let mut toml = format!(
@@ -232,13 +252,7 @@ pub fn tune(candidates: &Path, out: &Path, reps: usize) -> Result<String, Runtim
     for ((dtype_name, d), kernels) in &groups {
         let dtype = Dtype::from_name(dtype_name)
             .ok_or_else(|| RuntimeError::NoKernel(dtype_name.clone()))?;
-        if current.as_ref().map(|b| b.dtype) != Some(dtype) {
-            drop(current.take()); // free before allocating the next dtype's buffers
-            current = Some(Buffers::new(&stream, dtype, max_rows * max_d, max_rows)?);
-        }
-        let bufs = current
-            .as_ref()
-            .ok_or_else(|| RuntimeError::Driver("no buffers".into()))?;
+        let bufs = buffers_for(&mut current, &stream, dtype, max_rows * max_d, max_rows)?;
         let d = *d as usize;
         // times[kernel][shape]
         let mut times = vec![vec![0.0; TUNE_SHAPES.len()]; kernels.len()];
@@ -309,12 +323,7 @@ pub fn bench(
     let ctx = CudaContext::new(0).map_err(driver)?;
     let stream = ctx.default_stream();
     let rt = Runtime::load(ctx.clone(), dir)?;
-    let max_d = rt
-        .kernels()
-        .iter()
-        .map(|k| k.meta.variant.head_size as usize)
-        .max()
-        .unwrap_or(0);
+    let max_d = max_head_size(&rt);
     let max_rows = shapes.iter().map(|s| s.0 * s.1).max().unwrap_or(1).max(1);
     let mut rows = Vec::new();
     let mut current: Option<Buffers> = None;
@@ -332,13 +341,7 @@ pub fn bench(
             .meta
             .dtype()
             .ok_or_else(|| RuntimeError::NoKernel(k.meta.name.clone()))?;
-        if current.as_ref().map(|b| b.dtype) != Some(dtype) {
-            drop(current.take());
-            current = Some(Buffers::new(&stream, dtype, max_rows * max_d, max_rows)?);
-        }
-        let bufs = current
-            .as_ref()
-            .ok_or_else(|| RuntimeError::Driver("no buffers".into()))?;
+        let bufs = buffers_for(&mut current, &stream, dtype, max_rows * max_d, max_rows)?;
         let d = k.meta.variant.head_size as usize;
         for &(t, h, half) in shapes {
             let n = if half { t / 2 } else { t };
