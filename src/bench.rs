@@ -184,6 +184,7 @@ fn time_kernel(
     args: &MergeArgs,
     reps: usize,
 ) -> Result<f64, RuntimeError> {
+    let reps = reps.max(1);
     for _ in 0..3 {
         rt.launch_merge(k, stream, args)?;
     }
@@ -207,7 +208,7 @@ fn time_kernel(
         .collect::<Result<_, _>>()
         .map_err(driver)?;
     times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    Ok(times.get(times.len() / 2).copied().unwrap_or(f64::NAN))
 }
 
 /// Shapes the tuner scores a schedule on: (tokens, heads, threshold at T/2).
@@ -378,6 +379,6 @@ pub fn bench(
     Ok(serde_json::json!({
         "device": ctx.name().unwrap_or_default(),
         "rows": rows,
-        "host_us_per_launch": per_call[per_call.len() / 2],
+        "host_us_per_launch": per_call.get(per_call.len() / 2),
     }))
 }

@@ -293,10 +293,72 @@ pub enum WriteOutcome {
     Replaced { written: usize, kept: usize },
 }
 
+/// The lock file, in the output folder's parent: one generation per parent folder at a time.
+pub const LOCK_FILE: &str = ".mla-gen.lock";
+
+/// Holds an exclusive lock until dropped. Another `generate` into the same parent folder waits.
+struct ParentLock {
+    _file: std::fs::File,
+}
+
+impl ParentLock {
+    fn acquire(parent: &Path) -> Result<ParentLock, EmitError> {
+        let path = parent.join(LOCK_FILE);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err(&path, "cannot create the lock file"))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::io::AsRawFd;
+            // SAFETY: a valid open descriptor; flock has no other preconditions.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                return Err(EmitError::Io {
+                    path,
+                    what: "cannot lock",
+                    source: io::Error::last_os_error(),
+                });
+            }
+        }
+        Ok(ParentLock { _file: file })
+    }
+}
+
+fn staging_prefix(out: &Path) -> String {
+    let name = out
+        .file_name()
+        .map_or_else(|| "out".to_string(), |n| n.to_string_lossy().into_owned());
+    format!(".mla-gen-staging-{name}-")
+}
+
+/// Staging folders of this output left by a generation that was killed (we hold the lock, so no
+/// live generation owns one).
+fn remove_stale_staging(parent: &Path, out: &Path) {
+    let prefix = staging_prefix(out);
+    if let Ok(entries) = std::fs::read_dir(parent) {
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
 /// Replace `out` with exactly `files`, atomically: the new tree is staged in a sibling temporary
 /// folder, unchanged files are hard-linked from the old tree (their timestamps stay), then the two
-/// folders are swapped in one rename. On any error `out` is left as it was.
+/// folders are swapped in one rename. On any error, or if the process is killed, `out` is left as
+/// it was. Concurrent calls for folders of one parent run one after the other.
 pub fn write(out: &Path, files: &FileSet) -> Result<WriteOutcome, EmitError> {
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(io_err(&parent, "cannot create folder"))?;
+    let _lock = ParentLock::acquire(&parent)?;
+    remove_stale_staging(&parent, out);
+
     let existing = if out.exists() {
         if !out.is_dir() {
             return Err(EmitError::Io {
@@ -321,13 +383,8 @@ pub fn write(out: &Path, files: &FileSet) -> Result<WriteOutcome, EmitError> {
         }
     }
 
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&parent).map_err(io_err(&parent, "cannot create folder"))?;
     let staging = tempfile::Builder::new()
-        .prefix(".mla-gen-staging-")
+        .prefix(&staging_prefix(out))
         .tempdir_in(&parent)
         .map_err(io_err(&parent, "cannot create a staging folder"))?;
     let new_root = staging.path().join("new");

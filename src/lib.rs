@@ -6,6 +6,12 @@
 //! for all of them; [`reference`] is the float64 semantics every kernel must match; `runtime`
 //! (feature `cuda`) loads and launches the artifacts.
 
+// No panics reachable from user input: errors are typed and returned (tests may unwrap).
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 pub mod abi;
 pub mod compile;
 pub mod driver;

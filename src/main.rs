@@ -1,4 +1,8 @@
 //! The `mla-gen` command line: renders errors, sets exit codes (0 ok, 1 failure, 2 usage).
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

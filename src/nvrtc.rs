@@ -17,7 +17,7 @@ pub const ENV_OVERRIDE: &str = "MLA_GEN_NVRTC";
 /// Environment variable: the Python interpreter asked for its site-packages folders.
 pub const ENV_PYTHON: &str = "MLA_GEN_PYTHON";
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum NvrtcError {
     #[error(
         "NVRTC (libnvrtc) not found. Looked in:\n{}\nInstall the pinned NVRTC with:\n    {INSTALL_COMMAND}\nor point {ENV_OVERRIDE} at a libnvrtc.so file or its folder.",
@@ -293,38 +293,27 @@ fn open(path: &str) -> Result<Nvrtc, NvrtcError> {
     Ok(nvrtc)
 }
 
-/// Find and load NVRTC, once per process.
+/// Find and load NVRTC, once per process. A failure is remembered too (its message names the
+/// places searched or the file that would not load).
 pub fn load() -> Result<&'static Nvrtc, NvrtcError> {
-    static LOADED: OnceLock<Result<Nvrtc, String>> = OnceLock::new();
-    static SEARCHED: OnceLock<Vec<String>> = OnceLock::new();
+    static LOADED: OnceLock<Result<Nvrtc, NvrtcError>> = OnceLock::new();
     let result = LOADED.get_or_init(|| {
         let cands = candidates();
-        let _ = SEARCHED.set(cands.iter().map(|c| c.place.clone()).collect());
-        let overridden = std::env::var_os(ENV_OVERRIDE).is_some();
-        for c in &cands {
-            if let Some(path) = &c.found {
-                return open(&path.to_string_lossy()).map_err(|e| e.to_string());
-            }
+        if let Some(path) = cands.iter().find_map(|c| c.found.as_ref()) {
+            return open(&path.to_string_lossy());
         }
-        if !overridden {
+        if std::env::var_os(ENV_OVERRIDE).is_none() {
             for name in LIB_NAMES {
                 if let Ok(n) = open(name) {
                     return Ok(n);
                 }
             }
         }
-        Err(String::new())
+        Err(NvrtcError::NotFound {
+            searched: cands.into_iter().map(|c| c.place).collect(),
+        })
     });
-    match result {
-        Ok(n) => Ok(n),
-        Err(msg) if msg.is_empty() => Err(NvrtcError::NotFound {
-            searched: SEARCHED.get().cloned().unwrap_or_default(),
-        }),
-        Err(msg) => Err(NvrtcError::Load {
-            path: String::new(),
-            detail: msg.clone(),
-        }),
-    }
+    result.as_ref().map_err(NvrtcError::clone)
 }
 
 /// The output of one compilation.

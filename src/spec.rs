@@ -258,12 +258,23 @@ pub struct Spec {
 }
 
 impl Spec {
-    /// The origin without folders: what generated files name, so they do not depend on where
-    /// the spec lives.
+    /// The origin without folders, as generated files name it: independent of where the spec
+    /// lives, and reduced to characters that cannot end or continue a C comment (a file name may
+    /// hold a newline or a trailing backslash; it must never become code).
     pub fn source_name(&self) -> String {
-        std::path::Path::new(&self.origin)
+        let name = std::path::Path::new(&self.origin)
             .file_name()
-            .map_or_else(|| self.origin.clone(), |n| n.to_string_lossy().into_owned())
+            .map_or_else(|| self.origin.clone(), |n| n.to_string_lossy().into_owned());
+        name.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+' | ' ' | '<' | '>')
+                {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
     }
     pub fn kernel_names(&self) -> Vec<String> {
         self.variants.iter().map(|v| v.kernel_name()).collect()
@@ -382,8 +393,11 @@ fn short(v: &toml::Value) -> String {
 }
 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let offset = offset.min(text.len());
-    let before = &text[..offset];
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = text.get(..offset).unwrap_or_default();
     let line = before.matches('\n').count() + 1;
     let column = before.rfind('\n').map_or(before.chars().count(), |nl| {
         before[nl + 1..].chars().count()
@@ -567,17 +581,22 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             None => vec![None],
         };
 
-        let count = blocks.len()
-            * head_groups.len()
-            * dtypes.len()
-            * heads.len()
-            * thresholds.len()
-            * lses.len()
-            * outputs.len()
-            * layouts.len()
-            * rows.len()
-            * mins.len();
-        if variants.len() + count > MAX_VARIANTS {
+        // Saturating: a spec of many long lists must get the error below, not an overflow.
+        let count = [
+            blocks.len(),
+            head_groups.len(),
+            dtypes.len(),
+            heads.len(),
+            thresholds.len(),
+            lses.len(),
+            outputs.len(),
+            layouts.len(),
+            rows.len(),
+            mins.len(),
+        ]
+        .iter()
+        .fold(1usize, |acc, &n| acc.saturating_mul(n));
+        if variants.len().saturating_add(count) > MAX_VARIANTS {
             return Err(ctx.at(
                 table_offset,
                 format!(

@@ -225,7 +225,11 @@ fn a_failed_generate_leaves_the_previous_output_as_it_was() {
     let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(".mla-gen"))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".mla-gen-staging")
+        })
         .collect();
     assert!(leftovers.is_empty(), "staging folders left behind");
 }

@@ -1,0 +1,169 @@
+//! Fuzzing parse + validate + expand: no panic, no hang, bounded output, for arbitrary bytes and
+//! for structure-aware TOML built from the spec's own keys with values of every type.
+//! Cases per property: PROPTEST_CASES (CI default below; the longer run is in docs/RELIABILITY.md).
+
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use mla_gen::spec::{self, MAX_VARIANTS};
+
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512);
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// Parse must return (Ok or a located error) quickly, and an Ok spec must be sane.
+fn check(text: &str) {
+    let started = Instant::now();
+    let result = spec::parse("fuzz.toml", text);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "slow parse: {text:?}"
+    );
+    match result {
+        Ok(s) => {
+            assert!(!s.variants.is_empty() && s.variants.len() <= MAX_VARIANTS);
+            assert!(!s.archs.is_empty());
+            let mut names = s.kernel_names();
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), s.variants.len(), "duplicate kernel names");
+            for n in &names {
+                assert!(
+                    n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                    "{n}"
+                );
+            }
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.starts_with("fuzz.toml"), "{msg}");
+        }
+    }
+}
+
+const KEYS: [&str; 13] = [
+    "dtype",
+    "head_size",
+    "prefix_threshold",
+    "output_lse",
+    "output",
+    "lse_layout",
+    "rows_per_thread",
+    "min_blocks_per_sm",
+    "block_threads",
+    "heads_per_block",
+    "arch",
+    "head_sise",
+    "\"quoted key\"",
+];
+
+fn scalar() -> impl Strategy<Value = String> {
+    prop_oneof![
+        any::<i64>().prop_map(|n| n.to_string()),
+        (0i64..1100).prop_map(|n| n.to_string()),
+        any::<bool>().prop_map(|b| b.to_string()),
+        any::<f64>().prop_map(|f| format!("{f:?}")),
+        prop::sample::select(vec![
+            "\"bf16\"",
+            "\"f16\"",
+            "\"f32\"",
+            "\"fp8\"",
+            "\"same\"",
+            "\"head_major\"",
+            "\"token_major\"",
+            "\"sm_90\"",
+            "\"sm_80\"",
+            "\"compute_90\"",
+            "\"sm_9x\"",
+            "\"\"",
+            "\"*/\"",
+            "\"{{ x }}\"",
+            "\"\\n\"",
+            "inf",
+            "nan",
+            "-0",
+        ])
+        .prop_map(str::to_string),
+        "[a-z_\"{}*/#\\\\ ]{0,12}".prop_map(|s| format!("{s:?}")),
+    ]
+}
+
+fn value() -> impl Strategy<Value = String> {
+    let leaf = scalar();
+    leaf.prop_recursive(3, 24, 8, |inner| {
+        prop::collection::vec(inner, 0..8).prop_map(|v| format!("[{}]", v.join(", ")))
+    })
+}
+
+fn table() -> impl Strategy<Value = String> {
+    prop::collection::vec((prop::sample::select(KEYS.to_vec()), value()), 0..8).prop_map(|kvs| {
+        kvs.iter()
+            .map(|(k, v)| format!("{k} = {v}\n"))
+            .collect::<String>()
+    })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        check(&String::from_utf8_lossy(&bytes));
+    }
+
+    #[test]
+    fn structured_specs_never_panic(
+        top in prop::option::of(value()),
+        tables in prop::collection::vec(table(), 0..4),
+        header in prop::sample::select(vec!["[[merge_attn_states]]", "[merge_attn_states]", "[[merge_attn_statez]]"]),
+    ) {
+        let mut text = String::new();
+        if let Some(v) = top {
+            text.push_str(&format!("arch = {v}\n"));
+        }
+        for t in tables {
+            text.push_str(header);
+            text.push('\n');
+            text.push_str(&t);
+        }
+        check(&text);
+    }
+
+    #[test]
+    fn valid_specs_expand_to_the_product_of_their_lists(
+        dtypes in prop::sample::subsequence(vec!["f32", "f16", "bf16"], 1..=3),
+        heads in prop::collection::btree_set(1u32..=1024, 1..6),
+        thr in prop::sample::subsequence(vec![true, false], 1..=2),
+    ) {
+        let text = format!(
+            "[[merge_attn_states]]\ndtype = {:?}\nhead_size = {:?}\nprefix_threshold = {:?}\n",
+            dtypes, heads.iter().collect::<Vec<_>>(), thr
+        );
+        let s = spec::parse("fuzz.toml", &text).unwrap();
+        prop_assert_eq!(s.variants.len(), dtypes.len() * heads.len() * thr.len());
+    }
+}
+
+#[test]
+fn deep_nesting_and_huge_lists_are_refused_quickly() {
+    check(&format!(
+        "arch = {}{}\n",
+        "[".repeat(5000),
+        "]".repeat(5000)
+    ));
+    let many: Vec<String> = (1..=1024).map(|n| n.to_string()).collect();
+    check(&format!(
+        "[[merge_attn_states]]\ndtype = [\"f32\", \"f16\", \"bf16\"]\nhead_size = [{}]\nrows_per_thread = [1, 2, 4, 8]\nblock_threads = [128, 256, 512, 1024]\nheads_per_block = [1, 2, 4, 8]\n",
+        many.join(", ")
+    ));
+    check(&"[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n".repeat(3000));
+}
