@@ -13,6 +13,7 @@
 )]
 
 pub mod abi;
+pub mod bindings;
 pub mod compile;
 pub mod driver;
 pub mod dtype;
@@ -47,6 +48,26 @@ pub fn generate_files(
     jobs: usize,
     progress: bool,
 ) -> Result<(emit::FileSet, emit::Manifest), Error> {
+    generate_files_with(spec, templates, jobs, progress, &[])
+}
+
+/// As [`generate_files`], adding the bindings `extra` asks for (e.g. the C launcher).
+pub fn generate_files_with(
+    spec: &spec::Spec,
+    templates: &render::Templates,
+    jobs: usize,
+    progress: bool,
+    extra: &[bindings::Emit],
+) -> Result<(emit::FileSet, emit::Manifest), Error> {
     let (kernels, nvrtc) = compile::compile(templates, spec, jobs, progress)?;
-    Ok(emit::plan(spec, templates, nvrtc, &kernels)?)
+    let (mut files, manifest) = emit::plan(spec, templates, nvrtc, &kernels)?;
+    for e in extra {
+        match e {
+            bindings::Emit::C => {
+                let c = bindings::c_launcher(&manifest, &files)?;
+                files.extend(c);
+            }
+        }
+    }
+    Ok((files, manifest))
 }

@@ -80,6 +80,10 @@ enum Command {
         out: PathBuf,
         #[command(flatten)]
         jobs: JobsArg,
+        /// Also write bindings: `c` = c/mla_kernels.h + c/mla_kernels.c (embedded images, checked
+        /// launchers; compile with the folder's cuda.h and link -lcuda).
+        #[arg(long, value_enum)]
+        emit: Vec<mla_gen::bindings::Emit>,
         /// No summary on stderr.
         #[arg(long, short)]
         quiet: bool,
@@ -107,6 +111,9 @@ enum Command {
         out: PathBuf,
         #[command(flatten)]
         jobs: JobsArg,
+        /// The bindings the folder was generated with (as for generate).
+        #[arg(long, value_enum)]
+        emit: Vec<mla_gen::bindings::Emit>,
     },
     /// Compile and show registers, spills, stack and shared memory per kernel and architecture.
     Inspect {
@@ -193,11 +200,17 @@ fn load_templates(args: &SpecArgs) -> Result<Templates, Failure> {
     })
 }
 
-fn generate(args: &SpecArgs, out: &Path, jobs: usize, quiet: bool) -> Result<(), Failure> {
+fn generate(
+    args: &SpecArgs,
+    out: &Path,
+    jobs: usize,
+    quiet: bool,
+    extra: &[mla_gen::bindings::Emit],
+) -> Result<(), Failure> {
     let spec = load_spec(args)?;
     let templates = load_templates(args)?;
     let started = std::time::Instant::now();
-    let (files, manifest) = mla_gen::generate_files(&spec, &templates, jobs, !quiet)?;
+    let (files, manifest) = mla_gen::generate_files_with(&spec, &templates, jobs, !quiet, extra)?;
     let outcome = emit::write(out, &files)?;
     if !quiet {
         let archs = manifest.spec.archs.join(", ");
@@ -219,10 +232,15 @@ fn generate(args: &SpecArgs, out: &Path, jobs: usize, quiet: bool) -> Result<(),
     Ok(())
 }
 
-fn check(args: &SpecArgs, out: &Path, jobs: usize) -> Result<(), Failure> {
+fn check(
+    args: &SpecArgs,
+    out: &Path,
+    jobs: usize,
+    extra: &[mla_gen::bindings::Emit],
+) -> Result<(), Failure> {
     let spec = load_spec(args)?;
     let templates = load_templates(args)?;
-    let (files, manifest) = mla_gen::generate_files(&spec, &templates, jobs, true)?;
+    let (files, manifest) = mla_gen::generate_files_with(&spec, &templates, jobs, true, extra)?;
     let actual = emit::read_tree(out)?;
     let d = emit::diff(&files, &actual);
     if d.is_clean() {
@@ -495,8 +513,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             spec,
             out,
             jobs,
+            emit,
             quiet,
-        } => generate(&spec, &out, jobs.jobs, quiet),
+        } => generate(&spec, &out, jobs.jobs, quiet, &emit),
         Command::List { spec } => {
             for name in load_spec(&spec)?.kernel_names() {
                 println!("{name}");
@@ -540,7 +559,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
             print!("{}", templates.render(&s.source_name(), v)?);
             Ok(())
         }
-        Command::Check { spec, out, jobs } => check(&spec, &out, jobs.jobs),
+        Command::Check {
+            spec,
+            out,
+            jobs,
+            emit,
+        } => check(&spec, &out, jobs.jobs, &emit),
         Command::Inspect { spec, json, jobs } => inspect(&spec, json, jobs.jobs),
         Command::Doctor => doctor(),
         Command::Tune {
