@@ -3,7 +3,7 @@
 //! Data flows one way, one module per stage:
 //! [`spec`] (parse, validate, expand) -> [`render`] (Tera -> CUDA) -> [`compile`] (NVRTC -> PTX,
 //! CUBIN) -> [`emit`] (files, manifest). [`abi`] describes each kernel's parameters and launch rule
-//! for all of them; [`reference`] is the float64 semantics every kernel must match; `runtime`
+//! for all of them; [`mod@reference`] is the float64 semantics every kernel must match; `runtime`
 //! (feature `cuda`) loads and launches the artifacts.
 
 // No panics reachable from user input: errors are typed and returned (tests may unwrap).
@@ -14,6 +14,7 @@
 
 pub mod abi;
 pub mod bindings;
+pub mod builder;
 pub mod compile;
 pub mod driver;
 pub mod dtype;
@@ -22,6 +23,13 @@ pub mod nvrtc;
 pub mod reference;
 pub mod render;
 pub mod spec;
+
+pub use builder::Builder;
+
+/// The cudarc and half versions the runtime and generated bindings use, for engines to share.
+#[cfg(feature = "cuda")]
+pub use cudarc;
+pub use half;
 
 #[cfg(feature = "cuda")]
 pub mod bench;

@@ -238,8 +238,43 @@ impl Runtime {
             path: path.clone(),
             detail: e.to_string(),
         })?;
+        Self::load_with(ctx, &path, &text, |file| {
+            std::fs::read(dir.join(file)).map_err(|e| RuntimeError::Manifest {
+                path: dir.join(file),
+                detail: e.to_string(),
+            })
+        })
+    }
+
+    /// Load kernels embedded in a binary (what `Builder`'s generated module passes): the
+    /// manifest's text and its files by their manifest paths.
+    pub fn from_embedded(
+        ctx: Arc<CudaContext>,
+        manifest: &str,
+        files: &[(&str, &[u8])],
+    ) -> Result<Runtime, RuntimeError> {
+        let origin = PathBuf::from("<embedded manifest.json>");
+        Self::load_with(ctx, &origin, manifest.as_bytes(), |file| {
+            files
+                .iter()
+                .find(|(name, _)| *name == file)
+                .map(|(_, bytes)| bytes.to_vec())
+                .ok_or_else(|| RuntimeError::Manifest {
+                    path: origin.clone(),
+                    detail: format!("{file} is not embedded (built with MLA_GEN_SKIP_COMPILE?)"),
+                })
+        })
+    }
+
+    fn load_with(
+        ctx: Arc<CudaContext>,
+        path: &Path,
+        text: &[u8],
+        read: impl Fn(&str) -> Result<Vec<u8>, RuntimeError>,
+    ) -> Result<Runtime, RuntimeError> {
+        let path = path.to_path_buf();
         let manifest: ManifestView =
-            serde_json::from_slice(&text).map_err(|e| RuntimeError::Manifest {
+            serde_json::from_slice(text).map_err(|e| RuntimeError::Manifest {
                 path: path.clone(),
                 detail: e.to_string(),
             })?;
@@ -263,10 +298,7 @@ impl Runtime {
                     ),
                 });
             };
-            let mut image = std::fs::read(dir.join(&file)).map_err(|e| RuntimeError::Manifest {
-                path: dir.join(&file),
-                detail: e.to_string(),
-            })?;
+            let mut image = read(&file)?;
             if file.ends_with(".ptx") {
                 image.push(0); // cuModuleLoadData takes PTX as a C string
             }
@@ -569,4 +601,128 @@ pub fn validate(k: &KernelView, a: &MergeArgs) -> Result<Option<LaunchValues>, R
         .map(|p| value(&p.name))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Some((values, (grid, k.launch.block_threads))))
+}
+
+/// Element types a merge kernel takes, with the dtype they correspond to.
+pub trait Element: cudarc::driver::DeviceRepr {
+    const DTYPE: Dtype;
+}
+impl Element for f32 {
+    const DTYPE: Dtype = Dtype::F32;
+}
+impl Element for half::f16 {
+    const DTYPE: Dtype = Dtype::F16;
+}
+impl Element for half::bf16 {
+    const DTYPE: Dtype = Dtype::Bf16;
+}
+
+/// Shape and layouts of one merge: T, H and each `[T, H, D]` tensor's strides (elements).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MergeShape {
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub output: Layout,
+    pub prefix: Layout,
+    pub suffix: Layout,
+}
+
+impl MergeShape {
+    /// Every tensor dense `[T, H, D]`.
+    pub fn contiguous(num_tokens: usize, num_heads: usize, head_size: usize) -> MergeShape {
+        let l = Layout::contiguous(num_heads, head_size);
+        MergeShape {
+            num_tokens,
+            num_heads,
+            output: l,
+            prefix: l,
+            suffix: l,
+        }
+    }
+}
+
+/// Typed slices of one merge call (what generated bindings take).
+pub struct MergeSlices<'a, T: Element> {
+    pub output: &'a mut cudarc::driver::CudaSlice<T>,
+    pub output_lse: Option<&'a mut cudarc::driver::CudaSlice<f32>>,
+    pub prefix: &'a cudarc::driver::CudaSlice<T>,
+    pub prefix_lse: &'a cudarc::driver::CudaSlice<f32>,
+    pub suffix: &'a cudarc::driver::CudaSlice<T>,
+    pub suffix_lse: &'a cudarc::driver::CudaSlice<f32>,
+}
+
+impl Runtime {
+    /// Launch kernel `name` on typed slices: the element type must be the kernel's dtype, and
+    /// every other check of [`validate`] applies. The slices' cudarc stream events are recorded,
+    /// so work on other streams that uses them is ordered after this launch.
+    pub fn launch_typed<T: Element>(
+        &self,
+        name: &str,
+        stream: &CudaStream,
+        slices: MergeSlices<'_, T>,
+        shape: MergeShape,
+        prefill_tokens_with_context: Option<usize>,
+    ) -> Result<(), RuntimeError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let kernel = self
+            .kernel(name)
+            .ok_or_else(|| RuntimeError::NoKernel(name.to_string()))?;
+        let out_len = slices.output.len();
+        let (out_ptr, _out_sync) = slices.output.device_ptr_mut(stream);
+        let mut lse_guard = None;
+        let output_lse = match slices.output_lse {
+            Some(l) => {
+                let len = l.len();
+                let (p, g) = l.device_ptr_mut(stream);
+                lse_guard = Some(g);
+                Some(DeviceBuffer {
+                    ptr: p,
+                    len,
+                    dtype: Dtype::F32,
+                })
+            }
+            None => None,
+        };
+        let (p_ptr, _p) = slices.prefix.device_ptr(stream);
+        let (pl_ptr, _pl) = slices.prefix_lse.device_ptr(stream);
+        let (s_ptr, _s) = slices.suffix.device_ptr(stream);
+        let (sl_ptr, _sl) = slices.suffix_lse.device_ptr(stream);
+        let args = MergeArgs {
+            output: DeviceBuffer {
+                ptr: out_ptr,
+                len: out_len,
+                dtype: T::DTYPE,
+            },
+            output_lse,
+            prefix: DeviceBuffer {
+                ptr: p_ptr,
+                len: slices.prefix.len(),
+                dtype: T::DTYPE,
+            },
+            prefix_lse: DeviceBuffer {
+                ptr: pl_ptr,
+                len: slices.prefix_lse.len(),
+                dtype: Dtype::F32,
+            },
+            suffix: DeviceBuffer {
+                ptr: s_ptr,
+                len: slices.suffix.len(),
+                dtype: T::DTYPE,
+            },
+            suffix_lse: DeviceBuffer {
+                ptr: sl_ptr,
+                len: slices.suffix_lse.len(),
+                dtype: Dtype::F32,
+            },
+            num_tokens: shape.num_tokens,
+            num_heads: shape.num_heads,
+            output_layout: shape.output,
+            prefix_layout: shape.prefix,
+            suffix_layout: shape.suffix,
+            prefill_tokens_with_context,
+        };
+        let result = self.launch_merge(kernel, stream, &args);
+        drop(lse_guard);
+        result
+    }
 }

@@ -1,0 +1,117 @@
+//! The build-time API: output in a given folder, a cache that makes an unchanged second build
+//! compile nothing, and a skip mode for documentation builds.
+
+use mla_gen::Builder;
+
+const SPEC: &str =
+    "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = 128\n";
+
+#[test]
+fn a_second_build_with_nothing_changed_compiles_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let build = |spec: &str| {
+        Builder::new()
+            .spec_str("engine.toml", spec)
+            .out_dir(tmp.path())
+            .build()
+            .unwrap()
+    };
+    let first = build(SPEC);
+    assert!(first.compiled && !first.skipped);
+    assert_eq!(first.kernels, 2);
+    let module = std::fs::read_to_string(&first.module).unwrap();
+    assert!(module.contains("pub fn merge_attn_states_bf16_d128_thr_lse("));
+    assert!(module.contains("MergeSlices<'_, mla_gen::half::bf16>"));
+    assert!(module.contains("pub fn merge_attn_states_f32_d128_thr_lse("));
+    assert!(module.contains("kernels/merge_attn_states_f32_d128_thr_lse.sm_90.cubin"));
+    let stamp = std::fs::metadata(&first.module)
+        .unwrap()
+        .modified()
+        .unwrap();
+    let manifest_stamp = std::fs::metadata(first.dir.join("manifest.json"))
+        .unwrap()
+        .modified()
+        .unwrap();
+
+    let second = build(SPEC);
+    assert!(!second.compiled, "unchanged inputs must reuse the cache");
+    assert_eq!(
+        std::fs::metadata(&second.module)
+            .unwrap()
+            .modified()
+            .unwrap(),
+        stamp
+    );
+    assert_eq!(
+        std::fs::metadata(second.dir.join("manifest.json"))
+            .unwrap()
+            .modified()
+            .unwrap(),
+        manifest_stamp
+    );
+
+    // Any input change compiles again: the spec, or the archs.
+    let third = build(&SPEC.replace("head_size = 128", "head_size = [128, 64]"));
+    assert!(third.compiled);
+    assert_eq!(third.kernels, 4);
+    let fourth = Builder::new()
+        .spec_str("engine.toml", SPEC)
+        .archs(&["sm_80"])
+        .out_dir(tmp.path())
+        .build()
+        .unwrap();
+    assert!(fourth.compiled);
+    assert!(std::fs::read_to_string(&fourth.module)
+        .unwrap()
+        .contains(".sm_80.cubin"));
+}
+
+#[test]
+fn skip_mode_declares_every_function_and_embeds_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let built = Builder::new()
+        .spec_str("engine.toml", SPEC)
+        .out_dir(tmp.path())
+        .skip_compile(true)
+        .build()
+        .unwrap();
+    assert!(built.skipped && !built.compiled);
+    let module = std::fs::read_to_string(&built.module).unwrap();
+    assert!(module.contains("pub fn merge_attn_states_bf16_d128_thr_lse("));
+    assert!(module.contains("pub const FILES: &[(&str, &[u8])] = &[];"));
+    assert!(
+        !built.dir.exists(),
+        "nothing compiled, nothing written but the module"
+    );
+}
+
+#[test]
+fn spec_errors_and_a_missing_out_dir_are_reported() {
+    let e = Builder::new()
+        .spec_str(
+            "bad.toml",
+            "[[merge_attn_states]]\ndtype = \"bf8\"\nhead_size = 64\n",
+        )
+        .out_dir(std::env::temp_dir())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("bad.toml:2:9:"), "{e}");
+    let e = Builder::new()
+        .spec_file("/nonexistent/engine.toml")
+        .out_dir(std::env::temp_dir())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("/nonexistent/engine.toml") && e.contains("cannot read the spec"),
+        "{e}"
+    );
+    if std::env::var_os("OUT_DIR").is_none() {
+        let e = Builder::new().build().unwrap_err().to_string();
+        assert!(
+            e.contains("OUT_DIR") && e.contains("Builder::out_dir"),
+            "{e}"
+        );
+    }
+}
