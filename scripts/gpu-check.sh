@@ -27,6 +27,9 @@ for l in sys.stdin:
     if m.get("executable") and m.get("target",{}).get("kind")==["test"]: print(m["executable"])')
         cp "$exe" ".device/bin/test-$t"
     done
+    CARGO_TARGET_DIR=target/engine cargo build --release --quiet --manifest-path examples/engine/Cargo.toml
+    cp target/engine/release/mla-gen-example-engine .device/bin/example-engine
+    .device/bin/mla-gen generate examples/c/spec.toml --out .device/c-example --emit c --quiet
     .device/bin/mla-gen generate tests/gpu-extra.toml --out .device/gpu-extra --quiet
     .device/bin/mla-gen generate specs/tune.toml --out .device/tune-candidates --quiet
     echo "built .device/ ($(du -sh .device | cut -f1)); run 'scripts/gpu-check.sh run' on the GPU machine with .device carried"
@@ -46,6 +49,14 @@ run)
     echo "== Python drop-in (pytest)" | tee -a "$REPORT"
     (PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider python/tests 2>&1 | tee "$OUT/pytest.log" | tail -n 15) || status=1
     tail -n 1 "$OUT/pytest.log" | sed 's/^/pytest: /' >> "$REPORT"
+    echo "== example engine (build.rs bindings) and C example (C launcher)" | tee -a "$REPORT"
+    (.device/bin/example-engine 2>&1 | tail -n 1 | sed 's/^/example engine: /' | tee -a "$REPORT") || status=1
+    if gcc -std=c11 -O2 -I/usr/local/cuda/include -I.device/c-example/c examples/c/merge.c \
+        .device/c-example/c/mla_kernels.c -L/usr/local/cuda/lib64/stubs -lcuda -lm -o "$OUT/c-example" 2> "$OUT/c-example-build.log"; then
+        ("$OUT/c-example" 2>&1 | tail -n 1 | sed 's/^/C example: /' | tee -a "$REPORT") || status=1
+    else
+        echo "C example: build failed (see c-example-build.log)" | tee -a "$REPORT"; status=1
+    fi
     echo "== compute-sanitizer on the quick subset" | tee -a "$REPORT"
     for tool in memcheck initcheck racecheck; do
         if MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_REPORT=/dev/null compute-sanitizer --tool "$tool" --error-exitcode 99 \
