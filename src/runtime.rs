@@ -117,9 +117,109 @@ impl KernelView {
     }
 }
 
+/// The arguments a kernel parameter can take, resolved from its manifest name once (at load),
+/// so a launch matches no strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamSlot {
+    Output,
+    OutputLse,
+    Prefix,
+    PrefixLse,
+    Suffix,
+    SuffixLse,
+    NumTokens,
+    NumHeads,
+    OutputTokenStride,
+    OutputHeadStride,
+    PrefixTokenStride,
+    PrefixHeadStride,
+    SuffixTokenStride,
+    SuffixHeadStride,
+    PrefillTokensWithContext,
+}
+
+/// The most parameters a merge kernel has.
+pub const MAX_PARAMS: usize = 15;
+
+impl ParamSlot {
+    pub fn from_name(name: &str) -> Option<ParamSlot> {
+        use ParamSlot::*;
+        Some(match name {
+            "output" => Output,
+            "output_lse" => OutputLse,
+            "prefix_output" => Prefix,
+            "prefix_lse" => PrefixLse,
+            "suffix_output" => Suffix,
+            "suffix_lse" => SuffixLse,
+            "num_tokens" => NumTokens,
+            "num_heads" => NumHeads,
+            "output_token_stride" => OutputTokenStride,
+            "output_head_stride" => OutputHeadStride,
+            "prefix_token_stride" => PrefixTokenStride,
+            "prefix_head_stride" => PrefixHeadStride,
+            "suffix_token_stride" => SuffixTokenStride,
+            "suffix_head_stride" => SuffixHeadStride,
+            "prefill_tokens_with_context" => PrefillTokensWithContext,
+            _ => return None,
+        })
+    }
+}
+
+impl KernelView {
+    /// The kernel's dtype and parameter slots, or why the manifest cannot be launched by this
+    /// runtime.
+    pub fn resolve(&self) -> Result<(Dtype, Vec<ParamSlot>), RuntimeError> {
+        let bad = |problem: String| RuntimeError::InvalidArgument {
+            kernel: self.name.clone(),
+            problem,
+        };
+        let dtype = self.dtype().ok_or_else(|| {
+            bad(format!(
+                "unknown dtype {:?} in the manifest",
+                self.variant.dtype
+            ))
+        })?;
+        if self.params.len() > MAX_PARAMS {
+            return Err(bad(format!(
+                "{} parameters; this runtime takes at most {MAX_PARAMS}",
+                self.params.len()
+            )));
+        }
+        let slots = self
+            .params
+            .iter()
+            .map(|p| {
+                ParamSlot::from_name(&p.name).ok_or_else(|| {
+                    bad(format!(
+                        "the manifest lists a parameter this runtime does not know: {}",
+                        p.name
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((dtype, slots))
+    }
+}
+
+/// Parameter values of one launch, in the kernel's order (no allocation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamValues {
+    values: [u64; MAX_PARAMS],
+    len: usize,
+}
+
+impl std::ops::Deref for ParamValues {
+    type Target = [u64];
+    fn deref(&self) -> &[u64] {
+        &self.values[..self.len]
+    }
+}
+
 /// One kernel, loaded.
 pub struct LoadedKernel {
     pub meta: KernelView,
+    dtype: Dtype,
+    slots: Vec<ParamSlot>,
     /// The file it was loaded from (`kernels/x.sm_90.cubin`).
     pub loaded_from: String,
     module: sys::CUmodule,
@@ -329,9 +429,12 @@ impl Runtime {
             })?;
             // SAFETY: module just loaded; name is a valid C string.
             let function = unsafe { result::module::get_function(module, name) }.map_err(driver)?;
+            let (dtype, slots) = k.resolve()?;
             by_name.insert(k.name.clone(), kernels.len());
             kernels.push(LoadedKernel {
                 meta: k.clone(),
+                dtype,
+                slots,
                 loaded_from: file,
                 module,
                 function,
@@ -362,16 +465,16 @@ impl Runtime {
         stream: &CudaStream,
         args: &MergeArgs,
     ) -> Result<(), RuntimeError> {
-        let values = validate(&kernel.meta, args)?;
-        let Some(values) = values else {
+        let checked = check(&kernel.meta, kernel.dtype, &kernel.slots, args)?;
+        let Some((mut storage, (grid, block))) = checked else {
             return Ok(()); // T = 0 or H = 0: nothing to write
         };
-        let (grid, block) = values.1;
-        let mut storage: Vec<u64> = values.0;
-        let mut params: Vec<*mut c_void> = storage
-            .iter_mut()
-            .map(|v| v as *mut u64 as *mut c_void)
-            .collect();
+        let len = storage.len;
+        let mut params = [std::ptr::null_mut::<c_void>(); MAX_PARAMS];
+        for (p, v) in params.iter_mut().zip(storage.values.iter_mut()) {
+            *p = v as *mut u64 as *mut c_void;
+        }
+        let params = &mut params[..len];
         self.ctx.bind_to_thread().map_err(driver)?;
         // SAFETY: every parameter is an 8-byte value in the kernel's declared order (pointers and
         // long longs), validated above to stay inside the caller's buffers; `storage` outlives it.
@@ -382,7 +485,7 @@ impl Runtime {
                 (block, 1, 1),
                 kernel.meta.launch.shared_mem_bytes,
                 stream.cu_stream(),
-                &mut params,
+                params,
             )
         }
         .map_err(driver)
@@ -400,21 +503,26 @@ impl Drop for Runtime {
     }
 }
 
-type LaunchValues = (Vec<u64>, ([u32; 3], u32));
+type LaunchValues = (ParamValues, ([u32; 3], u32));
 
 /// Check every argument against the kernel; return the parameter values in ABI order and the
 /// launch shape, or `None` when there is nothing to launch.
 pub fn validate(k: &KernelView, a: &MergeArgs) -> Result<Option<LaunchValues>, RuntimeError> {
+    let (dtype, slots) = k.resolve()?;
+    check(k, dtype, &slots, a)
+}
+
+/// [`validate`] with the kernel's dtype and slots already resolved (the launch path).
+fn check(
+    k: &KernelView,
+    dtype: Dtype,
+    slots: &[ParamSlot],
+    a: &MergeArgs,
+) -> Result<Option<LaunchValues>, RuntimeError> {
     let bad = |problem: String| RuntimeError::InvalidArgument {
         kernel: k.name.clone(),
         problem,
     };
-    let dtype = k.dtype().ok_or_else(|| {
-        bad(format!(
-            "unknown dtype {:?} in the manifest",
-            k.variant.dtype
-        ))
-    })?;
     let d = k.variant.head_size as usize;
     let (t, h) = (a.num_tokens, a.num_heads);
     let vec = k.launch.vec_elems as usize;
@@ -551,10 +659,11 @@ pub fn validate(k: &KernelView, a: &MergeArgs) -> Result<Option<LaunchValues>, R
         }
     }
     // The kernel reads inputs through the read-only cache and assumes no aliasing.
-    let outputs: Vec<(&str, &DeviceBuffer)> = std::iter::once(("output", &a.output))
-        .chain(a.output_lse.as_ref().map(|b| ("output_lse", b)))
-        .collect();
-    for (oname, o) in &outputs {
+    let outputs = [
+        Some(("output", &a.output)),
+        a.output_lse.as_ref().map(|b| ("output_lse", b)),
+    ];
+    for (oname, o) in outputs.iter().flatten() {
         for (iname, i) in [
             ("prefix_output", &a.prefix),
             ("suffix_output", &a.suffix),
@@ -571,35 +680,29 @@ pub fn validate(k: &KernelView, a: &MergeArgs) -> Result<Option<LaunchValues>, R
         }
     }
 
-    let value = |name: &str| -> Result<u64, RuntimeError> {
-        Ok(match name {
-            "output" => a.output.ptr,
-            "output_lse" => a.output_lse.map_or(0, |b| b.ptr),
-            "prefix_output" => a.prefix.ptr,
-            "prefix_lse" => a.prefix_lse.ptr,
-            "suffix_output" => a.suffix.ptr,
-            "suffix_lse" => a.suffix_lse.ptr,
-            "num_tokens" => t as u64,
-            "num_heads" => h as u64,
-            "output_token_stride" => a.output_layout.token_stride as u64,
-            "output_head_stride" => a.output_layout.head_stride as u64,
-            "prefix_token_stride" => a.prefix_layout.token_stride as u64,
-            "prefix_head_stride" => a.prefix_layout.head_stride as u64,
-            "suffix_token_stride" => a.suffix_layout.token_stride as u64,
-            "suffix_head_stride" => a.suffix_layout.head_stride as u64,
-            "prefill_tokens_with_context" => n as u64,
-            other => {
-                return Err(bad(format!(
-                    "the manifest lists a parameter this runtime does not know: {other}"
-                )))
-            }
-        })
+    let mut values = ParamValues {
+        values: [0; MAX_PARAMS],
+        len: slots.len(),
     };
-    let values = k
-        .params
-        .iter()
-        .map(|p| value(&p.name))
-        .collect::<Result<Vec<_>, _>>()?;
+    for (v, slot) in values.values.iter_mut().zip(slots) {
+        *v = match slot {
+            ParamSlot::Output => a.output.ptr,
+            ParamSlot::OutputLse => a.output_lse.map_or(0, |b| b.ptr),
+            ParamSlot::Prefix => a.prefix.ptr,
+            ParamSlot::PrefixLse => a.prefix_lse.ptr,
+            ParamSlot::Suffix => a.suffix.ptr,
+            ParamSlot::SuffixLse => a.suffix_lse.ptr,
+            ParamSlot::NumTokens => t as u64,
+            ParamSlot::NumHeads => h as u64,
+            ParamSlot::OutputTokenStride => a.output_layout.token_stride as u64,
+            ParamSlot::OutputHeadStride => a.output_layout.head_stride as u64,
+            ParamSlot::PrefixTokenStride => a.prefix_layout.token_stride as u64,
+            ParamSlot::PrefixHeadStride => a.prefix_layout.head_stride as u64,
+            ParamSlot::SuffixTokenStride => a.suffix_layout.token_stride as u64,
+            ParamSlot::SuffixHeadStride => a.suffix_layout.head_stride as u64,
+            ParamSlot::PrefillTokensWithContext => n as u64,
+        };
+    }
     Ok(Some((values, (grid, k.launch.block_threads))))
 }
 

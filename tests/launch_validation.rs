@@ -204,3 +204,17 @@ fn the_grid_follows_the_manifest_launch_rule_for_every_schedule() {
         );
     }
 }
+
+#[test]
+fn a_manifest_from_a_newer_tool_is_refused_not_misread() {
+    let mut k = kernel("merge_attn_states_bf16_d128_thr_lse");
+    k.params[3].name = "prefix_lse_scale".to_string();
+    refused(
+        &k,
+        &good(),
+        "the manifest lists a parameter this runtime does not know: prefix_lse_scale",
+    );
+    let mut k = kernel("merge_attn_states_bf16_d128_thr_lse");
+    k.variant.dtype = "fp4".to_string();
+    refused(&k, &good(), "unknown dtype \"fp4\"");
+}
