@@ -67,6 +67,12 @@ run)
             tail -n 20 "$OUT/sanitizer-$tool.log"
         fi
     done
+    if MLA_GEN_GPU_REPORT=/dev/null compute-sanitizer --tool memcheck --error-exitcode 99 \
+        .device/bin/test-gpu --test-threads=1 boundary_shapes > "$OUT/sanitizer-boundary.log" 2>&1; then
+        echo "compute-sanitizer memcheck, boundary shapes: clean ($(grep -Eo 'ERROR SUMMARY: [0-9]* errors' "$OUT/sanitizer-boundary.log" | tail -1))" | tee -a "$REPORT"
+    else
+        echo "compute-sanitizer memcheck, boundary shapes: FAILED (see sanitizer-boundary.log)" | tee -a "$REPORT"; status=1
+    fi
     echo "== report"; cat "$REPORT"
     exit $status
     ;;

@@ -268,6 +268,26 @@ struct Counts {
     elements: u64,
 }
 
+/// Layouts of one case: (prefix, suffix, output).
+type Layouts = (Layout, Layout, Layout);
+
+/// The suite's padded layouts: each tensor different (prefix a V of D in a 1.5x-wide buffer,
+/// suffix dense, output one vector of head and token padding).
+fn padded_layouts(d: usize, h: usize, vec: usize) -> Layouts {
+    let round = |x: usize| x.div_ceil(vec) * vec;
+    (
+        Layout {
+            head_stride: round(d + d / 2),
+            token_stride: h * round(d + d / 2) + vec,
+        },
+        Layout::contiguous(h, d),
+        Layout {
+            head_stride: round(d + 1),
+            token_stride: h * round(d + 1) + vec,
+        },
+    )
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_case(
     rt: &Runtime,
@@ -278,22 +298,12 @@ fn run_case(
     threshold: Option<usize>,
     with_lse: bool,
     seed: u64,
+    layouts: Option<Layouts>,
 ) -> Result<u64, String> {
     let dtype = k.meta.dtype().unwrap();
     let d = k.meta.variant.head_size as usize;
     let vec = k.meta.launch.vec_elems as usize;
-    let round = |x: usize| x.div_ceil(vec) * vec;
-    // Each tensor its own padding: prefix a V of D inside a 1.5x-wide buffer, suffix dense,
-    // output one vector of head padding and one of token padding.
-    let pl = Layout {
-        head_stride: round(d + d / 2),
-        token_stride: h * round(d + d / 2) + vec,
-    };
-    let sl = Layout::contiguous(h, d);
-    let ol = Layout {
-        head_stride: round(d + 1),
-        token_stride: h * round(d + 1) + vec,
-    };
+    let (pl, sl, ol) = layouts.unwrap_or_else(|| padded_layouts(d, h, vec));
     let prefix = random_tensor(dtype, t, h, d, pl, seed ^ 0x1111);
     let suffix = random_tensor(dtype, t, h, d, sl, seed ^ 0x2222);
     let (plse, slse) = random_lse(t * h, seed ^ 0x3333);
@@ -419,7 +429,7 @@ fn suite(dirs: &[PathBuf], tokens: &[usize], heads: &[usize]) -> Counts {
                         ^ h as u64
                         ^ (case as u64) << 48;
                     c.cases += 1;
-                    match run_case(&rt, k, &stream, t, h, th, with_lse, seed) {
+                    match run_case(&rt, k, &stream, t, h, th, with_lse, seed, None) {
                         Ok(n) => {
                             c.passed += 1;
                             c.elements += n;
@@ -467,4 +477,47 @@ fn every_kernel_matches_the_float64_reference() {
         report(&format!("  FAILED {f}"));
     }
     assert!(c.failed.is_empty());
+}
+
+/// Boundary shapes, run under compute-sanitizer memcheck by scripts/gpu-check.sh: one token and
+/// one head, one head of many tokens, the last row ending exactly at its buffer's end (every
+/// buffer is allocated to its extent), and token strides far larger than a row.
+#[test]
+fn boundary_shapes_stay_inside_their_buffers() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.default_stream();
+    let rt = Runtime::load(ctx.clone(), &dir_of(None).unwrap()).unwrap();
+    let (mut cases, mut failed) = (0usize, Vec::new());
+    for k in rt.kernels() {
+        let d = k.meta.variant.head_size as usize;
+        let vec = k.meta.launch.vec_elems as usize;
+        let wide = |h: usize, gap: usize| Layout {
+            head_stride: d,
+            token_stride: h * d + gap * vec,
+        };
+        for (t, h, layouts) in [
+            (1, 1, None),
+            (1, 1, Some((wide(1, 4096), wide(1, 1), wide(1, 65536)))),
+            (1, 128, None),
+            (4097, 1, None),
+            (3, 2, Some((wide(2, 1 << 20), wide(2, 0), wide(2, 1 << 18)))),
+        ] {
+            for threshold in [None, Some(0), Some(t)] {
+                cases += 1;
+                let seed = 0xb0 ^ ((t * 131 + h) as u64) ^ ((cases as u64) << 20);
+                if let Err(why) = run_case(&rt, k, &stream, t, h, threshold, true, seed, layouts) {
+                    failed.push(format!("{} T={t} H={h} {threshold:?}: {why}", k.meta.name));
+                }
+            }
+        }
+    }
+    report(&format!(
+        "boundary shapes: {cases} cases, {} passed, {} failed",
+        cases - failed.len(),
+        failed.len()
+    ));
+    for f in failed.iter().take(10) {
+        report(&format!("  FAILED {f}"));
+    }
+    assert!(failed.is_empty());
 }
