@@ -49,6 +49,9 @@ run)
     echo "== Python drop-in (pytest)" | tee -a "$REPORT"
     (PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider python/tests 2>&1 | tee "$OUT/pytest.log" | tail -n 15) || status=1
     tail -n 1 "$OUT/pytest.log" | sed 's/^/pytest: /' >> "$REPORT"
+    (MLA_GEN_KERNELS=.device/gpu-extra PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider \
+        python/tests/test_fp8.py 2>&1 | tee "$OUT/pytest-fp8.log" | tail -n 3) || status=1
+    tail -n 1 "$OUT/pytest-fp8.log" | sed 's/^/pytest (FP8 kernels): /' >> "$REPORT"
     echo "== example engine (build.rs bindings) and C example (C launcher)" | tee -a "$REPORT"
     (.device/bin/example-engine 2>&1 | tail -n 1 | sed 's/^/example engine: /' | tee -a "$REPORT") || status=1
     if gcc -std=c11 -O2 -I/usr/local/cuda/include -I.device/c-example/c examples/c/merge.c \

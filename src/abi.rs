@@ -84,7 +84,7 @@ pub fn params(v: &MergeVariant) -> Vec<Param> {
     };
     let mut p = vec![pointer(
         "output",
-        v.dtype,
+        v.output.dtype(v.dtype),
         true,
         false,
         "[T, H, D] merged output, strides output_token_stride / output_head_stride",
@@ -115,6 +115,17 @@ pub fn params(v: &MergeVariant) -> Vec<Param> {
             "[T, H, D] suffix partial output",
         ),
         pointer("suffix_lse", Dtype::F32, false, false, lse_doc),
+    ]);
+    if v.output == crate::spec::OutputKind::Fp8E4m3 {
+        p.push(pointer(
+            "output_scale",
+            Dtype::F32,
+            false,
+            false,
+            "one float32: out = saturate(value / scale) in e4m3",
+        ));
+    }
+    p.extend([
         int64("num_tokens", "T"),
         int64("num_heads", "H"),
         int64("output_token_stride", "elements between tokens of output"),
@@ -157,6 +168,11 @@ pub struct Launch {
     pub vec_bytes: u32,
     /// 32-bit words per vector access (0 for a 2-byte access).
     pub vec_words: u32,
+    /// Bytes per output vector access (vec_elems output elements): the output pointer's
+    /// alignment. Equals vec_bytes unless the output type differs (fp8).
+    pub out_vec_bytes: u32,
+    /// 32-bit words per output vector access (0 below 4 bytes).
+    pub out_vec_words: u32,
     pub vecs_per_row: u32,
     pub threads_per_row: u32,
     pub vecs_per_thread: u32,
@@ -199,6 +215,8 @@ impl Launch {
             vec_elems,
             vec_bytes: vec_elems * size,
             vec_words: vec_elems * size / 4,
+            out_vec_bytes: vec_elems * v.output.dtype(v.dtype).size_bytes(),
+            out_vec_words: vec_elems * v.output.dtype(v.dtype).size_bytes() / 4,
             vecs_per_row,
             threads_per_row,
             vecs_per_thread,

@@ -51,6 +51,7 @@ fn random_bytes(dtype: Dtype, n_elems: usize, seed: u64) -> Vec<u8> {
             Dtype::F32 => out.extend_from_slice(&v.to_le_bytes()),
             Dtype::F16 => out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
             Dtype::Bf16 => out.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+            Dtype::Fp8E4m3 => out.push(crate::reference::fp8::e4m3_from_f32(v)),
         }
     }
     out
@@ -133,6 +134,7 @@ impl Buffers {
             prefix_lse: lbuf(lptr(&self.prefix_lse)),
             suffix: buf(ptr(&self.suffix)),
             suffix_lse: lbuf(lptr(&self.suffix_lse)),
+            output_scale: None,
             num_tokens: t,
             num_heads: h,
             output_layout: l,

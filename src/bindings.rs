@@ -51,6 +51,8 @@ struct CKernel<'a> {
     dtype: &'static str,
     head_size: u32,
     elem_bytes: u32,
+    out_elem_bytes: u32,
+    fp8: bool,
     lse_layout: &'static str,
     prefix_threshold: bool,
     output_lse: bool,
@@ -76,8 +78,8 @@ fn c_local(name: &'static str) -> String {
     match name {
         "output" => "void* output = a->output".into(),
         "output_lse" => "float* output_lse = a->output_lse".into(),
-        "prefix_output" | "suffix_output" | "prefix_lse" | "suffix_lse" => {
-            let ty = if name.ends_with("lse") {
+        "prefix_output" | "suffix_output" | "prefix_lse" | "suffix_lse" | "output_scale" => {
+            let ty = if name.ends_with("lse") || name == "output_scale" {
                 "const float*"
             } else {
                 "const void*"
@@ -145,6 +147,8 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
             dtype: k.variant.dtype.name(),
             head_size: k.variant.head_size,
             elem_bytes: k.variant.dtype.size_bytes(),
+            out_elem_bytes: k.variant.output.dtype(k.variant.dtype).size_bytes(),
+            fp8: k.variant.output == crate::spec::OutputKind::Fp8E4m3,
             lse_layout: k.variant.lse_layout.name(),
             prefix_threshold: k.variant.prefix_threshold,
             output_lse: k.variant.output_lse,

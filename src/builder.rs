@@ -316,6 +316,8 @@ pub struct BindingKernel {
     pub prefix_threshold: bool,
     pub output_lse: bool,
     pub head_major: bool,
+    /// Writes FP8 e4m3 codes (`u8`) with a per-tensor scale.
+    pub fp8_output: bool,
 }
 
 impl BindingKernel {
@@ -327,6 +329,7 @@ impl BindingKernel {
             prefix_threshold: v.prefix_threshold,
             output_lse: v.output_lse,
             head_major: v.lse_layout == LseLayout::HeadMajor,
+            fp8_output: v.output == spec::OutputKind::Fp8E4m3,
         }
     }
 
@@ -345,6 +348,7 @@ impl BindingKernel {
                     prefix_threshold: v["prefix_threshold"].as_bool()?,
                     output_lse: v["output_lse"].as_bool()?,
                     head_major: v["lse_layout"].as_str()? == "head_major",
+                    fp8_output: v["output"].as_str() == Some("fp8_e4m3"),
                 })
             })
             .collect()
@@ -390,6 +394,11 @@ pub fn rust_module(
             Dtype::F32 => "f32".to_string(),
             _ => format!("mla_gen::{}", k.dtype.info().rust_type),
         };
+        let slices_type = if k.fp8_output {
+            format!("{rust_type}, u8")
+        } else {
+            rust_type.clone()
+        };
         let (thr_param, thr_value) = if k.prefix_threshold {
             (
                 "\n    prefill_tokens_with_context: Option<usize>,",
@@ -399,13 +408,14 @@ pub fn rust_module(
             ("", "None")
         };
         s.push_str(&format!(
-            "\n/// `{name}`: {dtype} rows of {d}; threshold {thr}; output lse {lse}; lse {layout}.\npub fn {name}(\n    rt: &mla_gen::runtime::Runtime,\n    stream: &mla_gen::cudarc::driver::CudaStream,\n    slices: mla_gen::runtime::MergeSlices<'_, {rust_type}>,\n    shape: mla_gen::runtime::MergeShape,{thr_param}\n) -> Result<(), mla_gen::runtime::RuntimeError> {{\n    rt.launch_typed::<{rust_type}>({name:?}, stream, slices, shape, {thr_value})\n}}\n",
+            "\n/// `{name}`: {dtype} rows of {d}{fp8}; threshold {thr}; output lse {lse}; lse {layout}.\npub fn {name}(\n    rt: &mla_gen::runtime::Runtime,\n    stream: &mla_gen::cudarc::driver::CudaStream,\n    slices: mla_gen::runtime::MergeSlices<'_, {slices_type}>,\n    shape: mla_gen::runtime::MergeShape,{thr_param}\n) -> Result<(), mla_gen::runtime::RuntimeError> {{\n    rt.launch_typed({name:?}, stream, slices, shape, {thr_value})\n}}\n",
             name = k.name,
             dtype = k.dtype.name(),
             d = k.head_size,
             thr = if k.prefix_threshold { "yes" } else { "no" },
             lse = if k.output_lse { "yes" } else { "no (pass None)" },
             layout = if k.head_major { "[H, T]" } else { "[T, H]" },
+            fp8 = if k.fp8_output { " into FP8 e4m3 codes (output_scale required)" } else { "" },
         ));
     }
     s

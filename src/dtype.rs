@@ -9,6 +9,9 @@ pub enum Dtype {
     F32,
     F16,
     Bf16,
+    /// FP8 e4m3 (OCP "e4m3fn"), stored as its 8-bit code: an output type only.
+    #[serde(rename = "fp8_e4m3")]
+    Fp8E4m3,
 }
 
 pub struct DtypeInfo {
@@ -22,9 +25,11 @@ pub struct DtypeInfo {
     /// `torch.dtype` attribute name in the Python drop-in.
     pub torch_name: &'static str,
     pub size_bytes: u32,
+    /// Allowed as a spec's `dtype` (the inputs' type); fp8 is an output kind only.
+    pub input: bool,
 }
 
-pub const DTYPES: [DtypeInfo; 3] = [
+pub const DTYPES: [DtypeInfo; 4] = [
     DtypeInfo {
         dtype: Dtype::F32,
         name: "f32",
@@ -32,6 +37,7 @@ pub const DTYPES: [DtypeInfo; 3] = [
         rust_type: "f32",
         torch_name: "float32",
         size_bytes: 4,
+        input: true,
     },
     DtypeInfo {
         dtype: Dtype::F16,
@@ -40,6 +46,7 @@ pub const DTYPES: [DtypeInfo; 3] = [
         rust_type: "half::f16",
         torch_name: "float16",
         size_bytes: 2,
+        input: true,
     },
     DtypeInfo {
         dtype: Dtype::Bf16,
@@ -48,6 +55,16 @@ pub const DTYPES: [DtypeInfo; 3] = [
         rust_type: "half::bf16",
         torch_name: "bfloat16",
         size_bytes: 2,
+        input: true,
+    },
+    DtypeInfo {
+        dtype: Dtype::Fp8E4m3,
+        name: "fp8_e4m3",
+        c_type: "mla_fp8_e4m3",
+        rust_type: "u8",
+        torch_name: "float8_e4m3fn",
+        size_bytes: 1,
+        input: false,
     },
 ];
 
@@ -65,8 +82,16 @@ impl Dtype {
     pub fn from_name(name: &str) -> Option<Dtype> {
         DTYPES.iter().find(|d| d.name == name).map(|d| d.dtype)
     }
+    /// A spec's input dtype by name (fp8 is not one).
+    pub fn input_from_name(name: &str) -> Option<Dtype> {
+        DTYPES
+            .iter()
+            .find(|d| d.input && d.name == name)
+            .map(|d| d.dtype)
+    }
+    /// The names a spec's `dtype` may take.
     pub fn allowed_names() -> Vec<&'static str> {
-        DTYPES.iter().map(|d| d.name).collect()
+        DTYPES.iter().filter(|d| d.input).map(|d| d.name).collect()
     }
 }
 
@@ -76,9 +101,11 @@ mod tests {
 
     #[test]
     fn every_dtype_round_trips_through_its_name() {
-        for d in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        for d in [Dtype::F32, Dtype::F16, Dtype::Bf16, Dtype::Fp8E4m3] {
             assert_eq!(Dtype::from_name(d.name()), Some(d));
         }
+        assert_eq!(Dtype::input_from_name("fp8_e4m3"), None);
+        assert_eq!(Dtype::allowed_names(), ["f32", "f16", "bf16"]);
         assert_eq!(Dtype::from_name("fp16"), None);
         for (i, row) in DTYPES.iter().enumerate() {
             assert_eq!(row.dtype as usize, i, "DTYPES must follow the enum order");

@@ -124,6 +124,7 @@ pub fn round_to(dtype: Dtype, x: f64) -> f64 {
         Dtype::F32 => f64::from(x as f32),
         Dtype::F16 => f64::from(half::f16::from_f64(x)),
         Dtype::Bf16 => f64::from(half::bf16::from_f64(x)),
+        Dtype::Fp8E4m3 => fp8::e4m3_to_f64(fp8::e4m3_from_f32(x as f32)),
     }
 }
 
@@ -143,6 +144,12 @@ pub fn ulp(dtype: Dtype, x: f64) -> f64 {
             let h = half::bf16::from_f64(x);
             f64::from(half::bf16::from_bits(h.to_bits() + 1)) - f64::from(h)
         }
+        Dtype::Fp8E4m3 => {
+            let c = fp8::e4m3_from_f32(x as f32) & 0x7f;
+            // Past the largest finite value the step below it stands in.
+            let (lo, hi) = if c >= 0x7e { (0x7d, 0x7e) } else { (c, c + 1) };
+            fp8::e4m3_to_f64(hi) - fp8::e4m3_to_f64(lo)
+        }
     }
 }
 
@@ -152,6 +159,27 @@ pub fn tolerance(dtype: Dtype) -> f64 {
         Dtype::F32 => 1e-6,
         Dtype::F16 => 1e-3,
         Dtype::Bf16 => 8e-3,
+        // Judged by e4m3 steps, not relative error: see fp8_element_matches.
+        Dtype::Fp8E4m3 => 0.0,
+    }
+}
+
+/// Does a kernel's FP8 e4m3 output code match? Copied rows (and the no-keys prefix) must be the
+/// exact conversion of `input / scale` in float32; merged values within one e4m3 step of the
+/// float64 reference's conversion (the float32 merge may round differently before converting).
+pub fn fp8_element_matches(row: &RowMerge, prefix: f32, suffix: f32, scale: f32, got: u8) -> bool {
+    match row {
+        RowMerge::CopySuffix { .. } => got == fp8::e4m3_scaled(suffix, scale),
+        RowMerge::CopyPrefix => got == fp8::e4m3_scaled(prefix, scale),
+        RowMerge::Blend { .. } => {
+            let want = row.value(f64::from(prefix), f64::from(suffix)) / f64::from(scale);
+            let want_code = fp8::e4m3_from_f32(want as f32);
+            if want_code & 0x7f == fp8::E4M3_NAN || got & 0x7f == fp8::E4M3_NAN {
+                return want_code & 0x7f == got & 0x7f;
+            }
+            let (g, w) = (fp8::e4m3_to_f64(got), fp8::e4m3_to_f64(want_code));
+            g == w || (g - w).abs() <= ulp(Dtype::Fp8E4m3, g).max(ulp(Dtype::Fp8E4m3, w))
+        }
     }
 }
 
@@ -309,5 +337,168 @@ mod tests {
         assert_eq!(l.row(2, 3), 2 * 768 + 3 * 192);
         assert_eq!(lse_index(true, 10, 4, 3, 2), 2 * 10 + 3);
         assert_eq!(lse_index(false, 10, 4, 3, 2), 3 * 4 + 2);
+    }
+}
+
+/// FP8 e4m3 ("e4m3fn": no infinities, NaN = 0x7f/0xff, largest finite ±448) as the kernels
+/// produce it: round to nearest even, saturating. The CUDA templates implement the same integer
+/// algorithm, so the two agree bit for bit on the same float32 input.
+pub mod fp8 {
+    /// Largest finite e4m3 magnitude.
+    pub const E4M3_MAX: f32 = 448.0;
+    /// The code NaN converts to.
+    pub const E4M3_NAN: u8 = 0x7f;
+
+    /// float32 -> e4m3: NaN -> 0x7f; |x| >= 448 (infinities too) -> ±448; subnormals below 2^-6
+    /// in steps of 2^-9; ties to even; the sign of zero kept.
+    pub fn e4m3_from_f32(x: f32) -> u8 {
+        let bits = x.to_bits();
+        let sign = ((bits >> 31) as u8) << 7;
+        let a = f32::from_bits(bits & 0x7fff_ffff);
+        if a.is_nan() {
+            return E4M3_NAN;
+        }
+        if a >= E4M3_MAX {
+            return sign | 0x7e;
+        }
+        if a < 1.0 / 64.0 {
+            // Subnormal range: code = round_half_even(a / 2^-9), 0..=8 (8 = the smallest normal).
+            return sign | (a * 512.0).round_ties_even() as u8;
+        }
+        let exp = ((bits >> 23) & 0xff) as i32 - 127 + 7; // 1..=15
+        let mant = bits & 0x7f_ffff;
+        let mut code = ((exp as u32) << 3) | (mant >> 20);
+        let rest = mant & 0xf_ffff;
+        if rest > 0x8_0000 || (rest == 0x8_0000 && code & 1 == 1) {
+            code += 1; // a carry into the exponent is the right next value
+        }
+        sign | code.min(0x7e) as u8
+    }
+
+    /// e4m3 -> its value (NaN for 0x7f/0xff).
+    pub fn e4m3_to_f64(code: u8) -> f64 {
+        let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
+        let exp = i32::from((code >> 3) & 0xf);
+        let mant = f64::from(code & 7);
+        if exp == 15 && mant == 7.0 {
+            return f64::NAN;
+        }
+        if exp == 0 {
+            sign * mant * 2f64.powi(-9)
+        } else {
+            sign * (1.0 + mant / 8.0) * 2f64.powi(exp - 7)
+        }
+    }
+
+    /// The per-tensor FP8 output of a float32 value: `saturate(value / scale)` in float32.
+    pub fn e4m3_scaled(value: f32, scale: f32) -> u8 {
+        e4m3_from_f32(value / scale)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// Independent oracle: the nearest of all finite codes by exhaustive search, ties to the
+        /// even code, saturating, NaN to 0x7f.
+        fn oracle(x: f32) -> u8 {
+            if x.is_nan() {
+                return E4M3_NAN;
+            }
+            let x = f64::from(x);
+            if x.abs() >= 448.0 {
+                return if x < 0.0 { 0xfe } else { 0x7e };
+            }
+            let mut best: Option<(f64, u8)> = None;
+            for code in 0u8..=0x7e {
+                let v = e4m3_to_f64(code);
+                let d = (v - x.abs()).abs();
+                best = match best {
+                    Some((bd, bc)) if bd < d || (bd == d && bc % 2 == 0) => Some((bd, bc)),
+                    _ => Some((d, code)),
+                };
+            }
+            let code = best.map_or(0, |b| b.1);
+            if x.is_sign_negative() {
+                code | 0x80
+            } else {
+                code
+            }
+        }
+
+        #[test]
+        fn every_code_round_trips() {
+            for code in 0u8..=255 {
+                let v = e4m3_to_f64(code);
+                if v.is_nan() {
+                    assert!(code & 0x7f == 0x7f);
+                    continue;
+                }
+                assert_eq!(e4m3_from_f32(v as f32), code, "code {code:#04x} = {v}");
+            }
+        }
+
+        #[test]
+        fn matches_the_oracle_on_every_input_class() {
+            let mut inputs: Vec<f32> = vec![
+                0.0,
+                -0.0,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::NAN,
+                -f32::NAN,
+                448.0,
+                447.9,
+                448.1,
+                464.0,
+                463.99,
+                480.0,
+                1e30,
+                -1e30,
+                f32::MIN_POSITIVE,
+                1e-45,
+                -1e-45,
+                1.0 / 64.0,
+                1.0 / 512.0,
+                1.0 / 1024.0,
+                3.0 / 1024.0,
+                0.5 / 512.0 * 3.0,
+            ];
+            // Ties: midpoints between neighbouring codes (normals and subnormals), both signs.
+            for code in 0u8..0x7e {
+                let mid = (e4m3_to_f64(code) + e4m3_to_f64(code + 1)) / 2.0;
+                for v in [mid, mid.next_up(), mid.next_down()] {
+                    inputs.push(v as f32);
+                    inputs.push(-(v as f32));
+                }
+            }
+            // Random bit patterns across the whole float32 range, and dense in e4m3's range.
+            let mut s = 0x9e37_79b9_7f4a_7c15u64;
+            for i in 0..200_000 {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                inputs.push(if i % 2 == 0 {
+                    f32::from_bits(s as u32)
+                } else {
+                    ((s >> 11) as f64 / (1u64 << 53) as f64 * 1000.0 - 500.0) as f32
+                });
+            }
+            for x in inputs {
+                assert_eq!(
+                    e4m3_from_f32(x),
+                    oracle(x),
+                    "x = {x:e} ({:#010x})",
+                    x.to_bits()
+                );
+            }
+        }
+
+        #[test]
+        fn scaled_output_divides_first() {
+            assert_eq!(e4m3_scaled(896.0, 2.0), 0x7e);
+            assert_eq!(e4m3_scaled(1.0, 0.5), e4m3_from_f32(2.0));
+            assert_eq!(e4m3_scaled(-1e9, 1.0), 0xfe);
+        }
     }
 }

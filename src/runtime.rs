@@ -62,11 +62,18 @@ pub struct NvrtcView {
 #[derive(Debug, Clone, Deserialize)]
 pub struct VariantView {
     pub dtype: String,
+    /// "same" or "fp8_e4m3".
+    #[serde(default = "same")]
+    pub output: String,
     pub head_size: u32,
     pub prefix_threshold: bool,
     pub output_lse: bool,
     pub lse_layout: String,
     pub schedule: crate::spec::Schedule,
+}
+
+fn same() -> String {
+    "same".to_string()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -79,6 +86,9 @@ pub struct ParamView {
 pub struct LaunchView {
     pub vec_elems: u32,
     pub vec_bytes: u32,
+    /// The output pointer's alignment (0 in manifests from before FP8 outputs: vec_bytes).
+    #[serde(default)]
+    pub out_vec_bytes: u32,
     pub tokens_per_block: u32,
     pub rows_per_thread: u32,
     pub heads_per_block: u32,
@@ -115,6 +125,13 @@ impl KernelView {
     pub fn head_major(&self) -> bool {
         self.variant.lse_layout == "head_major"
     }
+    /// The output's element type.
+    pub fn output_dtype(&self) -> Option<Dtype> {
+        match self.variant.output.as_str() {
+            "same" => self.dtype(),
+            other => Dtype::from_name(other),
+        }
+    }
 }
 
 /// The arguments a kernel parameter can take, resolved from its manifest name once (at load),
@@ -127,6 +144,7 @@ pub enum ParamSlot {
     PrefixLse,
     Suffix,
     SuffixLse,
+    OutputScale,
     NumTokens,
     NumHeads,
     OutputTokenStride,
@@ -139,7 +157,7 @@ pub enum ParamSlot {
 }
 
 /// The most parameters a merge kernel has.
-pub const MAX_PARAMS: usize = 15;
+pub const MAX_PARAMS: usize = 16;
 
 impl ParamSlot {
     pub fn from_name(name: &str) -> Option<ParamSlot> {
@@ -151,6 +169,7 @@ impl ParamSlot {
             "prefix_lse" => PrefixLse,
             "suffix_output" => Suffix,
             "suffix_lse" => SuffixLse,
+            "output_scale" => OutputScale,
             "num_tokens" => NumTokens,
             "num_heads" => NumHeads,
             "output_token_stride" => OutputTokenStride,
@@ -252,6 +271,8 @@ pub struct MergeArgs {
     pub prefix_lse: DeviceBuffer,
     pub suffix: DeviceBuffer,
     pub suffix_lse: DeviceBuffer,
+    /// The float32 scale of an FP8 output (required by fp8 kernels, refused by others).
+    pub output_scale: Option<DeviceBuffer>,
     pub num_tokens: usize,
     pub num_heads: usize,
     pub output_layout: Layout,
@@ -527,8 +548,33 @@ fn check(
     let (t, h) = (a.num_tokens, a.num_heads);
     let vec = k.launch.vec_elems as usize;
 
+    let out_dtype = k.output_dtype().ok_or_else(|| {
+        bad(format!(
+            "unknown output kind {:?} in the manifest",
+            k.variant.output
+        ))
+    })?;
+    let fp8 = out_dtype == Dtype::Fp8E4m3;
+    match (&a.output_scale, fp8) {
+        (None, true) => {
+            return Err(bad(
+                "output_scale is required: this kernel writes FP8 e4m3".into()
+            ))
+        }
+        (Some(_), false) => return Err(bad(
+            "output_scale given, but this kernel's output is not FP8 (spec: output = \"fp8_e4m3\")"
+                .into(),
+        )),
+        (Some(s), true) if s.len == 0 || s.ptr % 4 != 0 => {
+            return Err(bad(
+                "output_scale must hold one 4-byte-aligned float32".into()
+            ))
+        }
+        _ => {}
+    }
     for (name, buf, want) in [
-        ("output", Some(&a.output), dtype),
+        ("output", Some(&a.output), out_dtype),
+        ("output_scale", a.output_scale.as_ref(), Dtype::F32),
         ("prefix_output", Some(&a.prefix), dtype),
         ("suffix_output", Some(&a.suffix), dtype),
         ("prefix_lse", Some(&a.prefix_lse), Dtype::F32),
@@ -607,10 +653,16 @@ fn check(
                 l.token_stride, l.head_stride, k.launch.vec_bytes
             )));
         }
-        if buf.ptr % u64::from(k.launch.vec_bytes) != 0 {
+        // The output's vector can be narrower than the inputs' (fp8 codes are one byte).
+        let align = if name == "output" && k.launch.out_vec_bytes != 0 {
+            k.launch.out_vec_bytes
+        } else {
+            k.launch.vec_bytes
+        };
+        if buf.ptr % u64::from(align) != 0 {
             return Err(bad(format!(
-                "{name}: pointer {:#x} is not aligned to {} bytes",
-                buf.ptr, k.launch.vec_bytes
+                "{name}: pointer {:#x} is not aligned to {align} bytes",
+                buf.ptr
             )));
         }
         if t > 0 && h > 0 {
@@ -692,6 +744,7 @@ fn check(
             ParamSlot::PrefixLse => a.prefix_lse.ptr,
             ParamSlot::Suffix => a.suffix.ptr,
             ParamSlot::SuffixLse => a.suffix_lse.ptr,
+            ParamSlot::OutputScale => a.output_scale.map_or(0, |b| b.ptr),
             ParamSlot::NumTokens => t as u64,
             ParamSlot::NumHeads => h as u64,
             ParamSlot::OutputTokenStride => a.output_layout.token_stride as u64,
@@ -719,6 +772,10 @@ impl Element for half::f16 {
 impl Element for half::bf16 {
     const DTYPE: Dtype = Dtype::Bf16;
 }
+/// FP8 e4m3 codes (an output type).
+impl Element for u8 {
+    const DTYPE: Dtype = Dtype::Fp8E4m3;
+}
 
 /// Shape and layouts of one merge: T, H and each `[T, H, D]` tensor's strides (elements).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -744,25 +801,28 @@ impl MergeShape {
     }
 }
 
-/// Typed slices of one merge call (what generated bindings take).
-pub struct MergeSlices<'a, T: Element> {
-    pub output: &'a mut cudarc::driver::CudaSlice<T>,
+/// Typed slices of one merge call (what generated bindings take). `O`, the output's element type,
+/// is the inputs' `T` except for FP8 outputs (`u8` codes, with `output_scale`).
+pub struct MergeSlices<'a, T: Element, O: Element = T> {
+    pub output: &'a mut cudarc::driver::CudaSlice<O>,
     pub output_lse: Option<&'a mut cudarc::driver::CudaSlice<f32>>,
     pub prefix: &'a cudarc::driver::CudaSlice<T>,
     pub prefix_lse: &'a cudarc::driver::CudaSlice<f32>,
     pub suffix: &'a cudarc::driver::CudaSlice<T>,
     pub suffix_lse: &'a cudarc::driver::CudaSlice<f32>,
+    /// One float32, for FP8 outputs; None otherwise.
+    pub output_scale: Option<&'a cudarc::driver::CudaSlice<f32>>,
 }
 
 impl Runtime {
     /// Launch kernel `name` on typed slices: the element type must be the kernel's dtype, and
     /// every other check of [`validate`] applies. The slices' cudarc stream events are recorded,
     /// so work on other streams that uses them is ordered after this launch.
-    pub fn launch_typed<T: Element>(
+    pub fn launch_typed<T: Element, O: Element>(
         &self,
         name: &str,
         stream: &CudaStream,
-        slices: MergeSlices<'_, T>,
+        slices: MergeSlices<'_, T, O>,
         shape: MergeShape,
         prefill_tokens_with_context: Option<usize>,
     ) -> Result<(), RuntimeError> {
@@ -790,11 +850,20 @@ impl Runtime {
         let (pl_ptr, _pl) = slices.prefix_lse.device_ptr(stream);
         let (s_ptr, _s) = slices.suffix.device_ptr(stream);
         let (sl_ptr, _sl) = slices.suffix_lse.device_ptr(stream);
+        let scale = slices.output_scale.map(|s| {
+            let (p, g) = s.device_ptr(stream);
+            let buf = DeviceBuffer {
+                ptr: p,
+                len: s.len(),
+                dtype: Dtype::F32,
+            };
+            (buf, g)
+        });
         let args = MergeArgs {
             output: DeviceBuffer {
                 ptr: out_ptr,
                 len: out_len,
-                dtype: T::DTYPE,
+                dtype: O::DTYPE,
             },
             output_lse,
             prefix: DeviceBuffer {
@@ -817,6 +886,7 @@ impl Runtime {
                 len: slices.suffix_lse.len(),
                 dtype: Dtype::F32,
             },
+            output_scale: scale.as_ref().map(|(b, _)| *b),
             num_tokens: shape.num_tokens,
             num_heads: shape.num_heads,
             output_layout: shape.output,

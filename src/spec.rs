@@ -27,13 +27,27 @@ pub const DEFAULT_ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 pub enum OutputKind {
     /// Output dtype = input dtype.
     Same,
+    /// FP8 e4m3 with one float32 scale for the whole tensor, read from a device pointer:
+    /// out = saturate(value / scale), round to nearest even.
+    Fp8E4m3,
 }
 
 impl OutputKind {
-    const ALL: [(&'static str, OutputKind); 1] = [("same", OutputKind::Same)];
+    const ALL: [(&'static str, OutputKind); 2] = [
+        ("same", OutputKind::Same),
+        ("fp8_e4m3", OutputKind::Fp8E4m3),
+    ];
     pub fn name(self) -> &'static str {
         match self {
             OutputKind::Same => "same",
+            OutputKind::Fp8E4m3 => "fp8_e4m3",
+        }
+    }
+    /// The output element type for inputs of `input`.
+    pub fn dtype(self, input: Dtype) -> Dtype {
+        match self {
+            OutputKind::Same => input,
+            OutputKind::Fp8E4m3 => Dtype::Fp8E4m3,
         }
     }
 }
@@ -234,6 +248,9 @@ impl MergeVariant {
         }
         if self.lse_layout == LseLayout::TokenMajor {
             name.push_str("_tm");
+        }
+        if self.output == OutputKind::Fp8E4m3 {
+            name.push_str("_fp8");
         }
         if self.explicit_schedule {
             let s = &self.schedule;
@@ -440,9 +457,14 @@ fn head_size(v: &toml::Value) -> Result<u32, String> {
 fn dtype(v: &toml::Value) -> Result<Dtype, String> {
     let allowed = Dtype::allowed_names().join(", ");
     match v.as_str() {
-        Some(s) => {
-            Dtype::from_name(s).ok_or_else(|| format!("\"{s}\" is not allowed; allowed: {allowed}"))
-        }
+        Some(s) => Dtype::input_from_name(s).ok_or_else(|| {
+            let hint = if s == "fp8_e4m3" {
+                " (fp8 is an output: write output = \"fp8_e4m3\")"
+            } else {
+                ""
+            };
+            format!("\"{s}\" is not allowed; allowed: {allowed}{hint}")
+        }),
         None => Err(format!(
             "expected a string, got {}; allowed: {allowed}",
             short(v)
@@ -794,6 +816,24 @@ mod tests {
         assert!(err("").contains("names no kernels"));
         assert!(err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n")
             .contains("also produced by the table at line 1"));
+    }
+
+    #[test]
+    fn fp8_is_an_output_kind_not_an_input_dtype() {
+        let e = err("[[merge_attn_states]]\ndtype = \"fp8_e4m3\"\nhead_size = 64\n");
+        assert!(e.contains("write output = \"fp8_e4m3\""), "{e}");
+        let s = parse(
+            "t.toml",
+            "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput = [\"same\", \"fp8_e4m3\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.kernel_names(),
+            [
+                "merge_attn_states_bf16_d64_thr_lse",
+                "merge_attn_states_bf16_d64_thr_lse_fp8"
+            ]
+        );
     }
 
     #[test]

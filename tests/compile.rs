@@ -128,3 +128,49 @@ fn compile_errors_name_the_kernel_options_and_source_line() {
     assert!(err.contains("undefined_symbol"), "{err}");
     assert!(err.contains("> "), "no source line marked: {err}");
 }
+
+#[test]
+fn fp8_kernels_compile_without_spills_and_store_whole_vectors() {
+    let spec = spec::parse(
+        "fp8.toml",
+        "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"f32\", \"f16\", \"bf16\"]\nhead_size = [3, 64, 128, 576]\noutput = \"fp8_e4m3\"\n",
+    )
+    .unwrap();
+    let (kernels, _) =
+        mla_gen::compile::compile(&Templates::embedded().unwrap(), &spec, 0, false).unwrap();
+    assert_eq!(kernels.len(), 12);
+    for k in &kernels {
+        let launch = Launch::for_variant(&k.variant);
+        let store = match launch.out_vec_bytes {
+            8 => "st.global.v2.b32",
+            4 => "st.global.b32",
+            2 => "st.global.b16",
+            _ => "st.global.b8",
+        };
+        for a in &k.archs {
+            let ptx = String::from_utf8_lossy(&a.ptx);
+            assert!(ptx.contains(store), "{} {}: no {store}", k.name, a.arch);
+            // PTX names parameters by position: the last one is the 16th (the scale added one).
+            let count = mla_gen::abi::params(&k.variant).len();
+            assert_eq!(count, 16);
+            assert!(
+                ptx.contains(&format!("{}_param_{}", k.name, count - 1)),
+                "{}",
+                k.name
+            );
+            assert!(
+                !ptx.contains(&format!("{}_param_{count}", k.name)),
+                "{}",
+                k.name
+            );
+            let r = a.resources.as_ref().unwrap();
+            assert_eq!(
+                (r.spill_store_bytes, r.spill_load_bytes),
+                (0, 0),
+                "{} {} spills",
+                k.name,
+                a.arch
+            );
+        }
+    }
+}

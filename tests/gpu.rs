@@ -133,6 +133,7 @@ fn to_bits(dtype: Dtype, x: f32) -> u32 {
         Dtype::F32 => x.to_bits(),
         Dtype::F16 => u32::from(half::f16::from_f32(x).to_bits()),
         Dtype::Bf16 => u32::from(half::bf16::from_f32(x).to_bits()),
+        Dtype::Fp8E4m3 => u32::from(reference::fp8::e4m3_from_f32(x)),
     }
 }
 
@@ -141,6 +142,7 @@ fn from_bits(dtype: Dtype, b: u32) -> f64 {
         Dtype::F32 => f64::from(f32::from_bits(b)),
         Dtype::F16 => f64::from(half::f16::from_bits(b as u16)),
         Dtype::Bf16 => f64::from(half::bf16::from_bits(b as u16)),
+        Dtype::Fp8E4m3 => reference::fp8::e4m3_to_f64(b as u8),
     }
 }
 
@@ -148,6 +150,8 @@ fn from_bits(dtype: Dtype, b: u32) -> f64 {
 fn poison(dtype: Dtype) -> u32 {
     match dtype {
         Dtype::F32 => 0x7fc0_dead,
+        // The conversion writes NaN as 0x7f, never 0xff.
+        Dtype::Fp8E4m3 => 0xff,
         Dtype::F16 => 0x7e5a,
         Dtype::Bf16 => 0x7fa5,
     }
@@ -223,6 +227,12 @@ fn upload_bits(
             let p = raw(&s, stream);
             (Box::new(s), p)
         }
+        Dtype::Fp8E4m3 => {
+            let bytes: Vec<u8> = bits.iter().map(|&b| b as u8).collect();
+            let s: CudaSlice<u8> = stream.clone_htod(&bytes).unwrap();
+            let p = raw(&s, stream);
+            (Box::new(s), p)
+        }
         _ => {
             let narrow: Vec<u16> = bits.iter().map(|&b| b as u16).collect();
             let s: CudaSlice<u16> = stream.clone_htod(&narrow).unwrap();
@@ -251,6 +261,12 @@ fn download_bits(stream: &Arc<CudaStream>, dtype: Dtype, holder: &dyn std::any::
         Dtype::F32 => stream
             .clone_dtoh(holder.downcast_ref::<CudaSlice<u32>>().unwrap())
             .unwrap(),
+        Dtype::Fp8E4m3 => stream
+            .clone_dtoh(holder.downcast_ref::<CudaSlice<u8>>().unwrap())
+            .unwrap()
+            .into_iter()
+            .map(u32::from)
+            .collect(),
         _ => stream
             .clone_dtoh(holder.downcast_ref::<CudaSlice<u16>>().unwrap())
             .unwrap()
@@ -312,11 +328,15 @@ fn run_case(
     } else {
         ol.row(t - 1, h - 1) + d
     };
-    let out_init = vec![poison(dtype); out_len];
+    let out_dtype = k.meta.output_dtype().unwrap();
+    let out_init = vec![poison(out_dtype); out_len];
+    // FP8 outputs: a per-case scale in [0.05, 4), so values past ±448 saturate.
+    let scale = (0.05 + Rng(seed ^ 0x5ca1e).unit() * 3.95) as f32;
+    let scale_dev: CudaSlice<f32> = stream.clone_htod(&[scale]).unwrap();
 
     let (p_hold, p_buf) = upload_bits(stream, dtype, &prefix);
     let (s_hold, s_buf) = upload_bits(stream, dtype, &suffix);
-    let (o_hold, o_buf) = upload_bits(stream, dtype, &out_init);
+    let (o_hold, o_buf) = upload_bits(stream, out_dtype, &out_init);
     let pl_dev: CudaSlice<f32> = stream.clone_htod(&plse).unwrap();
     let sl_dev: CudaSlice<f32> = stream.clone_htod(&slse).unwrap();
     let ol_dev: CudaSlice<u32> = stream.clone_htod(&vec![LSE_POISON; t * h]).unwrap();
@@ -332,6 +352,11 @@ fn run_case(
         prefix_lse: f32buf(raw(&pl_dev, stream)),
         suffix: s_buf,
         suffix_lse: f32buf(raw(&sl_dev, stream)),
+        output_scale: (out_dtype == Dtype::Fp8E4m3).then(|| DeviceBuffer {
+            ptr: raw(&scale_dev, stream),
+            len: 1,
+            dtype: Dtype::F32,
+        }),
         num_tokens: t,
         num_heads: h,
         output_layout: ol,
@@ -342,7 +367,7 @@ fn run_case(
     rt.launch_merge(k, stream, &args)
         .map_err(|e| e.to_string())?;
     stream.synchronize().map_err(|e| format!("{e:?}"))?;
-    let out = download_bits(stream, dtype, o_hold.as_ref());
+    let out = download_bits(stream, out_dtype, o_hold.as_ref());
     let out_lse: Vec<u32> = stream.clone_dtoh(&ol_dev).unwrap();
     drop((p_hold, s_hold));
 
@@ -355,13 +380,18 @@ fn run_case(
         let m: RowMerge = reference::merge_row(plse[li], slse[li], ti < n);
         for e in 0..d {
             let got_bits = out[ol.row(ti, hi) + e];
-            if got_bits == poison(dtype) {
+            if got_bits == poison(out_dtype) {
                 return Some(format!("t={ti} h={hi} e={e}: never written"));
             }
             let pv = from_bits(dtype, prefix[pl.row(ti, hi) + e]);
             let sv = from_bits(dtype, suffix[sl.row(ti, hi) + e]);
-            let got = from_bits(dtype, got_bits);
-            if !reference::element_matches(dtype, &m, pv, sv, got) {
+            let got = from_bits(out_dtype, got_bits);
+            let ok = if out_dtype == Dtype::Fp8E4m3 {
+                reference::fp8_element_matches(&m, pv as f32, sv as f32, scale, got_bits as u8)
+            } else {
+                reference::element_matches(dtype, &m, pv, sv, got)
+            };
+            if !ok {
                 return Some(format!(
                     "t={ti} h={hi} e={e}: got {got:e}, want {:e} (prefix {pv:e} suffix {sv:e} lse {}/{} -> {m:?})",
                     m.value(pv, sv), plse[li], slse[li]
@@ -371,7 +401,7 @@ fn run_case(
         // Head padding of the output must still hold the poison: nothing written outside rows.
         let pad_end = if hi + 1 < h { ol.head_stride } else { d };
         for e in d..pad_end {
-            if out[ol.row(ti, hi) + e] != poison(dtype) {
+            if out[ol.row(ti, hi) + e] != poison(out_dtype) {
                 return Some(format!("t={ti} h={hi}: wrote padding element {e}"));
             }
         }

@@ -38,6 +38,7 @@ fn good() -> MergeArgs {
         prefix_lse: buf(0x4000_0000, T * H, Dtype::F32),
         suffix: buf(0x5000_0000, n, Dtype::Bf16),
         suffix_lse: buf(0x6000_0000, T * H, Dtype::F32),
+        output_scale: None,
         num_tokens: T,
         num_heads: H,
         output_layout: l,
@@ -217,4 +218,42 @@ fn a_manifest_from_a_newer_tool_is_refused_not_misread() {
     let mut k = kernel("merge_attn_states_bf16_d128_thr_lse");
     k.variant.dtype = "fp4".to_string();
     refused(&k, &good(), "unknown dtype \"fp4\"");
+}
+
+#[test]
+fn fp8_kernels_need_their_scale_and_a_byte_output() {
+    let text = "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3\"\n";
+    let spec = mla_gen::spec::parse("t.toml", text).unwrap();
+    let t = mla_gen::render::Templates::embedded().unwrap();
+    let (_, manifest) = mla_gen::generate_files(&spec, &t, 1, false).unwrap();
+    let m: ManifestView = serde_json::from_value(serde_json::to_value(&manifest).unwrap()).unwrap();
+    let k = &m.kernels[0];
+    assert_eq!(k.launch.out_vec_bytes, 8);
+    let fp8 = || {
+        let mut a = good();
+        a.output.dtype = Dtype::Fp8E4m3;
+        a.output_scale = Some(buf(0x7000_0000, 1, Dtype::F32));
+        a
+    };
+    let (values, _) = validate(k, &fp8()).unwrap().unwrap();
+    assert!(values.contains(&0x7000_0000), "the scale pointer is passed");
+    let mut a = fp8();
+    a.output_scale = None;
+    refused(k, &a, "output_scale is required");
+    let mut a = fp8();
+    a.output.dtype = Dtype::Bf16;
+    refused(k, &a, "output is bf16, the kernel takes fp8_e4m3");
+    let mut a = fp8();
+    a.output.ptr += 8; // 8-byte aligned is enough for 8 one-byte codes
+    assert!(validate(k, &a).is_ok());
+    a.output.ptr += 4;
+    refused(k, &a, "not aligned to 8 bytes");
+    let mut a = fp8();
+    a.output_scale = Some(buf(0x7000_0002, 1, Dtype::F32));
+    refused(k, &a, "4-byte-aligned float32");
+    // And a same-dtype kernel refuses a scale.
+    let same = kernel("merge_attn_states_bf16_d128_thr_lse");
+    let mut a = good();
+    a.output_scale = Some(buf(0x7000_0000, 1, Dtype::F32));
+    refused(&same, &a, "output is not FP8");
 }

@@ -56,6 +56,16 @@ fn explicit_schedule() {
 }
 
 #[test]
+fn fp8_output() {
+    let t = Templates::embedded().unwrap();
+    for d in [128, 3] {
+        let mut v = variant(Dtype::Bf16, d, true, true);
+        v.output = OutputKind::Fp8E4m3;
+        insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", &v).unwrap());
+    }
+}
+
+#[test]
 fn token_major_lse() {
     let t = Templates::embedded().unwrap();
     let mut v = variant(Dtype::Bf16, 128, true, true);

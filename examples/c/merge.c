@@ -57,6 +57,7 @@ int main(void) {
     mla_merge_args a = {
         (void*)d_out, N, (float*)d_olse, T * H, (const void*)d_prefix, N, (const float*)d_plse, T * H,
         (const void*)d_suffix, N, (const float*)d_slse, T * H, T, H, H * D, D, H * D, D, H * D, D, n_ctx,
+        NULL, /* output_scale: FP8 kernels only */
     };
     CHECK(mla_merge_attn_states_bf16_d128_thr_lse(NULL, &a));
     CHECK(cuCtxSynchronize());

@@ -12,7 +12,7 @@
 //
 // Launch: block = 448 threads (4 tokens x 8 heads x 14 threads per row), 1 row(s) per thread;
 //         grid = (ceil(num_tokens / 4), ceil(num_heads / 8), 1); no shared memory.
-// Requires: pointers aligned to 16 bytes, strides multiples of 8 elements,
+// Requires: input pointers aligned to 16 bytes, output to 16, strides multiples of 8 elements,
 //           head strides >= 112.
 
 // ---- prelude: element type, conversions, vector access (no toolkit headers needed) ----
@@ -48,6 +48,7 @@ __device__ __forceinline__ void store_pack(elem_t* p, const Pack& x) {
     asm volatile("st.global.v4.b32 [%0], { %1, %2, %3, %4 };"
                  :: "l"(p), "r"(x.w[0]), "r"(x.w[1]), "r"(x.w[2]), "r"(x.w[3]) : "memory");
 }
+typedef elem_t out_t;  // output = input dtype
 
 constexpr int HEAD_SIZE = 112;
 constexpr int VEC = 8;                 // elements per access
@@ -127,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
         const long long t = first_token + r * TOKENS_PER_BLOCK;
         if (t >= num_tokens) continue;
         const long long lse_at = h * num_tokens + t;
-        elem_t* out_row = output + t * output_token_stride + h * output_head_stride;
+        out_t* out_row = output + t * output_token_stride + h * output_head_stride;
 
         if (t >= n) {
             // No context: the suffix row as is, and its lse as given.

@@ -120,13 +120,14 @@ def _ensure_context(device: int):
 
 
 def kernel_for(dtype: torch.dtype, head_size: int, device: int, *, threshold: bool = True,
-               output_lse: bool = True, head_major: bool = True) -> _Kernel:
+               output_lse: bool = True, head_major: bool = True, fp8: bool = False) -> _Kernel:
     """The loaded kernel for a variant; loads it on first use (the only time anything is loaded)."""
     name = _DTYPE_NAMES.get(dtype)
     key_meta = None
     for k in _manifest_data()["kernels"]:
         v = k["variant"]
-        if (v["dtype"] == name and v["head_size"] == head_size and v["output"] == "same"
+        if (v["dtype"] == name and v["head_size"] == head_size
+                and v["output"] == ("fp8_e4m3" if fp8 else "same")
                 and (v["lse_layout"] == "head_major") == head_major
                 and (not threshold or v["prefix_threshold"]) and (not output_lse or v["output_lse"])):
             # Prefer the exact option set; a kernel with more options also serves.
@@ -135,8 +136,10 @@ def kernel_for(dtype: torch.dtype, head_size: int, device: int, *, threshold: bo
     if key_meta is None:
         sizes = sorted({k["variant"]["head_size"] for k in _manifest_data()["kernels"]
                         if k["variant"]["dtype"] == name})
-        raise ValueError(f"no generated kernel for dtype={dtype}, head_size={head_size} "
-                         f"(this manifest has head sizes {sizes} for {dtype}); add it to the spec")
+        what = "FP8 e4m3 output" if fp8 else "output of the same dtype"
+        raise ValueError(f"no generated kernel for dtype={dtype}, head_size={head_size} with {what} "
+                         f"(this manifest has head sizes {sizes} for {dtype}); add it to the spec"
+                         + (' with output = "fp8_e4m3"' if fp8 else ""))
     key = (device, key_meta["name"])
     kern = _loaded.get(key)
     if kern is None:
@@ -174,12 +177,15 @@ def _current_stream(device: int) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _fail(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n):
+def _fail(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n,
+          output_scale=None):
     """Slow path: find what is wrong and raise the error that says so."""
     tensors = {"output": output, "prefix_output": prefix_output, "suffix_output": suffix_output,
                "prefix_lse": prefix_lse, "suffix_lse": suffix_lse}
     if output_lse is not None:
         tensors["output_lse"] = output_lse
+    if output_scale is not None:
+        tensors["output_scale"] = output_scale
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -194,10 +200,19 @@ def _fail(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_l
         t = tensors[name]
         if tuple(t.shape) != (T, H, D):
             raise ValueError(f"{name} has shape {tuple(t.shape)}, output {tuple(output.shape)}")
-        if t.dtype != output.dtype:
-            raise TypeError(f"{name} is {t.dtype}, output is {output.dtype}; they must match")
-    if output.dtype not in _DTYPE_NAMES:
-        raise TypeError(f"output dtype {output.dtype} is not supported (float32, float16, bfloat16)")
+    if prefix_output.dtype not in _DTYPE_NAMES:
+        raise TypeError(f"input dtype {prefix_output.dtype} is not supported (float32, float16, bfloat16)")
+    if suffix_output.dtype != prefix_output.dtype:
+        raise TypeError(f"suffix_output is {suffix_output.dtype}, prefix_output is {prefix_output.dtype}; "
+                        "they must match")
+    if output_scale is None and output.dtype != prefix_output.dtype:
+        raise TypeError(f"prefix_output is {prefix_output.dtype}, output is {output.dtype}; they must match "
+                        "(an FP8 output needs output_scale)")
+    if output_scale is not None:
+        if output.dtype != _FP8:
+            raise TypeError(f"with output_scale the output must be torch.float8_e4m3fn, got {output.dtype}")
+        if output_scale.dtype != torch.float32 or output_scale.numel() < 1:
+            raise ValueError("output_scale must be a float32 tensor holding the scale (one element)")
     for name in ("prefix_lse", "suffix_lse", "output_lse"):
         t = tensors.get(name)
         if t is None:
@@ -216,7 +231,8 @@ def _fail(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_l
             raise ValueError(f"prefill_tokens_with_context = {n} is outside 0..={T}")
     if H > 65535 * 8:
         raise ValueError(f"num_heads = {H} is over the grid's limit")
-    kern = kernel_for(output.dtype, D, output.get_device(), output_lse=output_lse is not None)
+    kern = kernel_for(prefix_output.dtype, D, output.get_device(), output_lse=output_lse is not None,
+                      fp8=output_scale is not None)
     launch = kern.meta["launch"]
     vec, vec_bytes = launch["vec_elems"], launch["vec_bytes"]
     for name in ("output", "prefix_output", "suffix_output"):
@@ -228,8 +244,9 @@ def _fail(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_l
             raise ValueError(f"{name}: head stride {hs} < head size {D}")
         if ts % vec or hs % vec:
             raise ValueError(f"{name}: strides {t.stride()} must be multiples of {vec} elements")
-        if t.data_ptr() % vec_bytes:
-            raise ValueError(f"{name}: data pointer is not {vec_bytes}-byte aligned")
+        align = (launch.get("out_vec_bytes") or vec_bytes) if name == "output" else vec_bytes
+        if t.data_ptr() % align:
+            raise ValueError(f"{name}: data pointer is not {align}-byte aligned")
     ots, ohs, _ = output.stride()
     if T > 1 and ots < H * max(ohs, D):
         raise ValueError(f"output: token stride {ots} < num_heads * head stride: rows would overlap")
@@ -254,31 +271,38 @@ def _lse_overlaps(a0, a1, *ranges):
     return any(a0 < ranges[i + 1] and ranges[i] < a1 for i in range(0, len(ranges), 2))
 
 
-# (dtype, head_size, device, with output_lse) -> (kernel, param values, param pointer array, lock)
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+
+# Parameter orders of our argument tuple: without and with the FP8 scale.
+_ORDER_SAME = ("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse",
+               "num_tokens", "num_heads", "output_token_stride", "output_head_stride",
+               "prefix_token_stride", "prefix_head_stride", "suffix_token_stride", "suffix_head_stride",
+               "prefill_tokens_with_context")
+_ORDER_FP8 = _ORDER_SAME[:6] + ("output_scale",) + _ORDER_SAME[6:]
+
+# (input dtype, head_size, device, with output_lse, fp8) -> everything a launch needs
 _fast: dict = {}
 
 
-def _fast_entry(dtype, D, device, with_lse):
-    key = (dtype, D, device, with_lse)
+def _fast_entry(dtype, D, device, with_lse, fp8):
+    key = (dtype, D, device, with_lse, fp8)
     entry = _fast.get(key)
     if entry is None:
-        kern = kernel_for(dtype, D, device, output_lse=with_lse)
+        kern = kernel_for(dtype, D, device, output_lse=with_lse, fp8=fp8)
         count = len(kern.param_names)
         values = (ctypes.c_uint64 * count)()
         base = ctypes.addressof(values)
         pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
         # Map our fixed argument order onto the manifest's parameter order.
-        order = ("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse",
-                 "num_tokens", "num_heads", "output_token_stride", "output_head_stride",
-                 "prefix_token_stride", "prefix_head_stride", "suffix_token_stride", "suffix_head_stride",
-                 "prefill_tokens_with_context")
+        order = _ORDER_FP8 if fp8 else _ORDER_SAME
         index = [order.index(p) for p in kern.param_names]
         identity = index == list(range(len(order)))
         launch = kern.meta["launch"]
-        # ctypes instances pass through argtypes without conversion.
+        in_size = _SIZES[_DTYPE_NAMES[dtype]]
+        # ctypes instances pass through ctypes calls without conversion.
         entry = (ctypes.c_void_p(int(kern.function)), values, ctypes.c_void_p(ctypes.addressof(pointers)),
-                 (pointers, _launcher()), index, identity, _SIZES[_DTYPE_NAMES[dtype]],
-                 launch["vec_elems"], launch["vec_bytes"],
+                 (pointers, _launcher()), index, identity, in_size, 1 if fp8 else in_size,
+                 launch["vec_elems"], launch["vec_bytes"], launch.get("out_vec_bytes") or launch["vec_bytes"],
                  launch["tokens_per_block"] * launch["rows_per_thread"], launch["heads_per_block"],
                  launch["block_threads"], launch["shared_mem_bytes"], threading.Lock())
         _fast[key] = entry
@@ -296,22 +320,23 @@ def merge_attn_states(
     output_scale: torch.Tensor | None = None,
 ) -> None:
     """vLLM's ``merge_attn_states``: output [T, H, D] (written), prefix/suffix outputs [T, H, D],
-    lse [H, T] float32; tokens ``t >= prefill_tokens_with_context`` copy the suffix.
+    lse [H, T] float32; tokens ``t >= prefill_tokens_with_context`` copy the suffix. With
+    ``output_scale`` (a float32 tensor holding one scale) the output is ``torch.float8_e4m3fn``:
+    saturate(value / scale), rounded to nearest even.
     Raises TypeError/ValueError for arguments the kernel cannot take safely."""
-    if output_scale is not None:
-        raise ValueError("output_scale (FP8 output) needs an fp8_e4m3 kernel, which this manifest "
-                         "does not hold; pass output_scale=None")
     n = prefill_tokens_with_context
-    args = (output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n)
+    fp8 = output_scale is not None
+    args = (output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, output_scale)
     # Fast path: every check in one pass of cheap accessors; anything off goes to _fail, which
     # finds the problem and raises the error that names it.
     try:
         shape = output.shape
         T, H, D = shape
-        dtype = output.dtype
+        dtype = prefix_output.dtype
         device = output.get_device()
         ok = (device >= 0 and prefix_output.shape == shape and suffix_output.shape == shape
-              and prefix_output.dtype is dtype and suffix_output.dtype is dtype
+              and suffix_output.dtype is dtype
+              and output.dtype is (_FP8 if fp8 else dtype)
               and prefix_output.get_device() == device and suffix_output.get_device() == device
               and prefix_lse.dtype is _F32 and suffix_lse.dtype is _F32
               and prefix_lse.get_device() == device and suffix_lse.get_device() == device
@@ -321,6 +346,9 @@ def merge_attn_states(
         if output_lse is not None:
             ok = ok and (output_lse.dtype is _F32 and output_lse.get_device() == device
                          and output_lse.shape == (H, T) and output_lse.is_contiguous())
+        if fp8:
+            ok = ok and (output_scale.dtype is _F32 and output_scale.get_device() == device
+                         and output_scale.numel() >= 1)
         if n is None:
             n = T
         elif type(n) is not int or not 0 <= n <= T:
@@ -331,8 +359,9 @@ def merge_attn_states(
         _fail(*args)
     if T == 0 or H == 0:
         return
-    (function, values, pointers_addr, (_keep, launch_kernel), index, identity, size, vec, vec_bytes,
-     tokens_per_block, heads_per_block, block, shmem, lock) = _fast_entry(dtype, D, device, output_lse is not None)
+    (function, values, pointers_addr, (_keep, launch_kernel), index, identity, size, out_size, vec,
+     vec_bytes, out_vec_bytes, tokens_per_block, heads_per_block, block, shmem,
+     lock) = _fast_entry(dtype, D, device, output_lse is not None, fp8)
     ots, ohs, oes = output.stride()
     pts, phs, pes = prefix_output.stride()
     sts, shs, ses = suffix_output.stride()
@@ -340,7 +369,7 @@ def merge_attn_states(
     pl_ptr, sl_ptr = prefix_lse.data_ptr(), suffix_lse.data_ptr()
     ol_ptr = 0 if output_lse is None else output_lse.data_ptr()
     last = (T - 1, H - 1)
-    o_end = o_ptr + (last[0] * ots + last[1] * ohs + D) * size
+    o_end = o_ptr + (last[0] * ots + last[1] * ohs + D) * out_size
     p_end = p_ptr + (last[0] * pts + last[1] * phs + D) * size
     s_end = s_ptr + (last[0] * sts + last[1] * shs + D) * size
     lse_bytes = 4 * T * H
@@ -348,7 +377,7 @@ def merge_attn_states(
     if (oes != 1 or pes != 1 or ses != 1
             or (H > 1 and (ohs < D or phs < D or shs < D))
             or (ots | ohs | pts | phs | sts | shs) % vec
-            or (o_ptr | p_ptr | s_ptr) % vec_bytes
+            or (p_ptr | s_ptr) % vec_bytes or o_ptr % out_vec_bytes
             or (T > 1 and ots < H * (ohs if ohs > D else D))
             # no output may overlap an input (byte ranges)
             or (o_ptr < p_end and p_ptr < o_end) or (o_ptr < s_end and s_ptr < o_end)
@@ -359,7 +388,11 @@ def merge_attn_states(
     grid_y = (H + heads_per_block - 1) // heads_per_block
     if grid_y > 65535:
         raise ValueError(f"num_heads = {H} needs {grid_y} block rows, over the grid's y limit 65535")
-    by_order = (o_ptr, ol_ptr, p_ptr, pl_ptr, s_ptr, sl_ptr, T, H, ots, ohs, pts, phs, sts, shs, n)
+    if fp8:
+        by_order = (o_ptr, ol_ptr, p_ptr, pl_ptr, s_ptr, sl_ptr, output_scale.data_ptr(),
+                    T, H, ots, ohs, pts, phs, sts, shs, n)
+    else:
+        by_order = (o_ptr, ol_ptr, p_ptr, pl_ptr, s_ptr, sl_ptr, T, H, ots, ohs, pts, phs, sts, shs, n)
     stream = _current_stream(device)
     with lock:
         if identity:

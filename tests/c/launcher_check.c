@@ -47,7 +47,7 @@ static float plse[T * H], slse[T * H], olse[T * H];
 static mla_merge_args good(void) {
     mla_merge_args a = {
         out, T * H * D, olse, T * H, prefix, T * H * D, plse, T * H, suffix, T * H * D, slse, T * H,
-        T, H, H * D, D, H * D, D, H * D, D, T / 2,
+        T, H, H * D, D, H * D, D, H * D, D, T / 2, NULL,
     };
     return a;
 }
@@ -98,6 +98,7 @@ int main(void) {
     a = good(); a.output_token_stride = D; refused(a, "rows would overlap");
     a = good(); a.num_tokens = (int64_t)1 << 62; a.output_numel = a.prefix_numel = a.suffix_numel = INT64_MAX; refused(a, "needs more");
     a = good(); a.num_heads = -1; refused(a, "negative");
+    a = good(); a.output_scale = plse; refused(a, "output is not FP8");
     EXPECT(launches == 2);
 
     /* An sm_75 device has neither a CUBIN nor a PTX it can JIT in this file. */

@@ -83,6 +83,7 @@ fn run() -> Result<usize, Box<dyn std::error::Error>> {
             prefix_lse: &d_plse,
             suffix: &d_suffix,
             suffix_lse: &d_slse,
+            output_scale: None,
         },
         MergeShape::contiguous(T, H, D),
         Some(n),

@@ -1,0 +1,84 @@
+"""FP8 e4m3 output with a per-tensor scale, against a float64 reference. Runs where the kernel
+folder ($MLA_GEN_KERNELS) holds FP8 kernels (scripts/gpu-check.sh points it at the extra kernels of
+tests/gpu-extra.toml); skipped otherwise, and without a GPU."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+pytest.importorskip("cuda.bindings")
+
+import mla_gen  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
+HEAD = 128
+if not any(k["variant"]["output"] == "fp8_e4m3" and k["variant"]["head_size"] == HEAD
+           and k["variant"]["lse_layout"] == "head_major" for k in mla_gen._manifest_data()["kernels"]):
+    pytest.skip("no FP8 kernels at head size 128 in this kernel folder (set MLA_GEN_KERNELS)",
+                allow_module_level=True)
+
+
+def e4m3(x):
+    """float32 -> e4m3 codes as the kernels write them: saturate to +-448, nearest even, NaN 0x7f."""
+    codes = x.clamp(-448.0, 448.0).to(FP8).view(torch.uint8)
+    return torch.where(x.isnan(), torch.full_like(codes, 0x7F), codes)
+
+
+def ordered(codes):
+    """e4m3 codes on a line where neighbouring values are neighbouring integers (-0 == +0)."""
+    c = codes.to(torch.int32)
+    return torch.where(c >= 128, -(c - 128), c)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,H", [(1, 1), (7, 4), (613, 16)])
+@pytest.mark.parametrize("scale", [0.05, 1.0, 3.7])
+def test_fp8_output_matches_the_reference(dtype, T, H, scale):
+    g = torch.Generator(device="cuda").manual_seed(T * 7 + H)
+    prefix = torch.empty(T, H, HEAD, device="cuda", dtype=dtype).uniform_(-40, 40, generator=g)
+    suffix = torch.empty(T, H, HEAD, device="cuda", dtype=dtype).uniform_(-40, 40, generator=g)
+    plse = torch.empty(H, T, device="cuda").uniform_(-10, 10, generator=g)
+    slse = torch.empty(H, T, device="cuda").uniform_(-10, 10, generator=g)
+    plse[:, ::5] = math.inf
+    slse[:, ::7] = -math.inf
+    n = T // 2
+    out = torch.empty(T, H, HEAD, device="cuda", dtype=FP8)
+    out.view(torch.uint8).fill_(0xFF)  # poison: the kernel never writes 0xff
+    s = torch.tensor([scale], device="cuda")
+    mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, None, n, output_scale=s)
+    torch.cuda.synchronize()
+    got = out.view(torch.uint8)
+    assert not (got == 0xFF).any(), "an element was never written"
+
+    p = torch.where(plse == math.inf, -math.inf, plse).double().t()
+    q = torch.where(slse == math.inf, -math.inf, slse).double().t()
+    m = torch.maximum(p, q)
+    empty = m == -math.inf
+    m0 = torch.where(empty, torch.zeros_like(m), m)
+    a, b = torch.exp(p - m0), torch.exp(q - m0)
+    blend = (prefix.double() * (a / (a + b))[..., None] + suffix.double() * (b / (a + b))[..., None])
+    ctx = (torch.arange(T, device="cuda") < n)[:, None, None]
+    # Copies: the exact conversion of input / scale in float32. Merges: within one e4m3 step.
+    copy_src = torch.where(ctx & empty[..., None], prefix.float(), suffix.float())
+    copy_codes = e4m3(copy_src / s)
+    merged_codes = e4m3((blend / scale).float())
+    is_copy = (~ctx) | empty[..., None]
+    exact = torch.where(is_copy, copy_codes, merged_codes)
+    dist = (ordered(got) - ordered(exact)).abs()
+    assert (dist[is_copy.expand_as(dist)] == 0).all(), "a copied row is not the exact conversion"
+    assert (dist <= 1).all(), f"max distance {dist.max().item()} e4m3 steps"
+
+
+def test_fp8_needs_an_fp8_output_and_a_float32_scale():
+    x = torch.zeros(4, 2, HEAD, device="cuda", dtype=torch.bfloat16).uniform_()
+    lse = torch.zeros(2, 4, device="cuda")
+    out = torch.empty(4, 2, HEAD, device="cuda", dtype=FP8)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        mla_gen.merge_attn_states(x.clone(), x, lse, x.clone(), lse, output_scale=torch.ones(1, device="cuda"))
+    with pytest.raises(ValueError, match="output_scale must be a float32"):
+        mla_gen.merge_attn_states(out, x, lse, x.clone(), lse, output_scale=torch.ones(1, device="cuda").half())
+    with pytest.raises(TypeError, match="needs output_scale"):
+        mla_gen.merge_attn_states(out, x, lse, x.clone(), lse)
