@@ -33,7 +33,7 @@ const CACHE_KEY_FILE: &str = "cache-key";
 const WATCHED_ENV: [&str; 8] = [
     nvrtc::ENV_OVERRIDE,
     nvrtc::ENV_PYTHON,
-    "MLA_GEN_ARCH",
+    spec::ENV_ARCH,
     ENV_SKIP,
     "CUDA_HOME",
     "CUDA_PATH",
@@ -151,20 +151,7 @@ impl Builder {
                 )
             }
         };
-        let env_archs: Vec<String> = std::env::var("MLA_GEN_ARCH")
-            .ok()
-            .map(|v| {
-                v.split(',')
-                    .map(|s| s.trim().to_string())
-                    .filter(|s| !s.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
-        match (&self.archs, env_archs.is_empty()) {
-            (Some(a), _) => spec::override_archs(&mut spec, a)?,
-            (None, false) => spec::override_archs(&mut spec, &env_archs)?,
-            (None, true) => {}
-        }
+        spec::apply_arch_override(&mut spec, self.archs.as_deref())?;
         Ok((spec, watched))
     }
 

@@ -176,20 +176,7 @@ fn load_spec(args: &SpecArgs) -> Result<Spec, Failure> {
         }
         None => spec::default_spec()?,
     };
-    let env_arch: Vec<String> = std::env::var("MLA_GEN_ARCH")
-        .ok()
-        .map(|v| {
-            v.split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
-    if !args.arch.is_empty() {
-        spec::override_archs(&mut spec, &args.arch)?;
-    } else if !env_arch.is_empty() {
-        spec::override_archs(&mut spec, &env_arch)?;
-    }
+    spec::apply_arch_override(&mut spec, Some(&args.arch))?;
     Ok(spec)
 }
 

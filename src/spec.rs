@@ -718,6 +718,30 @@ pub fn default_spec() -> Result<Spec, SpecError> {
     parse(DEFAULT_SPEC_ORIGIN, DEFAULT_SPEC)
 }
 
+/// Environment variable: comma-separated architectures replacing a spec's.
+pub const ENV_ARCH: &str = "MLA_GEN_ARCH";
+
+/// Apply the architecture override in force: `explicit` (a `--arch` flag or `Builder::archs`)
+/// when given, else `MLA_GEN_ARCH` when set, else the spec's own.
+pub fn apply_arch_override(spec: &mut Spec, explicit: Option<&[String]>) -> Result<(), SpecError> {
+    if let Some(archs) = explicit.filter(|a| !a.is_empty()) {
+        return override_archs(spec, archs);
+    }
+    let from_env: Vec<String> = std::env::var(ENV_ARCH)
+        .map(|v| {
+            v.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if from_env.is_empty() {
+        Ok(())
+    } else {
+        override_archs(spec, &from_env)
+    }
+}
+
 /// Replace the spec's architectures (from `--arch` or an environment variable).
 pub fn override_archs(spec: &mut Spec, archs: &[String]) -> Result<(), SpecError> {
     let mut out = Vec::new();
