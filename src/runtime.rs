@@ -292,34 +292,10 @@ pub struct Runtime {
     by_name: HashMap<String, usize>,
 }
 
-/// The CUDA version the installed driver supports.
-pub fn driver_cuda_version() -> Result<(i32, i32), RuntimeError> {
-    let mut v = 0;
-    // SAFETY: out-pointer to a live local; needs no cuInit.
-    let rc = unsafe { sys::cuDriverGetVersion(&mut v) };
-    if rc != sys::CUresult::CUDA_SUCCESS {
-        return Err(RuntimeError::Driver(format!("cuDriverGetVersion: {rc:?}")));
-    }
-    Ok((v / 1000, (v % 1000) / 10))
-}
-
 /// Is a CUDA driver library present? (Never panics, unlike touching cudarc without one.)
 pub fn driver_present() -> bool {
     // SAFETY: only tries to dlopen the library.
     unsafe { sys::is_culib_present() }
-}
-
-fn arch_number(arch: &str) -> Option<(u32, bool, bool)> {
-    let (real, rest) = if let Some(r) = arch.strip_prefix("sm_") {
-        (true, r)
-    } else {
-        (false, arch.strip_prefix("compute_")?)
-    };
-    let (digits, specific) = match rest.strip_suffix('a') {
-        Some(d) => (d, true),
-        None => (rest, false),
-    };
-    Some((digits.parse().ok()?, real, specific))
 }
 
 /// The best artifact for a device: a CUBIN of its exact arch, else one of the same major and a
@@ -329,7 +305,12 @@ fn pick_artifact(k: &KernelView, cc: (i32, i32)) -> Option<(String, bool)> {
     let mut best_cubin: Option<(u32, &str)> = None;
     let mut best_ptx: Option<(u32, &str)> = None;
     for a in &k.archs {
-        let Some((n, real, specific)) = arch_number(&a.arch) else {
+        let Ok(crate::spec::Arch {
+            major_minor: n,
+            arch_specific: specific,
+            real,
+        }) = crate::spec::Arch::parse(&a.arch)
+        else {
             continue;
         };
         if let Some(c) = a.cubin.as_ref().filter(|_| real) {
@@ -400,7 +381,7 @@ impl Runtime {
                 detail: e.to_string(),
             })?;
         let cc = ctx.compute_capability().map_err(driver)?;
-        let driver_cuda = driver_cuda_version()?;
+        let driver_cuda = crate::driver::driver_cuda_version().map_err(RuntimeError::Driver)?;
         ctx.bind_to_thread().map_err(driver)?;
         let mut kernels = Vec::new();
         let mut by_name = HashMap::new();
@@ -897,5 +878,54 @@ impl Runtime {
         let result = self.launch_merge(kernel, stream, &args);
         drop(lse_guard);
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(archs: &[(&str, bool)]) -> KernelView {
+        let archs: Vec<serde_json::Value> = archs
+            .iter()
+            .map(|(a, cubin)| {
+                let mut v = serde_json::json!({"arch": a, "ptx": {"file": format!("{a}.ptx")}});
+                if *cubin {
+                    v["cubin"] = serde_json::json!({"file": format!("{a}.cubin")});
+                }
+                v
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "name": "k",
+            "variant": {"dtype": "bf16", "head_size": 128, "prefix_threshold": true,
+                        "output_lse": true, "lse_layout": "head_major",
+                        "schedule": {"rows_per_thread": 1, "min_blocks_per_sm": 1,
+                                     "block_threads": 256, "heads_per_block": 1}},
+            "params": [],
+            "launch": {"vec_elems": 8, "vec_bytes": 16, "tokens_per_block": 16,
+                       "rows_per_thread": 1, "heads_per_block": 1, "min_blocks_per_sm": 1,
+                       "block_threads": 256, "shared_mem_bytes": 0},
+            "archs": archs,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_device_gets_its_cubin_else_the_newest_ptx_it_can_jit() {
+        let k = kernel(&[("sm_80", true), ("sm_90", true)]);
+        let pick = |cc| pick_artifact(&k, cc);
+        assert_eq!(pick((9, 0)), Some(("sm_90.cubin".into(), true)));
+        assert_eq!(pick((8, 0)), Some(("sm_80.cubin".into(), true)));
+        // sm_86 runs sm_80 machine code (same major, newer minor).
+        assert_eq!(pick((8, 6)), Some(("sm_80.cubin".into(), true)));
+        // A newer major has no CUBIN here: the newest PTX, JIT-compiled.
+        assert_eq!(pick((10, 0)), Some(("sm_90.ptx".into(), false)));
+        // Older than every target: nothing.
+        assert_eq!(pick((7, 5)), None);
+        // Arch-specific targets run only on their own architecture.
+        let k = kernel(&[("sm_90a", true), ("compute_80", false)]);
+        assert_eq!(pick_artifact(&k, (9, 0)).unwrap().0, "sm_90a.cubin");
+        assert_eq!(pick_artifact(&k, (10, 0)).unwrap().0, "compute_80.ptx");
     }
 }
