@@ -58,9 +58,8 @@ struct CKernel<'a> {
     output_lse: bool,
     launch: &'a crate::abi::Launch,
     params: Vec<CParam>,
+    /// In load order: CUBINs (newest architecture first), then PTX (newest first).
     images: Vec<CImage>,
-    /// CUBINs first (newest architecture first), then PTX (newest first).
-    load_order: Vec<CImage>,
 }
 
 fn c_bytes(bytes: &[u8]) -> String {
@@ -130,18 +129,8 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
             }
             push("ptx", &a.ptx.file, true, ptx_cond);
         }
-        let mut load_order: Vec<CImage> = images
-            .iter()
-            .map(|i| CImage {
-                arch: i.arch.clone(),
-                kind: i.kind,
-                cc: i.cc,
-                runs_on: i.runs_on.clone(),
-                len: 0,
-                bytes: String::new(),
-            })
-            .collect();
-        load_order.sort_by_key(|i| (i.kind != "cubin", std::cmp::Reverse(i.cc)));
+        // The order mla_load tries them in: CUBINs first, newest architecture first, then PTX.
+        images.sort_by_key(|i| (i.kind != "cubin", std::cmp::Reverse(i.cc)));
         kernels.push(CKernel {
             name: &k.name,
             dtype: k.variant.dtype.name(),
@@ -162,7 +151,6 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
                 })
                 .collect(),
             images,
-            load_order,
         });
     }
     let mut tera = tera::Tera::default();

@@ -231,23 +231,14 @@ impl Builder {
             .is_ok_and(|k| k.trim() == key)
             && dir.join(MANIFEST).is_file();
         if !cached {
-            let (files, _) = crate::generate_files(&spec, &templates, self.jobs, false)?;
+            let (mut files, _) = crate::generate_files(&spec, &templates, self.jobs, false)?;
+            // The key travels with the files, so both land in the same atomic swap.
+            files.insert(CACHE_KEY_FILE.to_string(), key.into_bytes());
             emit::write(&dir, &files)?;
-            std::fs::write(dir.join(CACHE_KEY_FILE), &key).map_err(|e| {
-                Error::Emit(emit::EmitError::Io {
-                    path: dir.join(CACHE_KEY_FILE),
-                    what: "cannot write",
-                    source: e,
-                })
-            })?;
         }
-        let manifest_text = std::fs::read(dir.join(MANIFEST)).map_err(|e| {
-            Error::Emit(emit::EmitError::Io {
-                path: dir.join(MANIFEST),
-                what: "cannot read",
-                source: e,
-            })
-        })?;
+        let manifest_path = dir.join(MANIFEST);
+        let manifest_text =
+            std::fs::read(&manifest_path).map_err(emit::io_err(&manifest_path, "cannot read"))?;
         let manifest: serde_json::Value = serde_json::from_slice(&manifest_text)
             .map_err(|e| Error::Emit(emit::EmitError::Json(e)))?;
         let kernels = BindingKernel::from_manifest(&manifest);
@@ -277,21 +268,10 @@ fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<(), Error> {
         return Ok(());
     }
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| {
-            Error::Emit(emit::EmitError::Io {
-                path: parent.to_path_buf(),
-                what: "cannot create folder",
-                source: e,
-            })
-        })?;
+        std::fs::create_dir_all(parent).map_err(emit::io_err(parent, "cannot create folder"))?;
     }
-    std::fs::write(path, bytes).map_err(|e| {
-        Error::Emit(emit::EmitError::Io {
-            path: path.to_path_buf(),
-            what: "cannot write",
-            source: e,
-        })
-    })
+    std::fs::write(path, bytes).map_err(emit::io_err(path, "cannot write"))?;
+    Ok(())
 }
 
 /// What a typed binding needs to know of a kernel (read from the manifest).

@@ -31,7 +31,11 @@ pub enum EmitError {
     Json(#[from] serde_json::Error),
 }
 
-fn io_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> EmitError + 'a {
+/// Map an I/O error to `EmitError::Io` naming the path and what failed.
+pub(crate) fn io_err<'a>(
+    path: &'a Path,
+    what: &'static str,
+) -> impl FnOnce(io::Error) -> EmitError + 'a {
     move |source| EmitError::Io {
         path: path.to_path_buf(),
         what,

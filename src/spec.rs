@@ -370,6 +370,25 @@ impl Ctx<'_> {
         })
     }
 
+    /// A schedule key: absent means `[None]` (each variant takes its tuned value), else every
+    /// listed integer that `ok` accepts.
+    fn schedule_choices(
+        &self,
+        key: &str,
+        value: &Option<Spanned<toml::Value>>,
+        allowed: &str,
+        ok: impl Fn(u32) -> bool,
+    ) -> Result<Vec<Option<u32>>, SpecError> {
+        let Some(value) = value else {
+            return Ok(vec![None]);
+        };
+        let parse = |v: &toml::Value| match v.as_integer().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if ok(n) => Ok(Some(n)),
+            _ => Err(format!("{} is not allowed; allowed: {allowed}", short(v))),
+        };
+        self.list(key, value, parse)
+    }
+
     /// A scalar or a list of scalars, each checked by `one`; lists may not be empty or repeat.
     fn list<T: PartialEq>(
         &self,
@@ -541,67 +560,24 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             None => vec![LseLayout::HeadMajor],
         };
 
-        let small_int = |allowed: &'static [u32], what: &'static str| {
-            move |v: &toml::Value| match v.as_integer() {
-                Some(n) if allowed.iter().any(|&a| i64::from(a) == n) => Ok(n as u32),
-                _ => Err(format!("{} is not allowed; allowed: {what}", short(v))),
-            }
-        };
-        const MIN_BLOCKS: [u32; 32] = {
-            let mut a = [0u32; 32];
-            let mut i = 0;
-            while i < 32 {
-                a[i] = i as u32 + 1;
-                i += 1;
-            }
-            a
-        };
-        let rows: Vec<Option<u32>> = match &f.rows_per_thread {
-            Some(v) => ctx
-                .list(
-                    "rows_per_thread",
-                    v,
-                    small_int(&ROWS_PER_THREAD_ALLOWED, "1, 2, 4, 8"),
-                )?
-                .into_iter()
-                .map(Some)
-                .collect(),
-            None => vec![None],
-        };
-        let mins: Vec<Option<u32>> = match &f.min_blocks_per_sm {
-            Some(v) => ctx
-                .list("min_blocks_per_sm", v, small_int(&MIN_BLOCKS, "1..=32"))?
-                .into_iter()
-                .map(Some)
-                .collect(),
-            None => vec![None],
-        };
-
-        let blocks: Vec<Option<u32>> = match &f.block_threads {
-            Some(v) => ctx
-                .list(
-                    "block_threads",
-                    v,
-                    small_int(&BLOCK_THREADS_ALLOWED, "128, 256, 512, 1024"),
-                )?
-                .into_iter()
-                .map(Some)
-                .collect(),
-            None => vec![None],
-        };
-
-        let head_groups: Vec<Option<u32>> = match &f.heads_per_block {
-            Some(v) => ctx
-                .list(
-                    "heads_per_block",
-                    v,
-                    small_int(&HEADS_PER_BLOCK_ALLOWED, "1, 2, 4, 8"),
-                )?
-                .into_iter()
-                .map(Some)
-                .collect(),
-            None => vec![None],
-        };
+        let rows =
+            ctx.schedule_choices("rows_per_thread", &f.rows_per_thread, "1, 2, 4, 8", |n| {
+                ROWS_PER_THREAD_ALLOWED.contains(&n)
+            })?;
+        let mins =
+            ctx.schedule_choices("min_blocks_per_sm", &f.min_blocks_per_sm, "1..=32", |n| {
+                (1..=32).contains(&n)
+            })?;
+        let blocks = ctx.schedule_choices(
+            "block_threads",
+            &f.block_threads,
+            "128, 256, 512, 1024",
+            |n| BLOCK_THREADS_ALLOWED.contains(&n),
+        )?;
+        let head_groups =
+            ctx.schedule_choices("heads_per_block", &f.heads_per_block, "1, 2, 4, 8", |n| {
+                HEADS_PER_BLOCK_ALLOWED.contains(&n)
+            })?;
 
         // Saturating: a spec of many long lists must get the error below, not an overflow.
         let count = [
