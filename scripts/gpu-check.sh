@@ -10,7 +10,8 @@
 #                                        $OUT (or .device/out), counts to report.txt.
 #   scripts/gpu-check.sh tune    (there) checks every tune candidate on the quick subset, then
 #                                        times them and writes $OUT/tuned.toml (copy it to specs/)
-#   scripts/gpu-check.sh bench   (there) the benchmark: Rust runtime and Python side by side
+#   scripts/gpu-check.sh bench   (there) the benchmark: Rust runtime and Python side by side, then
+#                                        the K-way merge against copy and chained in-place merges
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -50,8 +51,8 @@ run)
     (PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider python/tests 2>&1 | tee "$OUT/pytest.log" | tail -n 15) || status=1
     tail -n 1 "$OUT/pytest.log" | sed 's/^/pytest: /' >> "$REPORT"
     (MLA_GEN_KERNELS=.device/gpu-extra PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider \
-        python/tests/test_fp8.py 2>&1 | tee "$OUT/pytest-fp8.log" | tail -n 3) || status=1
-    tail -n 1 "$OUT/pytest-fp8.log" | sed 's/^/pytest (FP8 kernels): /' >> "$REPORT"
+        python/tests/test_fp8.py python/tests/test_families.py 2>&1 | tee "$OUT/pytest-extra.log" | tail -n 3) || status=1
+    tail -n 1 "$OUT/pytest-extra.log" | sed 's/^/pytest (FP8, K-way and in-place kernels): /' >> "$REPORT"
     echo "== example engine (build.rs bindings) and C example (C launcher)" | tee -a "$REPORT"
     (.device/bin/example-engine 2>&1 | tail -n 1 | sed 's/^/example engine: /' | tee -a "$REPORT") || status=1
     if gcc -std=c11 -O2 -I/usr/local/cuda/include -I.device/c-example/c examples/c/merge.c \
@@ -92,6 +93,8 @@ bench)
     .device/bin/mla-gen bench --kernels generated --json "$OUT/bench-rust.json" > "$OUT/bench-rust.log"
     tail -n 1 "$OUT/bench-rust.log"
     PYTHONUNBUFFERED=1 python3 python/bench/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-python.log"
+    MLA_GEN_KERNELS=.device/gpu-extra PYTHONUNBUFFERED=1 python3 python/bench/bench_families.py --out "$OUT" 2>&1 |
+        tee "$OUT/bench-families.log"
     ;;
 *)
     echo "usage: scripts/gpu-check.sh build|run|tune|bench   (see the comment at the top)" >&2; exit 2 ;;

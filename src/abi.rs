@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::dtype::Dtype;
-use crate::spec::{LseLayout, MergeVariant};
+use crate::spec::{Family, LseLayout, MergeVariant};
 
 /// Widest access per thread: 16 bytes (one `ld.global.v4.b32`).
 pub const MAX_VEC_BYTES: u32 = 16;
@@ -64,6 +64,20 @@ fn pointer(
     }
 }
 
+/// A pointer the kernel both reads and writes (an in-place state): no `__restrict__`, since the
+/// same thread reads each element before it writes it.
+fn in_out(name: &'static str, elem: Dtype, doc: &'static str) -> Param {
+    Param {
+        name,
+        c_type: format!("{}*", elem.info().c_type),
+        kind: ParamKind::Pointer,
+        elem: Some(elem.name()),
+        written: true,
+        nullable: false,
+        doc,
+    }
+}
+
 fn int64(name: &'static str, doc: &'static str) -> Param {
     Param {
         name,
@@ -76,8 +90,126 @@ fn int64(name: &'static str, doc: &'static str) -> Param {
     }
 }
 
-/// The ordered parameter list of a merge kernel.
+/// The ordered parameter list of a kernel.
 pub fn params(v: &MergeVariant) -> Vec<Param> {
+    match v.family {
+        Family::MergeAttnStates => pair_params(v),
+        Family::MergeStates { num_states } => states_params(v, num_states.is_none()),
+        Family::MergeStateInPlace { mask } => in_place_params(v, mask),
+    }
+}
+
+fn states_params(v: &MergeVariant, runtime_k: bool) -> Vec<Param> {
+    let mut p = vec![pointer(
+        "output",
+        v.dtype,
+        true,
+        false,
+        "[T, H, D] merged output, strides output_token_stride / output_head_stride",
+    )];
+    if v.output_lse {
+        p.push(pointer(
+            "output_lse",
+            Dtype::F32,
+            true,
+            true,
+            "[T, H] float32 merged log-sum-exp, element (t, h) at t*H + h; null = not written",
+        ));
+    }
+    p.extend([
+        pointer(
+            "states",
+            v.dtype,
+            false,
+            false,
+            "[T, K, H, D] partial outputs, strides states_token/state/head_stride",
+        ),
+        pointer(
+            "states_lse",
+            Dtype::F32,
+            false,
+            false,
+            "[T, K, H] float32, element (t, k, h) at (t*K + k)*H + h",
+        ),
+    ]);
+    if runtime_k {
+        p.push(int64("num_states", "K >= 1: states per token"));
+    }
+    p.extend([
+        int64("num_tokens", "T"),
+        int64("num_heads", "H"),
+        int64("output_token_stride", "elements between tokens of output"),
+        int64(
+            "output_head_stride",
+            "elements between heads of output (>= D)",
+        ),
+        int64("states_token_stride", "elements between tokens of states"),
+        int64(
+            "states_state_stride",
+            "elements between the K states of a token",
+        ),
+        int64(
+            "states_head_stride",
+            "elements between heads of states (>= D)",
+        ),
+    ]);
+    p
+}
+
+fn in_place_params(v: &MergeVariant, mask: bool) -> Vec<Param> {
+    let lse_doc = match v.lse_layout {
+        LseLayout::HeadMajor => "[H, T] float32, element (h, t) at h*T + t",
+        LseLayout::TokenMajor => "[T, H] float32, element (h, t) at t*H + h",
+    };
+    let mut p = vec![
+        in_out(
+            "state",
+            v.dtype,
+            "[T, H, D] read, then overwritten with merge(state, other)",
+        ),
+        in_out(
+            "state_lse",
+            Dtype::F32,
+            "the state's lse, read, then overwritten with the merged lse",
+        ),
+        pointer(
+            "other",
+            v.dtype,
+            false,
+            false,
+            "[T, H, D] the state merged in",
+        ),
+        pointer("other_lse", Dtype::F32, false, false, lse_doc),
+    ];
+    if mask {
+        p.push(Param {
+            name: "mask",
+            c_type: "const unsigned char* __restrict__".to_string(),
+            kind: ParamKind::Pointer,
+            elem: Some("u8"),
+            written: false,
+            nullable: true,
+            doc: "[T] bytes: tokens whose byte is 0 are left untouched; null = merge every token",
+        });
+    }
+    p.extend([
+        int64("num_tokens", "T"),
+        int64("num_heads", "H"),
+        int64("state_token_stride", "elements between tokens of state"),
+        int64(
+            "state_head_stride",
+            "elements between heads of state (>= D)",
+        ),
+        int64("other_token_stride", "elements between tokens of other"),
+        int64(
+            "other_head_stride",
+            "elements between heads of other (>= D)",
+        ),
+    ]);
+    p
+}
+
+fn pair_params(v: &MergeVariant) -> Vec<Param> {
     let lse_doc = match v.lse_layout {
         LseLayout::HeadMajor => "[H, T] float32, element (h, t) at h*T + t",
         LseLayout::TokenMajor => "[T, H] float32, element (h, t) at t*H + h",
@@ -223,7 +355,12 @@ impl Launch {
             tokens_per_block,
             block_threads: threads_per_row * rows_per_block,
             heads_per_block,
-            rows_per_thread: v.schedule.rows_per_thread,
+            // A K-way merge keeps its K rows in flight instead of several tokens' rows.
+            rows_per_thread: if matches!(v.family, Family::MergeStates { .. }) {
+                1
+            } else {
+                v.schedule.rows_per_thread
+            },
             min_blocks_per_sm: v.schedule.min_blocks_per_sm,
             shared_mem_bytes: 0,
             grid_rule: GRID_RULE,
@@ -276,6 +413,7 @@ mod tests {
 
     fn variant(dtype: Dtype, head_size: u32) -> MergeVariant {
         MergeVariant {
+            family: Family::MergeAttnStates,
             dtype,
             head_size,
             prefix_threshold: true,

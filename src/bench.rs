@@ -169,6 +169,12 @@ fn buffers_for<'a>(
         .ok_or_else(|| RuntimeError::Driver("no buffers".into()))
 }
 
+/// `bench` and `tune` time the pairwise merge; the K-way and in-place merges are timed by
+/// python/bench/bench.py.
+fn is_pairwise(k: &LoadedKernel) -> bool {
+    k.meta.variant.family == crate::spec::Family::MergeAttnStates
+}
+
 fn max_head_size(rt: &Runtime) -> usize {
     rt.kernels()
         .iter()
@@ -234,7 +240,8 @@ pub fn tune(candidates: &Path, out: &Path, reps: usize) -> Result<String, Runtim
     let rt = Runtime::load(ctx.clone(), candidates)?;
     // (dtype, head size) -> kernels (schedules)
     let mut groups: BTreeMap<(String, u32), Vec<&LoadedKernel>> = BTreeMap::new();
-    for k in rt.kernels() {
+    // Schedules are tuned on the pairwise merge; other families take the same table.
+    for k in rt.kernels().iter().filter(|k| is_pairwise(k)) {
         groups
             .entry((k.meta.variant.dtype.clone(), k.meta.variant.head_size))
             .or_default()
@@ -333,6 +340,7 @@ pub fn bench(
     let mut kernels: Vec<&LoadedKernel> = rt
         .kernels()
         .iter()
+        .filter(|k| is_pairwise(k))
         .filter(|k| {
             only.iter()
                 .any(|&(d, h)| k.meta.variant.dtype == d && k.meta.variant.head_size == h)

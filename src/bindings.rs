@@ -96,6 +96,17 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
         template: "c/mla_kernels".into(),
         detail,
     };
+    if let Some(k) = manifest
+        .kernels
+        .iter()
+        .find(|k| k.variant.family != crate::spec::Family::MergeAttnStates)
+    {
+        return Err(err(format!(
+            "the C launcher covers [[merge_attn_states]] kernels only, and the spec also has {} ({}); generate those into a folder without --emit c and launch them from the manifest",
+            k.name,
+            k.variant.family.table()
+        )));
+    }
     let mut kernels = Vec::new();
     for k in &manifest.kernels {
         let mut images = Vec::new();

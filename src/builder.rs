@@ -199,6 +199,7 @@ impl Builder {
             let kernels: Vec<BindingKernel> = spec
                 .variants
                 .iter()
+                .filter(|v| v.family == spec::Family::MergeAttnStates)
                 .map(BindingKernel::from_variant)
                 .collect();
             write_if_changed(
@@ -300,13 +301,19 @@ impl BindingKernel {
         }
     }
 
-    /// From a manifest's JSON; kernels it cannot read are left out.
+    /// From a manifest's JSON: its `merge_attn_states` kernels; kernels it cannot read are left
+    /// out.
     pub fn from_manifest(manifest: &serde_json::Value) -> Vec<BindingKernel> {
         manifest["kernels"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(|k| {
+                // Typed functions cover the pairwise merge; the other families launch through
+                // `Runtime::launch_states` / `launch_in_place` on the same embedded runtime.
+                if k["family"].as_str()? != "merge_attn_states" {
+                    return None;
+                }
                 let v = &k["variant"];
                 Some(BindingKernel {
                     name: k["name"].as_str()?.to_string(),

@@ -186,7 +186,7 @@ pub fn plan(
             .collect();
         entries.push(KernelEntry {
             name: k.name.clone(),
-            family: "merge_attn_states",
+            family: k.variant.family.table(),
             variant: k.variant.clone(),
             short_hash: inputs_sha256[..12].to_string(),
             inputs_sha256,

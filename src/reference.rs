@@ -118,6 +118,69 @@ pub fn merge_row(prefix_lse: f32, suffix_lse: f32, has_context: bool) -> RowMerg
     }
 }
 
+/// How one row of a K-way merge combines its K states (`merge_states`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StatesMerge {
+    /// No keys in any state (every lse -inf or +inf): state 0's row; lse = -inf.
+    CopyFirst,
+    /// `out = sum_k state_k * weights[k]`; a NaN lse makes every weight and the lse NaN.
+    Blend { weights: Vec<f64>, lse: f64 },
+}
+
+impl StatesMerge {
+    pub fn lse(&self) -> f64 {
+        match self {
+            StatesMerge::CopyFirst => f64::NEG_INFINITY,
+            StatesMerge::Blend { lse, .. } => *lse,
+        }
+    }
+    /// The merged value and the magnitude `sum |state_k * w_k|` a float32 evaluation's rounding
+    /// error is relative to, from the K values of one element.
+    pub fn value_and_magnitude(&self, values: &[f64]) -> (f64, f64) {
+        match self {
+            StatesMerge::CopyFirst => (values[0], values[0].abs()),
+            StatesMerge::Blend { weights, .. } => weights
+                .iter()
+                .zip(values)
+                .fold((0.0, 0.0), |(v, m), (w, x)| (v + w * x, m + (w * x).abs())),
+        }
+    }
+}
+
+/// How row (t, h) of a K-way merge combines its states, given their K lse values.
+pub fn merge_states_row(lse: &[f32]) -> StatesMerge {
+    let no_keys = |x: f32| {
+        let x = f64::from(x);
+        if x == f64::INFINITY {
+            f64::NEG_INFINITY
+        } else {
+            x
+        }
+    };
+    // The largest lse; a NaN anywhere makes it NaN (and then every weight).
+    let m = lse
+        .iter()
+        .map(|&x| no_keys(x))
+        .fold(f64::NEG_INFINITY, |m, x| {
+            if m.is_nan() || x.is_nan() {
+                f64::NAN
+            } else if x > m {
+                x
+            } else {
+                m
+            }
+        });
+    if m == f64::NEG_INFINITY {
+        return StatesMerge::CopyFirst;
+    }
+    let w: Vec<f64> = lse.iter().map(|&x| (no_keys(x) - m).exp()).collect();
+    let sum: f64 = w.iter().sum();
+    StatesMerge::Blend {
+        weights: w.iter().map(|x| x / sum).collect(),
+        lse: sum.ln() + m,
+    }
+}
+
 /// Round a float64 to the nearest value of `dtype` (ties to even), returned as f64.
 pub fn round_to(dtype: Dtype, x: f64) -> f64 {
     match dtype {
@@ -204,6 +267,27 @@ pub fn element_matches(dtype: Dtype, row: &RowMerge, prefix: f64, suffix: f64, g
     }
 }
 
+/// [`element_matches`] for a K-way merge: a float32 sum of K products may be off by about
+/// (K + 2) float32 roundings of the magnitude, which for K = 16 is above f32's 1e-6.
+pub fn states_element_matches(dtype: Dtype, merge: &StatesMerge, values: &[f64], got: f64) -> bool {
+    let (want, magnitude) = merge.value_and_magnitude(values);
+    if want.is_nan() || got.is_nan() {
+        return want.is_nan() && got.is_nan();
+    }
+    let rounded = round_to(dtype, want);
+    if rounded.is_infinite() || got.is_infinite() {
+        return rounded == got;
+    }
+    match merge {
+        StatesMerge::CopyFirst => got == rounded,
+        StatesMerge::Blend { weights, .. } => {
+            let f32_sum = (weights.len() as f64 + 2.0) * f64::from(f32::EPSILON) / 2.0;
+            let slack = tolerance(dtype).max(f32_sum) * magnitude + ulp(dtype, rounded);
+            (got - rounded).abs() <= slack
+        }
+    }
+}
+
 /// Does a kernel's output lse match? Within 1e-5 absolute; -inf, +inf and NaN exactly.
 pub fn lse_matches(want: f64, got: f32) -> bool {
     let got = f64::from(got);
@@ -221,6 +305,51 @@ mod tests {
     use super::*;
 
     const INF: f32 = f32::INFINITY;
+
+    #[test]
+    fn k_way_merge_by_hand() {
+        // Equal lse: the mean of the rows, lse + ln K.
+        let r = merge_states_row(&[1.0, 1.0, 1.0, 1.0]);
+        assert_eq!(r.value_and_magnitude(&[1.0, 2.0, 3.0, 6.0]).0, 3.0);
+        assert!((r.lse() - (1.0 + 4f64.ln())).abs() < 1e-15);
+        // -inf and +inf states weigh nothing; ln 2 apart weighs 2:1.
+        let r = merge_states_row(&[-INF, 2f32.ln(), INF, 0.0]);
+        let (v, _) = r.value_and_magnitude(&[100.0, 3.0, 100.0, 6.0]);
+        assert!((v - 4.0).abs() < 1e-6, "{v}");
+        assert!((r.lse() - 3f64.ln()).abs() < 1e-7);
+        // No keys anywhere: state 0's row, lse -inf (never NaN).
+        let r = merge_states_row(&[INF, -INF, -INF]);
+        assert_eq!(r, StatesMerge::CopyFirst);
+        assert_eq!(r.value_and_magnitude(&[7.0, 1.0, 2.0]).0, 7.0);
+        assert_eq!(r.lse(), f64::NEG_INFINITY);
+        // A NaN lse anywhere, even after the others are -inf, propagates.
+        for lse in [
+            [f32::NAN, -INF, -INF],
+            [-INF, -INF, f32::NAN],
+            [0.0, f32::NAN, 1.0],
+        ] {
+            let r = merge_states_row(&lse);
+            assert!(r.lse().is_nan(), "{lse:?}");
+            assert!(r.value_and_magnitude(&[1.0, 1.0, 1.0]).0.is_nan());
+        }
+    }
+
+    #[test]
+    fn two_states_merge_like_the_pairwise_merge() {
+        for (p, s) in [
+            (0.5f32, -1.25f32),
+            (3.0, 3.0),
+            (-INF, 2.0),
+            (INF, 1.0),
+            (-INF, -INF),
+        ] {
+            let pair = merge_row(p, s, true);
+            let k = merge_states_row(&[p, s]);
+            assert_eq!(k.lse(), pair.lse(), "({p}, {s})");
+            let (v, _) = k.value_and_magnitude(&[1.5, -2.0]);
+            assert!((v - pair.value(1.5, -2.0)).abs() < 1e-15, "({p}, {s})");
+        }
+    }
 
     #[test]
     fn equal_lse_averages_the_rows() {

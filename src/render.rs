@@ -7,10 +7,10 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::abi::{self, Launch, Param};
-use crate::spec::MergeVariant;
+use crate::spec::{Family, MergeVariant};
 
 /// Templates compiled into the binary: (name, text). Their bytes feed every artifact's hash.
-pub const EMBEDDED_TEMPLATES: [(&str, &str); 2] = [
+pub const EMBEDDED_TEMPLATES: [(&str, &str); 4] = [
     (
         "prelude.cu.tera",
         include_str!("../templates/prelude.cu.tera"),
@@ -18,6 +18,14 @@ pub const EMBEDDED_TEMPLATES: [(&str, &str); 2] = [
     (
         "merge_attn_states.cu.tera",
         include_str!("../templates/merge_attn_states.cu.tera"),
+    ),
+    (
+        "merge_states.cu.tera",
+        include_str!("../templates/merge_states.cu.tera"),
+    ),
+    (
+        "merge_state_in_place.cu.tera",
+        include_str!("../templates/merge_state_in_place.cu.tera"),
     ),
 ];
 
@@ -100,16 +108,17 @@ impl Templates {
     }
 
     pub fn render(&self, origin: &str, v: &MergeVariant) -> Result<String, RenderError> {
+        let template = format!("{}.cu.tera", v.family.table());
         let ctx = Context::new(origin, v);
         let ctx = tera::Context::from_serialize(&ctx).map_err(|e| RenderError::Template {
-            template: "merge_attn_states.cu.tera".to_string(),
+            template: template.clone(),
             detail: tera_detail(&e),
         })?;
         let text = self
             .tera
-            .render("merge_attn_states.cu.tera", &ctx)
+            .render(&template, &ctx)
             .map_err(|e| RenderError::Template {
-                template: "merge_attn_states.cu.tera".to_string(),
+                template: template.clone(),
                 detail: tera_detail(&e),
             })?;
         Ok(tidy(&text))
@@ -120,6 +129,13 @@ impl Templates {
 #[derive(Serialize)]
 struct Context {
     kernel_name: String,
+    /// The spec table: merge_attn_states, merge_states or merge_state_in_place.
+    family: &'static str,
+    /// merge_states: K (0 with runtime_k).
+    num_states: u32,
+    runtime_k: bool,
+    /// merge_state_in_place: takes a per-token mask.
+    mask: bool,
     tool_version: &'static str,
     spec_origin: String,
     dtype: &'static str,
@@ -136,6 +152,13 @@ impl Context {
     fn new(origin: &str, v: &MergeVariant) -> Context {
         Context {
             kernel_name: v.kernel_name(),
+            family: v.family.table(),
+            num_states: match v.family {
+                Family::MergeStates { num_states } => num_states.unwrap_or(0),
+                _ => 0,
+            },
+            runtime_k: v.family == Family::MergeStates { num_states: None },
+            mask: v.family == Family::MergeStateInPlace { mask: true },
             tool_version: TOOL_VERSION,
             spec_origin: origin.to_string(),
             dtype: v.dtype.name(),

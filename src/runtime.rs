@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::dtype::Dtype;
 use crate::reference::Layout;
+use crate::spec::Family;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -61,6 +62,9 @@ pub struct NvrtcView {
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct VariantView {
+    /// Absent in manifests from before other families: the pairwise merge.
+    #[serde(default = "pairwise")]
+    pub family: crate::spec::Family,
     pub dtype: String,
     /// "same" or "fp8_e4m3".
     #[serde(default = "same")]
@@ -70,6 +74,10 @@ pub struct VariantView {
     pub output_lse: bool,
     pub lse_layout: String,
     pub schedule: crate::spec::Schedule,
+}
+
+fn pairwise() -> crate::spec::Family {
+    crate::spec::Family::MergeAttnStates
 }
 
 fn same() -> String {
@@ -154,12 +162,56 @@ pub enum ParamSlot {
     SuffixTokenStride,
     SuffixHeadStride,
     PrefillTokensWithContext,
+    // merge_states
+    States,
+    StatesLse,
+    NumStates,
+    StatesTokenStride,
+    StatesStateStride,
+    StatesHeadStride,
+    // merge_state_in_place
+    State,
+    StateLse,
+    Other,
+    OtherLse,
+    Mask,
+    StateTokenStride,
+    StateHeadStride,
+    OtherTokenStride,
+    OtherHeadStride,
 }
 
 /// The most parameters a merge kernel has.
 pub const MAX_PARAMS: usize = 16;
 
 impl ParamSlot {
+    /// Is this a parameter of `family`'s kernels? (A launch fills only its family's slots.)
+    pub fn belongs_to(self, family: Family) -> bool {
+        use ParamSlot::*;
+        match self {
+            NumTokens | NumHeads => true,
+            Output | OutputLse | OutputTokenStride | OutputHeadStride => {
+                !matches!(family, Family::MergeStateInPlace { .. })
+            }
+            Prefix
+            | PrefixLse
+            | Suffix
+            | SuffixLse
+            | OutputScale
+            | PrefixTokenStride
+            | PrefixHeadStride
+            | SuffixTokenStride
+            | SuffixHeadStride
+            | PrefillTokensWithContext => family == Family::MergeAttnStates,
+            States | StatesLse | NumStates | StatesTokenStride | StatesStateStride
+            | StatesHeadStride => matches!(family, Family::MergeStates { .. }),
+            State | StateLse | Other | OtherLse | Mask | StateTokenStride | StateHeadStride
+            | OtherTokenStride | OtherHeadStride => {
+                matches!(family, Family::MergeStateInPlace { .. })
+            }
+        }
+    }
+
     pub fn from_name(name: &str) -> Option<ParamSlot> {
         use ParamSlot::*;
         Some(match name {
@@ -179,6 +231,21 @@ impl ParamSlot {
             "suffix_token_stride" => SuffixTokenStride,
             "suffix_head_stride" => SuffixHeadStride,
             "prefill_tokens_with_context" => PrefillTokensWithContext,
+            "states" => States,
+            "states_lse" => StatesLse,
+            "num_states" => NumStates,
+            "states_token_stride" => StatesTokenStride,
+            "states_state_stride" => StatesStateStride,
+            "states_head_stride" => StatesHeadStride,
+            "state" => State,
+            "state_lse" => StateLse,
+            "other" => Other,
+            "other_lse" => OtherLse,
+            "mask" => Mask,
+            "state_token_stride" => StateTokenStride,
+            "state_head_stride" => StateHeadStride,
+            "other_token_stride" => OtherTokenStride,
+            "other_head_stride" => OtherHeadStride,
             _ => return None,
         })
     }
@@ -208,12 +275,15 @@ impl KernelView {
             .params
             .iter()
             .map(|p| {
-                ParamSlot::from_name(&p.name).ok_or_else(|| {
-                    bad(format!(
-                        "the manifest lists a parameter this runtime does not know: {}",
-                        p.name
-                    ))
-                })
+                ParamSlot::from_name(&p.name)
+                    .filter(|s| s.belongs_to(self.variant.family))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "the manifest lists a parameter this runtime does not know for a {} kernel: {}",
+                            self.variant.family.table(),
+                            p.name
+                        ))
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok((dtype, slots))
@@ -467,7 +537,67 @@ impl Runtime {
         stream: &CudaStream,
         args: &MergeArgs,
     ) -> Result<(), RuntimeError> {
+        self.expect_family(kernel, "merge_attn_states", |f| {
+            f == Family::MergeAttnStates
+        })?;
         let checked = check(&kernel.meta, kernel.dtype, &kernel.slots, args)?;
+        self.launch_checked(kernel, stream, checked)
+    }
+
+    /// Refuse a launch through the wrong entry point (a K-way kernel given pairwise arguments).
+    fn expect_family(
+        &self,
+        kernel: &LoadedKernel,
+        entry: &str,
+        ok: impl Fn(Family) -> bool,
+    ) -> Result<(), RuntimeError> {
+        if ok(kernel.meta.variant.family) {
+            Ok(())
+        } else {
+            Err(RuntimeError::InvalidArgument {
+                kernel: kernel.meta.name.clone(),
+                problem: format!(
+                    "this is a {} kernel; it cannot be launched with {entry} arguments",
+                    kernel.meta.variant.family.table()
+                ),
+            })
+        }
+    }
+
+    /// Validate `args` against a `merge_states` kernel and launch it on `stream`.
+    pub fn launch_states(
+        &self,
+        kernel: &LoadedKernel,
+        stream: &CudaStream,
+        args: &StatesArgs,
+    ) -> Result<(), RuntimeError> {
+        self.expect_family(kernel, "merge_states", |f| {
+            matches!(f, Family::MergeStates { .. })
+        })?;
+        let checked = check_states(&kernel.meta, kernel.dtype, &kernel.slots, args)?;
+        self.launch_checked(kernel, stream, checked)
+    }
+
+    /// Validate `args` against a `merge_state_in_place` kernel and launch it on `stream`.
+    pub fn launch_in_place(
+        &self,
+        kernel: &LoadedKernel,
+        stream: &CudaStream,
+        args: &InPlaceArgs,
+    ) -> Result<(), RuntimeError> {
+        self.expect_family(kernel, "merge_state_in_place", |f| {
+            matches!(f, Family::MergeStateInPlace { .. })
+        })?;
+        let checked = check_in_place(&kernel.meta, kernel.dtype, &kernel.slots, args)?;
+        self.launch_checked(kernel, stream, checked)
+    }
+
+    fn launch_checked(
+        &self,
+        kernel: &LoadedKernel,
+        stream: &CudaStream,
+        checked: Option<LaunchValues>,
+    ) -> Result<(), RuntimeError> {
         let Some((mut storage, (grid, block))) = checked else {
             return Ok(()); // T = 0 or H = 0: nothing to write
         };
@@ -514,6 +644,203 @@ pub fn validate(k: &KernelView, a: &MergeArgs) -> Result<Option<LaunchValues>, R
     check(k, dtype, &slots, a)
 }
 
+/// A refusal with the kernel's name: every check below reports through one.
+type Refuse<'a> = &'a dyn Fn(String) -> RuntimeError;
+
+fn refuse_for(k: &KernelView) -> impl Fn(String) -> RuntimeError + '_ {
+    |problem| RuntimeError::InvalidArgument {
+        kernel: k.name.clone(),
+        problem,
+    }
+}
+
+/// Each buffer has the element type the kernel takes and is not null.
+fn check_types(
+    bad: Refuse,
+    buffers: &[(&str, Option<&DeviceBuffer>, Dtype)],
+) -> Result<(), RuntimeError> {
+    for &(name, buf, want) in buffers {
+        let Some(buf) = buf else { continue };
+        if buf.dtype != want {
+            return Err(bad(format!(
+                "{name} is {}, the kernel takes {}",
+                buf.dtype.name(),
+                want.name()
+            )));
+        }
+        if buf.ptr == 0 {
+            return Err(bad(format!("{name} is a null pointer")));
+        }
+    }
+    Ok(())
+}
+
+/// The manifest's launch rule: x = ceil(T / (tokens_per_block * rows_per_thread)),
+/// y = ceil(H / heads_per_block); `None` when there is nothing to launch.
+fn launch_grid(
+    bad: Refuse,
+    k: &KernelView,
+    t: usize,
+    h: usize,
+) -> Result<Option<[u32; 3]>, RuntimeError> {
+    let i64_max = i64::MAX as usize;
+    if t > i64_max || h > i64_max {
+        return Err(bad("num_tokens or num_heads does not fit in 64 bits".into()));
+    }
+    let grid_y = h.div_ceil(k.launch.heads_per_block.max(1) as usize);
+    if grid_y > crate::abi::MAX_GRID_Y as usize {
+        return Err(bad(format!(
+            "num_heads = {h} needs {grid_y} block rows, over the grid's y limit {}",
+            crate::abi::MAX_GRID_Y
+        )));
+    }
+    let tokens_per_block = u64::from(k.launch.tokens_per_block * k.launch.rows_per_thread.max(1));
+    match (t as u64).div_ceil(tokens_per_block) {
+        0 => Ok(None),
+        _ if h == 0 => Ok(None),
+        x if x > i32::MAX as u64 => Err(bad(format!(
+            "num_tokens = {t} needs more than 2^31-1 blocks"
+        ))),
+        x => Ok(Some([x as u32, grid_y as u32, 1])),
+    }
+}
+
+/// One strided row tensor of a launch: `dims` are (label, count, stride in elements) from the
+/// outermost to the head dimension (the last); rows are `head_size` contiguous elements.
+struct Rows<'a> {
+    name: &'a str,
+    buf: &'a DeviceBuffer,
+    dims: &'a [(&'a str, usize, usize)],
+    /// Pointer alignment in bytes (the vector access, narrower for fp8 outputs).
+    align: u32,
+}
+
+fn check_rows(bad: Refuse, k: &KernelView, r: &Rows) -> Result<(), RuntimeError> {
+    let d = k.variant.head_size as usize;
+    let vec = k.launch.vec_elems as usize;
+    let strides: Vec<String> = r.dims.iter().map(|(_, _, s)| s.to_string()).collect();
+    let strides = strides.join(", ");
+    if let Some(&(_, h, head_stride)) = r.dims.last() {
+        if head_stride < d && h > 1 {
+            return Err(bad(format!(
+                "{}: head stride {head_stride} < head size {d}",
+                r.name
+            )));
+        }
+    }
+    if r.dims.iter().any(|&(_, _, s)| s % vec != 0) {
+        return Err(bad(format!(
+            "{}: strides ({strides}) must be multiples of {vec} elements (the kernel's {}-byte access)",
+            r.name, k.launch.vec_bytes
+        )));
+    }
+    if r.buf.ptr % u64::from(r.align) != 0 {
+        return Err(bad(format!(
+            "{}: pointer {:#x} is not aligned to {} bytes",
+            r.name, r.buf.ptr, r.align
+        )));
+    }
+    if r.dims.iter().any(|&(_, n, _)| n == 0) {
+        return Ok(());
+    }
+    let last = r.dims.iter().try_fold(d, |acc, &(_, n, s)| {
+        (n - 1).checked_mul(s).and_then(|x| x.checked_add(acc))
+    });
+    match last {
+        Some(end) if end <= r.buf.len => Ok(()),
+        _ => {
+            let shape: Vec<String> = r.dims.iter().map(|(l, n, _)| format!("{l}={n}")).collect();
+            Err(bad(format!(
+                "{}: [{}, D={d}] with strides ({strides}) needs more than its {} elements",
+                r.name,
+                shape.join(", "),
+                r.buf.len
+            )))
+        }
+    }
+}
+
+/// Written rows must not overlap, or threads race on shared elements.
+fn check_rows_disjoint(
+    bad: Refuse,
+    k: &KernelView,
+    name: &str,
+    t: usize,
+    h: usize,
+    l: &Layout,
+) -> Result<(), RuntimeError> {
+    let d = k.variant.head_size as usize;
+    if t > 1 && l.token_stride < h * l.head_stride.max(d) {
+        return Err(bad(format!(
+            "{name}: token stride {} < num_heads * head stride ({}): rows would overlap",
+            l.token_stride,
+            h * l.head_stride.max(d)
+        )));
+    }
+    Ok(())
+}
+
+/// lse arrays hold `numel` float32s, 4-byte aligned.
+fn check_lse(
+    bad: Refuse,
+    buffers: &[(&str, Option<&DeviceBuffer>)],
+    numel: usize,
+    what: &str,
+) -> Result<(), RuntimeError> {
+    for &(name, buf) in buffers {
+        let Some(buf) = buf else { continue };
+        if buf.len < numel {
+            return Err(bad(format!(
+                "{name}: {} elements, needs {what} = {numel}",
+                buf.len
+            )));
+        }
+        if buf.ptr % 4 != 0 {
+            return Err(bad(format!(
+                "{name}: pointer {:#x} is not 4-byte aligned",
+                buf.ptr
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// No written buffer overlaps a read-only one (the kernels read inputs through the read-only
+/// cache and assume no aliasing).
+fn check_disjoint(
+    bad: Refuse,
+    written: &[(&str, Option<(u64, u64)>)],
+    read: &[(&str, Option<(u64, u64)>)],
+    why: &str,
+) -> Result<(), RuntimeError> {
+    for &(oname, o) in written {
+        let Some((o0, o1)) = o else { continue };
+        for &(iname, i) in read {
+            let Some((i0, i1)) = i else { continue };
+            if o0 < i1 && i0 < o1 {
+                return Err(bad(format!("{oname} overlaps {iname}: {why}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn bytes(b: Option<&DeviceBuffer>) -> Option<(u64, u64)> {
+    b.map(DeviceBuffer::byte_range)
+}
+
+/// The parameter values in the kernel's order, each slot's value from `value`.
+fn param_values(slots: &[ParamSlot], value: impl Fn(ParamSlot) -> u64) -> ParamValues {
+    let mut values = ParamValues {
+        values: [0; MAX_PARAMS],
+        len: slots.len(),
+    };
+    for (v, &slot) in values.values.iter_mut().zip(slots) {
+        *v = value(slot);
+    }
+    values
+}
+
 /// [`validate`] with the kernel's dtype and slots already resolved (the launch path).
 fn check(
     k: &KernelView,
@@ -521,13 +848,8 @@ fn check(
     slots: &[ParamSlot],
     a: &MergeArgs,
 ) -> Result<Option<LaunchValues>, RuntimeError> {
-    let bad = |problem: String| RuntimeError::InvalidArgument {
-        kernel: k.name.clone(),
-        problem,
-    };
-    let d = k.variant.head_size as usize;
+    let bad = refuse_for(k);
     let (t, h) = (a.num_tokens, a.num_heads);
-    let vec = k.launch.vec_elems as usize;
 
     let out_dtype = k.output_dtype().ok_or_else(|| {
         bad(format!(
@@ -553,27 +875,18 @@ fn check(
         }
         _ => {}
     }
-    for (name, buf, want) in [
-        ("output", Some(&a.output), out_dtype),
-        ("output_scale", a.output_scale.as_ref(), Dtype::F32),
-        ("prefix_output", Some(&a.prefix), dtype),
-        ("suffix_output", Some(&a.suffix), dtype),
-        ("prefix_lse", Some(&a.prefix_lse), Dtype::F32),
-        ("suffix_lse", Some(&a.suffix_lse), Dtype::F32),
-        ("output_lse", a.output_lse.as_ref(), Dtype::F32),
-    ] {
-        let Some(buf) = buf else { continue };
-        if buf.dtype != want {
-            return Err(bad(format!(
-                "{name} is {}, the kernel takes {}",
-                buf.dtype.name(),
-                want.name()
-            )));
-        }
-        if buf.ptr == 0 {
-            return Err(bad(format!("{name} is a null pointer")));
-        }
-    }
+    check_types(
+        &bad,
+        &[
+            ("output", Some(&a.output), out_dtype),
+            ("output_scale", a.output_scale.as_ref(), Dtype::F32),
+            ("prefix_output", Some(&a.prefix), dtype),
+            ("suffix_output", Some(&a.suffix), dtype),
+            ("prefix_lse", Some(&a.prefix_lse), Dtype::F32),
+            ("suffix_lse", Some(&a.suffix_lse), Dtype::F32),
+            ("output_lse", a.output_lse.as_ref(), Dtype::F32),
+        ],
+    )?;
     if a.output_lse.is_some() && !k.variant.output_lse {
         return Err(bad(
             "output_lse given, but this kernel has no output_lse (spec: output_lse = true)".into(),
@@ -589,154 +902,382 @@ fn check(
         (Some(n), _) => n,
         (None, _) => t,
     };
-    let i64_max = i64::MAX as usize;
-    if t > i64_max || h > i64_max {
-        return Err(bad("num_tokens or num_heads does not fit in 64 bits".into()));
-    }
-
-    // The manifest's launch rule: x = ceil(T / (tokens_per_block * rows_per_thread)),
-    // y = ceil(H / heads_per_block).
-    let grid_y = h.div_ceil(k.launch.heads_per_block.max(1) as usize);
-    if grid_y > crate::abi::MAX_GRID_Y as usize {
-        return Err(bad(format!(
-            "num_heads = {h} needs {grid_y} block rows, over the grid's y limit {}",
-            crate::abi::MAX_GRID_Y
-        )));
-    }
-    let tokens_per_block = u64::from(k.launch.tokens_per_block * k.launch.rows_per_thread.max(1));
-    let grid = match (t as u64).div_ceil(tokens_per_block) {
-        0 => return Ok(None),
-        x if x > i32::MAX as u64 => {
-            return Err(bad(format!(
-                "num_tokens = {t} needs more than 2^31-1 blocks"
-            )));
-        }
-        x => [x as u32, grid_y as u32, 1],
-    };
-    if h == 0 {
+    let Some(grid) = launch_grid(&bad, k, t, h)? else {
         return Ok(None);
-    }
-
+    };
     for (name, buf, l) in [
         ("output", &a.output, &a.output_layout),
         ("prefix_output", &a.prefix, &a.prefix_layout),
         ("suffix_output", &a.suffix, &a.suffix_layout),
     ] {
-        if l.head_stride < d && h > 1 {
-            return Err(bad(format!(
-                "{name}: head stride {} < head size {d}",
-                l.head_stride
-            )));
-        }
-        if l.head_stride % vec != 0 || l.token_stride % vec != 0 {
-            return Err(bad(format!(
-                "{name}: strides ({}, {}) must be multiples of {vec} elements (the kernel's {}-byte access)",
-                l.token_stride, l.head_stride, k.launch.vec_bytes
-            )));
-        }
         // The output's vector can be narrower than the inputs' (fp8 codes are one byte).
         let align = if name == "output" && k.launch.out_vec_bytes != 0 {
             k.launch.out_vec_bytes
         } else {
             k.launch.vec_bytes
         };
-        if buf.ptr % u64::from(align) != 0 {
-            return Err(bad(format!(
-                "{name}: pointer {:#x} is not aligned to {align} bytes",
-                buf.ptr
-            )));
-        }
-        if t > 0 && h > 0 {
-            let last = (t - 1)
-                .checked_mul(l.token_stride)
-                .and_then(|x| x.checked_add((h - 1).checked_mul(l.head_stride)?))
-                .and_then(|x| x.checked_add(d));
-            match last {
-                Some(end) if end <= buf.len => {}
-                _ => {
-                    return Err(bad(format!(
-                        "{name}: [T={t}, H={h}, D={d}] with strides ({}, {}) needs more than its {} elements",
-                        l.token_stride, l.head_stride, buf.len
-                    )))
-                }
-            }
-        }
+        let dims = [("T", t, l.token_stride), ("H", h, l.head_stride)];
+        check_rows(
+            &bad,
+            k,
+            &Rows {
+                name,
+                buf,
+                dims: &dims,
+                align,
+            },
+        )?;
     }
-    // Output rows must not overlap, or threads race on shared elements.
-    let ol = &a.output_layout;
-    if t > 1 && ol.token_stride < h * ol.head_stride.max(d) {
-        return Err(bad(format!(
-            "output: token stride {} < num_heads * head stride ({}): rows would overlap",
-            ol.token_stride,
-            h * ol.head_stride.max(d)
-        )));
-    }
-    for (name, buf) in [
-        ("prefix_lse", Some(&a.prefix_lse)),
-        ("suffix_lse", Some(&a.suffix_lse)),
-        ("output_lse", a.output_lse.as_ref()),
-    ] {
-        let Some(buf) = buf else { continue };
-        if buf.len < t * h {
-            return Err(bad(format!(
-                "{name}: {} elements, needs num_tokens * num_heads = {}",
-                buf.len,
-                t * h
-            )));
-        }
-        if buf.ptr % 4 != 0 {
-            return Err(bad(format!(
-                "{name}: pointer {:#x} is not 4-byte aligned",
-                buf.ptr
-            )));
-        }
-    }
-    // The kernel reads inputs through the read-only cache and assumes no aliasing.
-    let outputs = [
-        Some(("output", &a.output)),
-        a.output_lse.as_ref().map(|b| ("output_lse", b)),
-    ];
-    for (oname, o) in outputs.iter().flatten() {
-        for (iname, i) in [
-            ("prefix_output", &a.prefix),
-            ("suffix_output", &a.suffix),
-            ("prefix_lse", &a.prefix_lse),
-            ("suffix_lse", &a.suffix_lse),
-        ] {
-            let (o0, o1) = o.byte_range();
-            let (i0, i1) = i.byte_range();
-            if o0 < i1 && i0 < o1 {
-                return Err(bad(format!(
-                    "{oname} overlaps {iname}: this kernel is not in-place"
-                )));
-            }
-        }
-    }
+    check_rows_disjoint(&bad, k, "output", t, h, &a.output_layout)?;
+    check_lse(
+        &bad,
+        &[
+            ("prefix_lse", Some(&a.prefix_lse)),
+            ("suffix_lse", Some(&a.suffix_lse)),
+            ("output_lse", a.output_lse.as_ref()),
+        ],
+        t * h,
+        "num_tokens * num_heads",
+    )?;
+    check_disjoint(
+        &bad,
+        &[
+            ("output", bytes(Some(&a.output))),
+            ("output_lse", bytes(a.output_lse.as_ref())),
+        ],
+        &[
+            ("prefix_output", bytes(Some(&a.prefix))),
+            ("suffix_output", bytes(Some(&a.suffix))),
+            ("prefix_lse", bytes(Some(&a.prefix_lse))),
+            ("suffix_lse", bytes(Some(&a.suffix_lse))),
+        ],
+        "this kernel is not in-place",
+    )?;
 
-    let mut values = ParamValues {
-        values: [0; MAX_PARAMS],
-        len: slots.len(),
-    };
-    for (v, slot) in values.values.iter_mut().zip(slots) {
-        *v = match slot {
-            ParamSlot::Output => a.output.ptr,
-            ParamSlot::OutputLse => a.output_lse.map_or(0, |b| b.ptr),
-            ParamSlot::Prefix => a.prefix.ptr,
-            ParamSlot::PrefixLse => a.prefix_lse.ptr,
-            ParamSlot::Suffix => a.suffix.ptr,
-            ParamSlot::SuffixLse => a.suffix_lse.ptr,
-            ParamSlot::OutputScale => a.output_scale.map_or(0, |b| b.ptr),
-            ParamSlot::NumTokens => t as u64,
-            ParamSlot::NumHeads => h as u64,
-            ParamSlot::OutputTokenStride => a.output_layout.token_stride as u64,
-            ParamSlot::OutputHeadStride => a.output_layout.head_stride as u64,
-            ParamSlot::PrefixTokenStride => a.prefix_layout.token_stride as u64,
-            ParamSlot::PrefixHeadStride => a.prefix_layout.head_stride as u64,
-            ParamSlot::SuffixTokenStride => a.suffix_layout.token_stride as u64,
-            ParamSlot::SuffixHeadStride => a.suffix_layout.head_stride as u64,
-            ParamSlot::PrefillTokensWithContext => n as u64,
-        };
+    let values = param_values(slots, |slot| match slot {
+        ParamSlot::Output => a.output.ptr,
+        ParamSlot::OutputLse => a.output_lse.map_or(0, |b| b.ptr),
+        ParamSlot::Prefix => a.prefix.ptr,
+        ParamSlot::PrefixLse => a.prefix_lse.ptr,
+        ParamSlot::Suffix => a.suffix.ptr,
+        ParamSlot::SuffixLse => a.suffix_lse.ptr,
+        ParamSlot::OutputScale => a.output_scale.map_or(0, |b| b.ptr),
+        ParamSlot::NumTokens => t as u64,
+        ParamSlot::NumHeads => h as u64,
+        ParamSlot::OutputTokenStride => a.output_layout.token_stride as u64,
+        ParamSlot::OutputHeadStride => a.output_layout.head_stride as u64,
+        ParamSlot::PrefixTokenStride => a.prefix_layout.token_stride as u64,
+        ParamSlot::PrefixHeadStride => a.prefix_layout.head_stride as u64,
+        ParamSlot::SuffixTokenStride => a.suffix_layout.token_stride as u64,
+        ParamSlot::SuffixHeadStride => a.suffix_layout.head_stride as u64,
+        ParamSlot::PrefillTokensWithContext => n as u64,
+        _ => 0, // resolve() admits only this family's slots
+    });
+    Ok(Some((values, (grid, k.launch.block_threads))))
+}
+
+/// Strides of a `[T, K, H, D]` tensor of K states, in elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatesLayout {
+    pub token_stride: usize,
+    pub state_stride: usize,
+    pub head_stride: usize,
+}
+
+impl StatesLayout {
+    pub fn contiguous(num_states: usize, num_heads: usize, head_size: usize) -> StatesLayout {
+        StatesLayout {
+            token_stride: num_states * num_heads * head_size,
+            state_stride: num_heads * head_size,
+            head_stride: head_size,
+        }
     }
+}
+
+/// Arguments of one `merge_states` launch: K states `[T, K, H, D]` with lse `[T, K, H]` into
+/// `[T, H, D]` and optionally lse `[T, H]`.
+#[derive(Debug, Clone)]
+pub struct StatesArgs {
+    pub output: DeviceBuffer,
+    pub output_lse: Option<DeviceBuffer>,
+    pub states: DeviceBuffer,
+    pub states_lse: DeviceBuffer,
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    /// K: must equal the kernel's compile-time K, or be >= 1 for a runtime-K kernel.
+    pub num_states: usize,
+    pub output_layout: Layout,
+    pub states_layout: StatesLayout,
+}
+
+/// Check a `merge_states` launch; the parameter values in ABI order and the launch shape.
+pub fn validate_states(
+    k: &KernelView,
+    a: &StatesArgs,
+) -> Result<Option<LaunchValues>, RuntimeError> {
+    let (dtype, slots) = k.resolve()?;
+    check_states(k, dtype, &slots, a)
+}
+
+fn check_states(
+    k: &KernelView,
+    dtype: Dtype,
+    slots: &[ParamSlot],
+    a: &StatesArgs,
+) -> Result<Option<LaunchValues>, RuntimeError> {
+    let bad = refuse_for(k);
+    let (t, h, kk) = (a.num_tokens, a.num_heads, a.num_states);
+    match k.variant.family {
+        Family::MergeStates { num_states: Some(fixed) } if kk != fixed as usize => {
+            return Err(bad(format!(
+                "num_states = {kk}, but this kernel merges exactly {fixed} states (use a \"runtime\" kernel for other K)"
+            )))
+        }
+        Family::MergeStates { num_states: None } if kk == 0 => {
+            return Err(bad("num_states = 0: there is nothing to merge".into()))
+        }
+        Family::MergeStates { .. } => {}
+        other => {
+            return Err(bad(format!(
+                "this is a {} kernel, not merge_states",
+                other.table()
+            )))
+        }
+    }
+    check_types(
+        &bad,
+        &[
+            ("output", Some(&a.output), dtype),
+            ("states", Some(&a.states), dtype),
+            ("states_lse", Some(&a.states_lse), Dtype::F32),
+            ("output_lse", a.output_lse.as_ref(), Dtype::F32),
+        ],
+    )?;
+    if a.output_lse.is_some() && !k.variant.output_lse {
+        return Err(bad(
+            "output_lse given, but this kernel has no output_lse (spec: output_lse = true)".into(),
+        ));
+    }
+    if kk > i64::MAX as usize {
+        return Err(bad("num_states does not fit in 64 bits".into()));
+    }
+    let Some(grid) = launch_grid(&bad, k, t, h)? else {
+        return Ok(None);
+    };
+    let (ol, sl) = (&a.output_layout, &a.states_layout);
+    let out_dims = [("T", t, ol.token_stride), ("H", h, ol.head_stride)];
+    let states_dims = [
+        ("T", t, sl.token_stride),
+        ("K", kk, sl.state_stride),
+        ("H", h, sl.head_stride),
+    ];
+    let align = k.launch.vec_bytes;
+    check_rows(
+        &bad,
+        k,
+        &Rows {
+            name: "output",
+            buf: &a.output,
+            dims: &out_dims,
+            align,
+        },
+    )?;
+    check_rows(
+        &bad,
+        k,
+        &Rows {
+            name: "states",
+            buf: &a.states,
+            dims: &states_dims,
+            align,
+        },
+    )?;
+    check_rows_disjoint(&bad, k, "output", t, h, ol)?;
+    let lse_numel = t
+        .checked_mul(kk)
+        .and_then(|x| x.checked_mul(h))
+        .ok_or_else(|| bad("num_tokens * num_states * num_heads overflows".into()))?;
+    check_lse(
+        &bad,
+        &[("states_lse", Some(&a.states_lse))],
+        lse_numel,
+        "num_tokens * num_states * num_heads",
+    )?;
+    check_lse(
+        &bad,
+        &[("output_lse", a.output_lse.as_ref())],
+        t * h,
+        "num_tokens * num_heads",
+    )?;
+    check_disjoint(
+        &bad,
+        &[
+            ("output", bytes(Some(&a.output))),
+            ("output_lse", bytes(a.output_lse.as_ref())),
+        ],
+        &[
+            ("states", bytes(Some(&a.states))),
+            ("states_lse", bytes(Some(&a.states_lse))),
+        ],
+        "this kernel is not in-place",
+    )?;
+    let values = param_values(slots, |slot| match slot {
+        ParamSlot::Output => a.output.ptr,
+        ParamSlot::OutputLse => a.output_lse.map_or(0, |b| b.ptr),
+        ParamSlot::States => a.states.ptr,
+        ParamSlot::StatesLse => a.states_lse.ptr,
+        ParamSlot::NumStates => kk as u64,
+        ParamSlot::NumTokens => t as u64,
+        ParamSlot::NumHeads => h as u64,
+        ParamSlot::OutputTokenStride => ol.token_stride as u64,
+        ParamSlot::OutputHeadStride => ol.head_stride as u64,
+        ParamSlot::StatesTokenStride => sl.token_stride as u64,
+        ParamSlot::StatesStateStride => sl.state_stride as u64,
+        ParamSlot::StatesHeadStride => sl.head_stride as u64,
+        _ => 0,
+    });
+    Ok(Some((values, (grid, k.launch.block_threads))))
+}
+
+/// Arguments of one `merge_state_in_place` launch: `state := merge(state, other)`.
+#[derive(Debug, Clone)]
+pub struct InPlaceArgs {
+    pub state: DeviceBuffer,
+    pub state_lse: DeviceBuffer,
+    pub other: DeviceBuffer,
+    pub other_lse: DeviceBuffer,
+    /// `[T]` bytes, 0 = leave the token untouched; only for kernels with `mask = true`, and
+    /// there `None` merges every token.
+    pub mask: Option<MaskBuffer>,
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub state_layout: Layout,
+    pub other_layout: Layout,
+}
+
+/// A device array of one byte per token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaskBuffer {
+    pub ptr: u64,
+    pub len: usize,
+}
+
+/// Check a `merge_state_in_place` launch; the parameter values in ABI order and the launch shape.
+pub fn validate_in_place(
+    k: &KernelView,
+    a: &InPlaceArgs,
+) -> Result<Option<LaunchValues>, RuntimeError> {
+    let (dtype, slots) = k.resolve()?;
+    check_in_place(k, dtype, &slots, a)
+}
+
+fn check_in_place(
+    k: &KernelView,
+    dtype: Dtype,
+    slots: &[ParamSlot],
+    a: &InPlaceArgs,
+) -> Result<Option<LaunchValues>, RuntimeError> {
+    let bad = refuse_for(k);
+    let (t, h) = (a.num_tokens, a.num_heads);
+    let Family::MergeStateInPlace { mask: has_mask } = k.variant.family else {
+        return Err(bad(format!(
+            "this is a {} kernel, not merge_state_in_place",
+            k.variant.family.table()
+        )));
+    };
+    check_types(
+        &bad,
+        &[
+            ("state", Some(&a.state), dtype),
+            ("state_lse", Some(&a.state_lse), Dtype::F32),
+            ("other", Some(&a.other), dtype),
+            ("other_lse", Some(&a.other_lse), Dtype::F32),
+        ],
+    )?;
+    // The mask's byte range, for the overlap checks.
+    let mask = match (a.mask, has_mask) {
+        (Some(_), false) => {
+            return Err(bad(
+                "mask given, but this kernel has no mask (spec: mask = true)".into(),
+            ))
+        }
+        (Some(m), true) if m.ptr == 0 => {
+            return Err(bad(
+                "mask is a null pointer (pass None to merge every token)".into(),
+            ))
+        }
+        (Some(m), true) if m.len < t => {
+            return Err(bad(format!(
+                "mask: {} bytes, needs one per token = {t}",
+                m.len
+            )))
+        }
+        (Some(m), true) => Some((m.ptr, m.ptr + m.len as u64)),
+        (None, _) => None,
+    };
+    let Some(grid) = launch_grid(&bad, k, t, h)? else {
+        return Ok(None);
+    };
+    let align = k.launch.vec_bytes;
+    for (name, buf, l) in [
+        ("state", &a.state, &a.state_layout),
+        ("other", &a.other, &a.other_layout),
+    ] {
+        let dims = [("T", t, l.token_stride), ("H", h, l.head_stride)];
+        check_rows(
+            &bad,
+            k,
+            &Rows {
+                name,
+                buf,
+                dims: &dims,
+                align,
+            },
+        )?;
+    }
+    check_rows_disjoint(&bad, k, "state", t, h, &a.state_layout)?;
+    check_lse(
+        &bad,
+        &[
+            ("state_lse", Some(&a.state_lse)),
+            ("other_lse", Some(&a.other_lse)),
+        ],
+        t * h,
+        "num_tokens * num_heads",
+    )?;
+    check_disjoint(
+        &bad,
+        &[
+            ("state", bytes(Some(&a.state))),
+            ("state_lse", bytes(Some(&a.state_lse))),
+        ],
+        &[
+            ("other", bytes(Some(&a.other))),
+            ("other_lse", bytes(Some(&a.other_lse))),
+            ("mask", mask),
+        ],
+        "only state and state_lse are updated in place; the others are read while it is written",
+    )?;
+    check_disjoint(
+        &bad,
+        &[("state", bytes(Some(&a.state)))],
+        &[("state_lse", bytes(Some(&a.state_lse)))],
+        "both are written",
+    )?;
+    let values = param_values(slots, |slot| match slot {
+        ParamSlot::State => a.state.ptr,
+        ParamSlot::StateLse => a.state_lse.ptr,
+        ParamSlot::Other => a.other.ptr,
+        ParamSlot::OtherLse => a.other_lse.ptr,
+        ParamSlot::Mask => a.mask.map_or(0, |m| m.ptr),
+        ParamSlot::NumTokens => t as u64,
+        ParamSlot::NumHeads => h as u64,
+        ParamSlot::StateTokenStride => a.state_layout.token_stride as u64,
+        ParamSlot::StateHeadStride => a.state_layout.head_stride as u64,
+        ParamSlot::OtherTokenStride => a.other_layout.token_stride as u64,
+        ParamSlot::OtherHeadStride => a.other_layout.head_stride as u64,
+        _ => 0,
+    });
     Ok(Some((values, (grid, k.launch.block_threads))))
 }
 

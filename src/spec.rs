@@ -218,9 +218,41 @@ pub fn tuned_schedule(dtype: Dtype, head_size: u32) -> Schedule {
         })
 }
 
+/// Which merge a kernel performs (docs/SEMANTICS.md has each one's rules).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    /// `output = merge(prefix, suffix)`, with the prefix-token threshold (vLLM's kernel).
+    MergeAttnStates,
+    /// K states `[T, K, H, D]` with lse `[T, K, H]` merged in one pass into `[T, H, D]`.
+    MergeStates {
+        /// K fixed at compile time; `None`: K is the launch argument `num_states`.
+        num_states: Option<u32>,
+    },
+    /// `state := merge(state, other)` in place; with `mask`, tokens whose mask byte is 0 are
+    /// left untouched.
+    MergeStateInPlace { mask: bool },
+}
+
+impl Family {
+    /// The spec table (and kernel-name prefix) of the family.
+    pub fn table(self) -> &'static str {
+        match self {
+            Family::MergeAttnStates => "merge_attn_states",
+            Family::MergeStates { .. } => "merge_states",
+            Family::MergeStateInPlace { .. } => "merge_state_in_place",
+        }
+    }
+}
+
+/// Compile-time K of `[[merge_states]]`: enough for split-KV decode; more goes to the runtime-K
+/// variant, which loops.
+pub const MAX_NUM_STATES: u32 = 16;
+
 /// One kernel to generate: every choice fixed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct MergeVariant {
+    pub family: Family,
     pub dtype: Dtype,
     pub head_size: u32,
     pub prefix_threshold: bool,
@@ -236,17 +268,34 @@ impl MergeVariant {
     /// Readable and stable: family, dtype, head size, then one tag per non-default option.
     pub fn kernel_name(&self) -> String {
         let mut name = format!(
-            "merge_attn_states_{}_d{}",
+            "{}_{}_d{}",
+            self.family.table(),
             self.dtype.name(),
             self.head_size
         );
+        match self.family {
+            Family::MergeAttnStates => {}
+            Family::MergeStates {
+                num_states: Some(k),
+            } => name.push_str(&format!("_k{k}")),
+            Family::MergeStates { num_states: None } => name.push_str("_kvar"),
+            Family::MergeStateInPlace { mask } => {
+                if mask {
+                    name.push_str("_mask");
+                }
+            }
+        }
         if self.prefix_threshold {
             name.push_str("_thr");
         }
-        if self.output_lse {
+        // The in-place merge always updates its state's lse: no tag.
+        if self.output_lse && !matches!(self.family, Family::MergeStateInPlace { .. }) {
             name.push_str("_lse");
         }
-        if self.lse_layout == LseLayout::TokenMajor {
+        // merge_states has one lse layout ([T, K, H] in, [T, H] out): no tag.
+        if self.lse_layout == LseLayout::TokenMajor
+            && !matches!(self.family, Family::MergeStates { .. })
+        {
             name.push_str("_tm");
         }
         if self.output == OutputKind::Fp8E4m3 {
@@ -323,6 +372,34 @@ pub enum SpecError {
 struct RawSpec {
     arch: Option<Spanned<toml::Value>>,
     merge_attn_states: Option<Vec<Spanned<RawMerge>>>,
+    merge_states: Option<Vec<Spanned<RawMerge>>>,
+    merge_state_in_place: Option<Vec<Spanned<RawMerge>>>,
+}
+
+/// (key, its value, the tables it belongs to, why it is refused in the others)
+type KeyRule<'a> = (
+    &'static str,
+    &'a Option<Spanned<toml::Value>>,
+    &'static [Table],
+    &'static str,
+);
+
+/// Which table a `RawMerge` came from; decides which keys it may hold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Table {
+    Pairwise,
+    KWay,
+    InPlace,
+}
+
+impl Table {
+    fn name(self) -> &'static str {
+        match self {
+            Table::Pairwise => "merge_attn_states",
+            Table::KWay => "merge_states",
+            Table::InPlace => "merge_state_in_place",
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -338,6 +415,72 @@ struct RawMerge {
     min_blocks_per_sm: Option<Spanned<toml::Value>>,
     block_threads: Option<Spanned<toml::Value>>,
     heads_per_block: Option<Spanned<toml::Value>>,
+    /// merge_states only: K values (integers 2..=16) and/or "runtime".
+    num_states: Option<Spanned<toml::Value>>,
+    /// merge_state_in_place only: a per-token mask argument.
+    mask: Option<Spanned<toml::Value>>,
+}
+
+impl RawMerge {
+    /// Keys that mean nothing in `table`, with why, so a spec cannot set an option that would be
+    /// silently ignored.
+    fn foreign_keys(
+        &self,
+        table: Table,
+    ) -> Option<(&'static str, &Spanned<toml::Value>, &'static str)> {
+        use Table::*;
+        // (key, its value, the tables it belongs to, why elsewhere it is refused)
+        let keys: [KeyRule; 7] = [
+            (
+                "num_states",
+                &self.num_states,
+                &[KWay],
+                "K belongs to [[merge_states]]",
+            ),
+            (
+                "mask",
+                &self.mask,
+                &[InPlace],
+                "a mask belongs to [[merge_state_in_place]]",
+            ),
+            (
+                "prefix_threshold",
+                &self.prefix_threshold,
+                &[Pairwise],
+                "only the pairwise merge has a threshold (an in-place merge can use `mask`)",
+            ),
+            (
+                "output",
+                &self.output,
+                &[Pairwise],
+                "only the pairwise merge has output kinds; this one writes its input dtype",
+            ),
+            (
+                "lse_layout",
+                &self.lse_layout,
+                &[Pairwise, InPlace],
+                "merge_states' lse is [T, K, H] in and [T, H] out",
+            ),
+            (
+                "output_lse",
+                &self.output_lse,
+                &[Pairwise, KWay],
+                "the in-place merge always updates the state's lse",
+            ),
+            (
+                "rows_per_thread",
+                &self.rows_per_thread,
+                &[Pairwise, InPlace],
+                "a K-way merge keeps its K rows in flight, one token per thread",
+            ),
+        ];
+        keys.into_iter().find_map(|(key, value, home, why)| {
+            value
+                .as_ref()
+                .filter(|_| !home.contains(&table))
+                .map(|v| (key, v, why))
+        })
+    }
 }
 
 struct Ctx<'a> {
@@ -365,7 +508,7 @@ impl Ctx<'_> {
         value.as_ref().ok_or_else(|| {
             self.at(
                 table_offset,
-                format!("[[merge_attn_states]] is missing the required key `{key}`"),
+                format!("this table is missing the required key `{key}`"),
             )
         })
     }
@@ -491,6 +634,18 @@ fn dtype(v: &toml::Value) -> Result<Dtype, String> {
     }
 }
 
+/// One `num_states` entry: a compile-time K, or "runtime" (K is a launch argument).
+fn num_states(v: &toml::Value) -> Result<Option<u32>, String> {
+    let allowed = format!("integers 2..={MAX_NUM_STATES}, or \"runtime\"");
+    match v {
+        toml::Value::Integer(n) if (2..=i64::from(MAX_NUM_STATES)).contains(n) => {
+            Ok(Some(*n as u32))
+        }
+        toml::Value::String(s) if s == "runtime" => Ok(None),
+        _ => Err(format!("{} is not allowed; allowed: {allowed}", short(v))),
+    }
+}
+
 fn arch(v: &toml::Value) -> Result<Arch, String> {
     match v.as_str() {
         Some(s) => Arch::parse(s),
@@ -521,20 +676,34 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             })?,
     };
 
-    let families = raw.merge_attn_states.unwrap_or_default();
+    let families: Vec<(Table, Spanned<RawMerge>)> = [
+        (Table::Pairwise, raw.merge_attn_states),
+        (Table::KWay, raw.merge_states),
+        (Table::InPlace, raw.merge_state_in_place),
+    ]
+    .into_iter()
+    .flat_map(|(t, tables)| tables.unwrap_or_default().into_iter().map(move |f| (t, f)))
+    .collect();
     if families.is_empty() {
         return Err(SpecError::Whole {
             origin: origin.to_string(),
-            message: "the spec names no kernels: add a [[merge_attn_states]] table".to_string(),
+            message: "the spec names no kernels: add a [[merge_attn_states]], [[merge_states]] or [[merge_state_in_place]] table".to_string(),
         });
     }
 
     let mut variants: Vec<MergeVariant> = Vec::new();
     // kernel name -> line of the table that produced it, to report duplicates.
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    for family in &families {
+    for (table, family) in &families {
+        let table = *table;
         let table_offset = family.span().start;
         let f = family.get_ref();
+        if let Some((key, v, why)) = f.foreign_keys(table) {
+            return Err(ctx.at(
+                v.span().start,
+                format!("`{key}` is not a key of [[{}]]: {why}", table.name()),
+            ));
+        }
         let dtypes = ctx.list(
             "dtype",
             ctx.required(table_offset, "dtype", &f.dtype)?,
@@ -549,7 +718,12 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             Some(v) => ctx.list(key, v, boolean),
             None => Ok(vec![default]),
         };
-        let thresholds = opt_list("prefix_threshold", &f.prefix_threshold, true)?;
+        // A K-way or in-place merge has no threshold (the keys were refused above).
+        let thresholds = opt_list(
+            "prefix_threshold",
+            &f.prefix_threshold,
+            table == Table::Pairwise,
+        )?;
         let lses = opt_list("output_lse", &f.output_lse, true)?;
         let outputs = match &f.output {
             Some(v) => ctx.list("output", v, |x| one_of(&OutputKind::ALL, x))?,
@@ -557,7 +731,27 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         };
         let layouts = match &f.lse_layout {
             Some(v) => ctx.list("lse_layout", v, |x| one_of(&LseLayout::ALL, x))?,
+            // merge_states' lse [T, K, H] is token-major by construction.
+            None if table == Table::KWay => vec![LseLayout::TokenMajor],
             None => vec![LseLayout::HeadMajor],
+        };
+        let kinds: Vec<Family> = match table {
+            Table::Pairwise => vec![Family::MergeAttnStates],
+            Table::KWay => {
+                let v = ctx.required(table_offset, "num_states", &f.num_states)?;
+                ctx.list("num_states", v, num_states)?
+                    .into_iter()
+                    .map(|num_states| Family::MergeStates { num_states })
+                    .collect()
+            }
+            Table::InPlace => match &f.mask {
+                Some(v) => ctx
+                    .list("mask", v, boolean)?
+                    .into_iter()
+                    .map(|mask| Family::MergeStateInPlace { mask })
+                    .collect(),
+                None => vec![Family::MergeStateInPlace { mask: false }],
+            },
         };
 
         let rows =
@@ -581,6 +775,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
 
         // Saturating: a spec of many long lists must get the error below, not an overflow.
         let count = [
+            kinds.len(),
             blocks.len(),
             head_groups.len(),
             dtypes.len(),
@@ -616,32 +811,37 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         }
         // The cross product, in the order the keys are documented.
         let mut expanded = Vec::with_capacity(count);
-        for &dtype in &dtypes {
-            for &head_size in &heads {
-                let tuned = tuned_schedule(dtype, head_size);
-                for &prefix_threshold in &thresholds {
-                    for &output_lse in &lses {
-                        for &output in &outputs {
-                            for &lse_layout in &layouts {
-                                for &(r, m, b, hb) in &schedule_choices {
-                                    expanded.push(MergeVariant {
-                                        dtype,
-                                        head_size,
-                                        prefix_threshold,
-                                        output_lse,
-                                        output,
-                                        lse_layout,
-                                        schedule: Schedule {
-                                            rows_per_thread: r.unwrap_or(tuned.rows_per_thread),
-                                            min_blocks_per_sm: m.unwrap_or(tuned.min_blocks_per_sm),
-                                            block_threads: b.unwrap_or(tuned.block_threads),
-                                            heads_per_block: hb.unwrap_or(tuned.heads_per_block),
-                                        },
-                                        explicit_schedule: r.is_some()
-                                            || m.is_some()
-                                            || b.is_some()
-                                            || hb.is_some(),
-                                    });
+        for &family in &kinds {
+            for &dtype in &dtypes {
+                for &head_size in &heads {
+                    let tuned = tuned_schedule(dtype, head_size);
+                    for &prefix_threshold in &thresholds {
+                        for &output_lse in &lses {
+                            for &output in &outputs {
+                                for &lse_layout in &layouts {
+                                    for &(r, m, b, hb) in &schedule_choices {
+                                        expanded.push(MergeVariant {
+                                            family,
+                                            dtype,
+                                            head_size,
+                                            prefix_threshold,
+                                            output_lse,
+                                            output,
+                                            lse_layout,
+                                            schedule: Schedule {
+                                                rows_per_thread: r.unwrap_or(tuned.rows_per_thread),
+                                                min_blocks_per_sm: m
+                                                    .unwrap_or(tuned.min_blocks_per_sm),
+                                                block_threads: b.unwrap_or(tuned.block_threads),
+                                                heads_per_block: hb
+                                                    .unwrap_or(tuned.heads_per_block),
+                                            },
+                                            explicit_schedule: r.is_some()
+                                                || m.is_some()
+                                                || b.is_some()
+                                                || hb.is_some(),
+                                        });
+                                    }
                                 }
                             }
                         }
@@ -834,6 +1034,65 @@ mod tests {
                 "merge_attn_states_bf16_d64_thr_lse_fp8"
             ]
         );
+    }
+
+    #[test]
+    fn k_way_and_in_place_tables() {
+        let s = parse(
+            "t.toml",
+            "[[merge_states]]\ndtype = \"f32\"\nhead_size = 64\nnum_states = [2, 16, \"runtime\"]\noutput_lse = [true, false]\n\
+             [[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 64\nmask = [true, false]\nlse_layout = \"token_major\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.kernel_names(),
+            [
+                "merge_states_f32_d64_k2_lse",
+                "merge_states_f32_d64_k2",
+                "merge_states_f32_d64_k16_lse",
+                "merge_states_f32_d64_k16",
+                "merge_states_f32_d64_kvar_lse",
+                "merge_states_f32_d64_kvar",
+                "merge_state_in_place_bf16_d64_mask_tm",
+                "merge_state_in_place_bf16_d64_tm",
+            ]
+        );
+        assert!(s.variants.iter().all(|v| !v.prefix_threshold));
+        let e = err("[[merge_states]]\ndtype = \"f32\"\nhead_size = 64\n");
+        assert!(e.contains("missing the required key `num_states`"), "{e}");
+        for bad in ["1", "17", "\"any\"", "2.0"] {
+            let e = err(&format!(
+                "[[merge_states]]\ndtype = \"f32\"\nhead_size = 64\nnum_states = {bad}\n"
+            ));
+            assert!(
+                e.contains("allowed: integers 2..=16, or \"runtime\""),
+                "{e}"
+            );
+        }
+        // Keys of another family are refused where they would be silently ignored.
+        for (table, key) in [
+            ("merge_states", "prefix_threshold = true"),
+            ("merge_states", "rows_per_thread = 2"),
+            ("merge_states", "lse_layout = \"head_major\""),
+            ("merge_state_in_place", "output_lse = false"),
+            ("merge_state_in_place", "output = \"fp8_e4m3\""),
+            ("merge_attn_states", "num_states = 4"),
+            ("merge_attn_states", "mask = true"),
+        ] {
+            let extra = if table == "merge_states" {
+                "num_states = 4\n"
+            } else {
+                ""
+            };
+            let e = err(&format!(
+                "[[{table}]]\ndtype = \"f32\"\nhead_size = 64\n{extra}{key}\n"
+            ));
+            let name = key.split(' ').next().unwrap();
+            assert!(
+                e.contains(&format!("`{name}` is not a key of [[{table}]]")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -15,8 +15,12 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use rayon::prelude::*;
 
 use mla_gen::dtype::Dtype;
-use mla_gen::reference::{self, lse_index, Layout, RowMerge};
-use mla_gen::runtime::{self, DeviceBuffer, LoadedKernel, MergeArgs, Runtime};
+use mla_gen::reference::{self, lse_index, Layout, RowMerge, StatesMerge};
+use mla_gen::runtime::{
+    self, DeviceBuffer, InPlaceArgs, LoadedKernel, MaskBuffer, MergeArgs, Runtime, StatesArgs,
+    StatesLayout,
+};
+use mla_gen::spec::Family;
 
 /// Say it where a person sees it: libtest captures print!, not direct writes to stderr.
 fn say(msg: &str) {
@@ -424,6 +428,331 @@ fn run_case(
     }
 }
 
+/// One lse value of the suite's mix: ~10% +inf, ~10% -inf, ~0.5% NaN, else finite.
+fn random_lse_value(rng: &mut Rng) -> f32 {
+    let u = rng.unit();
+    if u < 0.10 {
+        f32::INFINITY
+    } else if u < 0.20 {
+        f32::NEG_INFINITY
+    } else if u < 0.205 {
+        f32::NAN
+    } else {
+        (rng.unit() * 30.0 - 15.0) as f32
+    }
+}
+
+/// A K-way merge case: K states [T, K, H, D] in padded strides, lse [T, K, H] with the suite's
+/// specials and ~3% of rows without keys in any state.
+fn run_states_case(
+    rt: &Runtime,
+    k: &LoadedKernel,
+    stream: &Arc<CudaStream>,
+    (t, h, kk): (usize, usize, usize),
+    with_lse: bool,
+    seed: u64,
+) -> Result<u64, String> {
+    let dtype = k.meta.dtype().unwrap();
+    let d = k.meta.variant.head_size as usize;
+    let vec = k.meta.launch.vec_elems as usize;
+    let round = |x: usize| x.div_ceil(vec) * vec;
+    let head_stride = round(d + d / 2);
+    let sl = StatesLayout {
+        head_stride,
+        state_stride: h * head_stride + vec,
+        token_stride: kk * (h * head_stride + vec) + vec,
+    };
+    let (_, _, ol) = padded_layouts(d, h, vec);
+    // The K states as one [T * K, H, D] tensor whose "token" stride is the state stride.
+    let rows_layout = Layout {
+        token_stride: sl.state_stride,
+        head_stride,
+    };
+    let mut states = random_tensor(dtype, t * kk, h, d, rows_layout, seed ^ 0x1111);
+    states.resize(
+        if t * h == 0 {
+            0
+        } else {
+            (t - 1) * sl.token_stride + (kk - 1) * sl.state_stride + (h - 1) * head_stride + d
+        },
+        poison(dtype),
+    );
+    // Move row (t*K + k) from its packed place to its padded one, last first.
+    for ti in (0..t).rev() {
+        for ki in (0..kk).rev() {
+            let from = (ti * kk + ki) * sl.state_stride;
+            let to = ti * sl.token_stride + ki * sl.state_stride;
+            if from != to {
+                for x in (0..(h - 1) * head_stride + d).rev() {
+                    states[to + x] = states[from + x];
+                    states[from + x] = poison(dtype);
+                }
+            }
+        }
+    }
+    let mut rng = Rng(seed ^ 0x3333 | 1);
+    let mut lse: Vec<f32> = (0..t * kk * h)
+        .map(|_| random_lse_value(&mut rng))
+        .collect();
+    for ti in 0..t {
+        for hi in 0..h {
+            if rng.unit() < 0.03 {
+                for ki in 0..kk {
+                    lse[(ti * kk + ki) * h + hi] = if rng.unit() < 0.5 {
+                        f32::NEG_INFINITY
+                    } else {
+                        f32::INFINITY
+                    };
+                }
+            }
+        }
+    }
+    let out_len = if t * h == 0 {
+        0
+    } else {
+        ol.row(t - 1, h - 1) + d
+    };
+    let (s_hold, s_buf) = upload_bits(stream, dtype, &states);
+    let (o_hold, o_buf) = upload_bits(stream, dtype, &vec![poison(dtype); out_len]);
+    let sl_dev: CudaSlice<f32> = stream.clone_htod(&lse).unwrap();
+    let ol_dev: CudaSlice<u32> = stream.clone_htod(&vec![LSE_POISON; t * h]).unwrap();
+    let args = StatesArgs {
+        output: o_buf,
+        output_lse: with_lse.then(|| DeviceBuffer {
+            ptr: raw(&ol_dev, stream),
+            len: t * h,
+            dtype: Dtype::F32,
+        }),
+        states: s_buf,
+        states_lse: DeviceBuffer {
+            ptr: raw(&sl_dev, stream),
+            len: lse.len(),
+            dtype: Dtype::F32,
+        },
+        num_tokens: t,
+        num_heads: h,
+        num_states: kk,
+        output_layout: ol,
+        states_layout: sl,
+    };
+    rt.launch_states(k, stream, &args)
+        .map_err(|e| e.to_string())?;
+    stream.synchronize().map_err(|e| format!("{e:?}"))?;
+    let out = download_bits(stream, dtype, o_hold.as_ref());
+    let out_lse: Vec<u32> = stream.clone_dtoh(&ol_dev).unwrap();
+    drop(s_hold);
+    let bad: Option<String> = (0..t * h).into_par_iter().find_map_any(|row| {
+        let (ti, hi) = (row / h, row % h);
+        let row_lse: Vec<f32> = (0..kk).map(|ki| lse[(ti * kk + ki) * h + hi]).collect();
+        let m: StatesMerge = reference::merge_states_row(&row_lse);
+        let mut values = vec![0.0; kk];
+        for e in 0..d {
+            let got_bits = out[ol.row(ti, hi) + e];
+            if got_bits == poison(dtype) {
+                return Some(format!("t={ti} h={hi} e={e}: never written"));
+            }
+            for (ki, v) in values.iter_mut().enumerate() {
+                *v = from_bits(dtype, states[ti * sl.token_stride + ki * sl.state_stride + hi * head_stride + e]);
+            }
+            let got = from_bits(dtype, got_bits);
+            if !reference::states_element_matches(dtype, &m, &values, got) {
+                return Some(format!(
+                    "t={ti} h={hi} e={e}: got {got:e}, want {:e} (states {values:?}, lse {row_lse:?})",
+                    m.value_and_magnitude(&values).0
+                ));
+            }
+        }
+        let pad_end = if hi + 1 < h { ol.head_stride } else { d };
+        for e in d..pad_end {
+            if out[ol.row(ti, hi) + e] != poison(dtype) {
+                return Some(format!("t={ti} h={hi}: wrote padding element {e}"));
+            }
+        }
+        let got = out_lse[ti * h + hi];
+        if with_lse {
+            if got == LSE_POISON {
+                return Some(format!("t={ti} h={hi}: output_lse never written"));
+            }
+            if !reference::lse_matches(m.lse(), f32::from_bits(got)) {
+                return Some(format!("t={ti} h={hi}: lse got {}, want {} ({row_lse:?})", f32::from_bits(got), m.lse()));
+            }
+        } else if got != LSE_POISON {
+            return Some(format!("t={ti} h={hi}: output_lse written although null"));
+        }
+        None
+    });
+    match bad {
+        None => Ok((t * h * d) as u64),
+        Some(b) => Err(b),
+    }
+}
+
+/// An in-place case: state (padded) := merge(state, other), with an optional mask of ~30% zeros.
+/// Masked tokens and rows without keys must keep their exact bits; padding its poison.
+fn run_in_place_case(
+    rt: &Runtime,
+    k: &LoadedKernel,
+    stream: &Arc<CudaStream>,
+    (t, h): (usize, usize),
+    with_mask: bool,
+    seed: u64,
+) -> Result<u64, String> {
+    let dtype = k.meta.dtype().unwrap();
+    let d = k.meta.variant.head_size as usize;
+    let vec = k.meta.launch.vec_elems as usize;
+    let (state_l, other_l, _) = padded_layouts(d, h, vec);
+    let state = random_tensor(dtype, t, h, d, state_l, seed ^ 0x1111);
+    let other = random_tensor(dtype, t, h, d, other_l, seed ^ 0x2222);
+    let (state_lse, other_lse) = random_lse(t * h, seed ^ 0x3333);
+    let mut rng = Rng(seed ^ 0x4444 | 1);
+    let mask: Vec<u8> = (0..t).map(|_| u8::from(rng.unit() >= 0.3)).collect();
+    let (st_hold, st_buf) = upload_bits(stream, dtype, &state);
+    let (ot_hold, ot_buf) = upload_bits(stream, dtype, &other);
+    let stl_dev: CudaSlice<f32> = stream.clone_htod(&state_lse).unwrap();
+    let otl_dev: CudaSlice<f32> = stream.clone_htod(&other_lse).unwrap();
+    let mask_dev: CudaSlice<u8> = stream.clone_htod(&mask).unwrap();
+    let f32buf = |p: u64| DeviceBuffer {
+        ptr: p,
+        len: t * h,
+        dtype: Dtype::F32,
+    };
+    let args = InPlaceArgs {
+        state: st_buf,
+        state_lse: f32buf(raw(&stl_dev, stream)),
+        other: ot_buf,
+        other_lse: f32buf(raw(&otl_dev, stream)),
+        mask: with_mask.then(|| MaskBuffer {
+            ptr: raw(&mask_dev, stream),
+            len: t,
+        }),
+        num_tokens: t,
+        num_heads: h,
+        state_layout: state_l,
+        other_layout: other_l,
+    };
+    rt.launch_in_place(k, stream, &args)
+        .map_err(|e| e.to_string())?;
+    stream.synchronize().map_err(|e| format!("{e:?}"))?;
+    let out = download_bits(stream, dtype, st_hold.as_ref());
+    let out_lse: Vec<f32> = stream.clone_dtoh(&stl_dev).unwrap();
+    drop(ot_hold);
+    let head_major = k.meta.head_major();
+    // The whole buffer: padding and masked rows must hold their bits.
+    let touched = |i: usize| -> Option<(usize, usize)> {
+        if t * h == 0 || i >= state_l.row(t - 1, h - 1) + d {
+            return None;
+        }
+        let (ti, rest) = (i / state_l.token_stride, i % state_l.token_stride);
+        let (hi, e) = (rest / state_l.head_stride, rest % state_l.head_stride);
+        (hi < h && e < d && ti < t).then_some((ti, hi))
+    };
+    let bad: Option<String> = (0..out.len()).into_par_iter().find_map_any(|i| {
+        let Some((ti, hi)) = touched(i) else {
+            return (out[i] != state[i]).then(|| format!("element {i} outside every row changed"));
+        };
+        let li = lse_index(head_major, t, h, ti, hi);
+        let merged = !with_mask || mask[ti] != 0;
+        let m: RowMerge = reference::merge_row(state_lse[li], other_lse[li], true);
+        if !merged || m == RowMerge::CopyPrefix {
+            return (out[i] != state[i])
+                .then(|| format!("t={ti} h={hi}: a row that keeps its values changed"));
+        }
+        let e = i - state_l.row(ti, hi);
+        let (pv, sv) = (
+            from_bits(dtype, state[i]),
+            from_bits(dtype, other[other_l.row(ti, hi) + e]),
+        );
+        let got = from_bits(dtype, out[i]);
+        (!reference::element_matches(dtype, &m, pv, sv, got)).then(|| {
+            format!(
+                "t={ti} h={hi} e={e}: got {got:e}, want {:e}",
+                m.value(pv, sv)
+            )
+        })
+    });
+    if let Some(b) = bad {
+        return Err(b);
+    }
+    for (ti, &keep) in mask.iter().enumerate() {
+        for hi in 0..h {
+            let li = lse_index(head_major, t, h, ti, hi);
+            let got = out_lse[li];
+            let ok = if with_mask && keep == 0 {
+                got.to_bits() == state_lse[li].to_bits()
+            } else {
+                reference::lse_matches(
+                    reference::merge_row(state_lse[li], other_lse[li], true).lse(),
+                    got,
+                )
+            };
+            if !ok {
+                return Err(format!(
+                    "t={ti} h={hi}: lse got {got}, from {} and {}",
+                    state_lse[li], other_lse[li]
+                ));
+            }
+        }
+    }
+    Ok((t * h * d) as u64)
+}
+
+/// Run one case of kernel `k`, whatever its family; `case` picks the options it cycles through.
+#[allow(clippy::too_many_arguments)]
+fn run_any(
+    rt: &Runtime,
+    k: &LoadedKernel,
+    stream: &Arc<CudaStream>,
+    t: usize,
+    h: usize,
+    case: usize,
+    seed: u64,
+) -> (String, Result<u64, String>) {
+    match k.meta.variant.family {
+        Family::MergeAttnStates => {
+            // Cycle (threshold, output lse) over the shapes so every kernel sees every setting
+            // several times; inputs are fresh for each case.
+            let thresholds: Vec<Option<usize>> = if k.meta.variant.prefix_threshold {
+                vec![None, Some(0), Some(t / 2), Some(t)]
+            } else {
+                vec![None]
+            };
+            let lse_opts: Vec<bool> = if k.meta.variant.output_lse {
+                vec![true, false]
+            } else {
+                vec![false]
+            };
+            let combos: Vec<(Option<usize>, bool)> = thresholds
+                .iter()
+                .flat_map(|&th| lse_opts.iter().map(move |&l| (th, l)))
+                .collect();
+            let (th, with_lse) = combos[case % combos.len()];
+            (
+                format!("threshold={th:?} lse={with_lse}"),
+                run_case(rt, k, stream, t, h, th, with_lse, seed, None),
+            )
+        }
+        Family::MergeStates { num_states } => {
+            // A runtime-K kernel cycles K over 1, 3, 5 and 16.
+            let kk = num_states.map_or([1, 3, 5, 16][case % 4], |n| n as usize);
+            let with_lse = k.meta.variant.output_lse && case % 3 != 2;
+            // K states of the largest shapes would need gigabytes on the host: fewer tokens.
+            let d = k.meta.variant.head_size as usize;
+            let t = t.min(((1usize << 25) / (kk * h * (d + d / 2 + 8))).max(1));
+            (
+                format!("T'={t} K={kk} lse={with_lse}"),
+                run_states_case(rt, k, stream, (t, h, kk), with_lse, seed),
+            )
+        }
+        Family::MergeStateInPlace { mask } => {
+            let with_mask = mask && case % 3 != 2;
+            (
+                format!("mask={with_mask}"),
+                run_in_place_case(rt, k, stream, (t, h), with_mask, seed),
+            )
+        }
+    }
+}
+
 fn suite(dirs: &[PathBuf], tokens: &[usize], heads: &[usize]) -> Counts {
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.default_stream();
@@ -435,23 +764,7 @@ fn suite(dirs: &[PathBuf], tokens: &[usize], heads: &[usize]) -> Counts {
             let mut case = 0usize;
             for &t in tokens {
                 for &h in heads {
-                    // Cycle (threshold, output lse) over the shapes so every kernel sees every
-                    // setting several times; inputs are fresh for each case.
-                    let thresholds: Vec<Option<usize>> = if k.meta.variant.prefix_threshold {
-                        vec![None, Some(0), Some(t / 2), Some(t)]
-                    } else {
-                        vec![None]
-                    };
-                    let lse_opts: Vec<bool> = if k.meta.variant.output_lse {
-                        vec![true, false]
-                    } else {
-                        vec![false]
-                    };
-                    let combos: Vec<(Option<usize>, bool)> = thresholds
-                        .iter()
-                        .flat_map(|&th| lse_opts.iter().map(move |&l| (th, l)))
-                        .collect();
-                    let (th, with_lse) = combos[(case + ki) % combos.len()];
+                    let which = case + ki;
                     case += 1;
                     let seed = 0x5eed
                         ^ ((ki as u64) << 32)
@@ -459,13 +772,14 @@ fn suite(dirs: &[PathBuf], tokens: &[usize], heads: &[usize]) -> Counts {
                         ^ h as u64
                         ^ (case as u64) << 48;
                     c.cases += 1;
-                    match run_case(&rt, k, &stream, t, h, th, with_lse, seed, None) {
+                    let (options, result) = run_any(&rt, k, &stream, t, h, which, seed);
+                    match result {
                         Ok(n) => {
                             c.passed += 1;
                             c.elements += n;
                         }
                         Err(why) => c.failed.push(format!(
-                            "{} T={t} H={h} threshold={th:?} lse={with_lse} seed={seed:#x}: {why}",
+                            "{} T={t} H={h} {options} seed={seed:#x}: {why}",
                             k.meta.name
                         )),
                     }

@@ -213,7 +213,7 @@ fn a_manifest_from_a_newer_tool_is_refused_not_misread() {
     refused(
         &k,
         &good(),
-        "the manifest lists a parameter this runtime does not know: prefix_lse_scale",
+        "the manifest lists a parameter this runtime does not know for a merge_attn_states kernel: prefix_lse_scale",
     );
     let mut k = kernel("merge_attn_states_bf16_d128_thr_lse");
     k.variant.dtype = "fp4".to_string();
@@ -256,4 +256,172 @@ fn fp8_kernels_need_their_scale_and_a_byte_output() {
     let mut a = good();
     a.output_scale = Some(buf(0x7000_0000, 1, Dtype::F32));
     refused(&same, &a, "output is not FP8");
+}
+
+// ---- K-way and in-place merges ----
+
+use mla_gen::runtime::{
+    validate_in_place, validate_states, InPlaceArgs, MaskBuffer, StatesArgs, StatesLayout,
+};
+
+/// The manifest entry `generate` would write for each kernel of `spec_text`, without compiling.
+fn kernels_of(spec_text: &str) -> Vec<KernelView> {
+    let spec = mla_gen::spec::parse("t.toml", spec_text).unwrap();
+    spec.variants
+        .iter()
+        .map(|v| {
+            serde_json::from_value(serde_json::json!({
+                "name": v.kernel_name(),
+                "variant": v,
+                "params": mla_gen::abi::params(v),
+                "launch": mla_gen::abi::Launch::for_variant(v),
+                "archs": [],
+            }))
+            .unwrap()
+        })
+        .collect()
+}
+
+const K: usize = 4;
+
+fn good_states() -> StatesArgs {
+    StatesArgs {
+        output: buf(0x1000_0000, T * H * D, Dtype::Bf16),
+        output_lse: Some(buf(0x2000_0000, T * H, Dtype::F32)),
+        states: buf(0x3000_0000, T * K * H * D, Dtype::Bf16),
+        states_lse: buf(0x4000_0000, T * K * H, Dtype::F32),
+        num_tokens: T,
+        num_heads: H,
+        num_states: K,
+        output_layout: Layout::contiguous(H, D),
+        states_layout: StatesLayout::contiguous(K, H, D),
+    }
+}
+
+fn states_refused(k: &KernelView, a: &StatesArgs, needle: &str) {
+    match validate_states(k, a) {
+        Ok(_) => panic!("accepted; expected an error containing {needle:?}"),
+        Err(e) => assert!(e.to_string().contains(needle), "{e}"),
+    }
+}
+
+#[test]
+fn k_way_launches_are_checked_like_pairwise_ones() {
+    let ks = kernels_of(
+        "[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n",
+    );
+    let (fixed, runtime_k) = (&ks[0], &ks[1]);
+    let (values, (grid, _)) = validate_states(fixed, &good_states()).unwrap().unwrap();
+    assert_eq!(values[0], 0x1000_0000);
+    assert_eq!(values[2], 0x3000_0000);
+    assert_eq!(values[values.len() - 2], (H * D) as u64, "state stride");
+    assert_eq!(
+        grid[1] as usize,
+        H.div_ceil(fixed.launch.heads_per_block as usize)
+    );
+    // The runtime-K kernel takes K as an argument, after states_lse.
+    let (values, _) = validate_states(runtime_k, &good_states()).unwrap().unwrap();
+    assert_eq!(values[4], K as u64);
+
+    let mut a = good_states();
+    a.num_states = 3;
+    states_refused(fixed, &a, "merges exactly 4 states");
+    a.num_states = 0;
+    states_refused(runtime_k, &a, "nothing to merge");
+    let mut a = good_states();
+    a.states.len -= 1;
+    states_refused(fixed, &a, "states: [T=10, K=4, H=4, D=128]");
+    let mut a = good_states();
+    a.states_lse.len = T * H;
+    states_refused(fixed, &a, "num_tokens * num_states * num_heads");
+    let mut a = good_states();
+    a.output.ptr = a.states.ptr + 256;
+    states_refused(fixed, &a, "output overlaps states");
+    let mut a = good_states();
+    a.states_layout.state_stride += 1;
+    states_refused(fixed, &a, "multiples of 8 elements");
+    let mut a = good_states();
+    a.states.dtype = Dtype::F16;
+    states_refused(fixed, &a, "states is f16, the kernel takes bf16");
+    // A pairwise kernel is not launched with K-way arguments.
+    states_refused(
+        &kernel("merge_attn_states_bf16_d128_thr_lse"),
+        &good_states(),
+        "not merge_states",
+    );
+}
+
+fn good_in_place() -> InPlaceArgs {
+    InPlaceArgs {
+        state: buf(0x1000_0000, T * H * D, Dtype::F16),
+        state_lse: buf(0x2000_0000, T * H, Dtype::F32),
+        other: buf(0x3000_0000, T * H * D, Dtype::F16),
+        other_lse: buf(0x4000_0000, T * H, Dtype::F32),
+        mask: Some(MaskBuffer {
+            ptr: 0x5000_0000,
+            len: T,
+        }),
+        num_tokens: T,
+        num_heads: H,
+        state_layout: Layout::contiguous(H, D),
+        other_layout: Layout::contiguous(H, D),
+    }
+}
+
+fn in_place_refused(k: &KernelView, a: &InPlaceArgs, needle: &str) {
+    match validate_in_place(k, a) {
+        Ok(_) => panic!("accepted; expected an error containing {needle:?}"),
+        Err(e) => assert!(e.to_string().contains(needle), "{e}"),
+    }
+}
+
+#[test]
+fn in_place_launches_refuse_aliasing_and_a_short_mask() {
+    let ks = kernels_of(
+        "[[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 128\nmask = [true, false]\n",
+    );
+    let (masked, plain) = (&ks[0], &ks[1]);
+    let (values, _) = validate_in_place(masked, &good_in_place())
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        values[..5],
+        [
+            0x1000_0000,
+            0x2000_0000,
+            0x3000_0000,
+            0x4000_0000,
+            0x5000_0000
+        ]
+    );
+    let mut a = good_in_place();
+    a.mask = None;
+    assert!(
+        validate_in_place(masked, &a).unwrap().is_some(),
+        "null mask = every token"
+    );
+    assert!(validate_in_place(plain, &a).unwrap().is_some());
+    in_place_refused(plain, &good_in_place(), "this kernel has no mask");
+
+    let mut a = good_in_place();
+    a.mask = Some(MaskBuffer {
+        ptr: 0x5000_0000,
+        len: T - 1,
+    });
+    in_place_refused(masked, &a, "needs one per token");
+    let mut a = good_in_place();
+    a.other.ptr = a.state.ptr;
+    in_place_refused(masked, &a, "state overlaps other");
+    let mut a = good_in_place();
+    a.mask = Some(MaskBuffer {
+        ptr: a.state_lse.ptr + 4,
+        len: T,
+    });
+    in_place_refused(masked, &a, "state_lse overlaps mask");
+    let mut a = good_in_place();
+    a.state_lse.ptr = a.state.ptr + 64;
+    in_place_refused(masked, &a, "state overlaps state_lse");
+    let mut a = good_in_place();
+    a.state_layout.token_stride = D;
+    in_place_refused(masked, &a, "rows would overlap");
 }

@@ -7,6 +7,7 @@ use mla_gen::spec::{self, LseLayout, MergeVariant, OutputKind};
 
 fn variant(dtype: Dtype, head_size: u32, prefix_threshold: bool, output_lse: bool) -> MergeVariant {
     MergeVariant {
+        family: spec::Family::MergeAttnStates,
         dtype,
         head_size,
         prefix_threshold,
@@ -98,4 +99,31 @@ fn manifest_with_versions_and_hashes_redacted() {
         ".kernels[].archs[].cubin.bytes" => "[bytes]",
         ".kernels[].archs[].resources" => "[ptxas report]",
     });
+}
+
+/// The K-way and in-place families, rendered from a spec as a user writes it.
+#[test]
+fn k_way_and_in_place_merges() {
+    let spec = spec::parse(
+        "snapshot.toml",
+        "[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n\
+         [[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = [128, 576]\nmask = [true, false]\n",
+    )
+    .unwrap();
+    let t = Templates::embedded().unwrap();
+    let names = spec.kernel_names();
+    assert_eq!(
+        names,
+        [
+            "merge_states_bf16_d128_k4_lse",
+            "merge_states_bf16_d128_kvar_lse",
+            "merge_state_in_place_f16_d128_mask",
+            "merge_state_in_place_f16_d576_mask",
+            "merge_state_in_place_f16_d128",
+            "merge_state_in_place_f16_d576",
+        ]
+    );
+    for v in &spec.variants {
+        insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", v).unwrap());
+    }
 }

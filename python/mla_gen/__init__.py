@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from cuda.bindings import driver as _cu
 
-__all__ = ["merge_attn_states", "stats", "kernel_for", "available_kernels"]
+__all__ = ["merge_attn_states", "merge_states", "merge_state_in_place", "stats", "kernel_for",
+           "available_kernels"]
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _SIZES = {"f32": 4, "f16": 2, "bf16": 2}
@@ -127,7 +128,7 @@ def kernel_for(dtype: torch.dtype, head_size: int, device: int, *, threshold: bo
     key_meta = None
     for k in _manifest_data()["kernels"]:
         v = k["variant"]
-        if (v["dtype"] == name and v["head_size"] == head_size
+        if (_family(k)[0] == "merge_attn_states" and v["dtype"] == name and v["head_size"] == head_size
                 and v["output"] == ("fp8_e4m3" if fp8 else "same")
                 and (v["lse_layout"] == "head_major") == head_major
                 and (not threshold or v["prefix_threshold"]) and (not output_lse or v["output_lse"])):
@@ -405,3 +406,216 @@ def merge_attn_states(
     if err:
         _check((_cu.CUresult(err), None), "cuLaunchKernel")
     _stats["launches"] += 1
+
+
+# ---- the other families: K-way merge and in-place merge ----
+
+def _family(meta: dict) -> tuple[str, dict]:
+    """A manifest kernel's family name and its fields ({"num_states": K or None} / {"mask": b})."""
+    f = meta["variant"].get("family", "merge_attn_states")
+    if isinstance(f, dict):
+        (name, fields), = f.items()
+        return name, fields
+    return f, {}
+
+
+def _load(meta: dict, device: int) -> _Kernel:
+    key = (device, meta["name"])
+    kern = _loaded.get(key)
+    if kern is None:
+        with _lock:
+            kern = _loaded.get(key)
+            if kern is None:
+                kern = _Kernel(meta, device)
+                _loaded[key] = kern
+    return kern
+
+
+def _find(family: str, dtype: torch.dtype, head_size: int, accept, what: str) -> dict:
+    """The manifest kernel of `family` for (dtype, head size) whose fields `accept` ranks best
+    (lower is better; None = unusable)."""
+    key = (family, dtype, head_size, what)  # `what` spells out the selection
+    hit = _found.get(key)
+    if hit is not None:
+        return hit
+    name = _DTYPE_NAMES.get(dtype)
+    best = None
+    for k in _manifest_data()["kernels"]:
+        fam, fields = _family(k)
+        v = k["variant"]
+        if fam != family or v["dtype"] != name or v["head_size"] != head_size:
+            continue
+        rank = accept(fields, v)
+        if rank is not None and (best is None or rank < best[0]):
+            best = (rank, k)
+    if best is None:
+        raise ValueError(f"no generated {family} kernel for dtype={dtype}, head_size={head_size}{what}; "
+                         f"add a [[{family}]] table to the spec")
+    _found[key] = best[1]
+    return best[1]
+
+
+_found: dict = {}
+
+
+def _check_rows(name: str, t: torch.Tensor, device, dtype, D: int, launch: dict):
+    """A [.., H, D] tensor of rows: on the device, of the dtype, rows contiguous, strides and
+    pointer fit the kernel's vector access."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} is {t.dtype}, expected {dtype}")
+    vec, vec_bytes = launch["vec_elems"], launch["vec_bytes"]
+    if t.stride()[-1] != 1:
+        raise ValueError(f"{name}: the head_size dimension must be contiguous (stride 1), got strides {t.stride()}")
+    if t.shape[-2] > 1 and t.stride()[-2] < D:
+        raise ValueError(f"{name}: head stride {t.stride()[-2]} < head size {D}")
+    if any(st % vec for st in t.stride()[:-1]):
+        raise ValueError(f"{name}: strides {t.stride()} must be multiples of {vec} elements")
+    if t.data_ptr() % vec_bytes:
+        raise ValueError(f"{name}: data pointer is not {vec_bytes}-byte aligned")
+
+
+def _check_lse(name: str, t: torch.Tensor, device, shape: tuple):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _launch(kern: _Kernel, values: dict, grid: tuple, device: int):
+    """cuLaunchKernel with the kernel's parameters, in the manifest's order, from `values`."""
+    launch = kern.meta["launch"]
+    ordered = [values[n] for n in kern.param_names]
+    storage = (ctypes.c_uint64 * len(ordered))(*ordered)
+    base = ctypes.addressof(storage)
+    pointers = (ctypes.c_void_p * len(ordered))(*[base + 8 * i for i in range(len(ordered))])
+    err = _launcher()(ctypes.c_void_p(int(kern.function)), grid[0], grid[1], 1, launch["block_threads"], 1, 1,
+                      launch["shared_mem_bytes"], ctypes.c_void_p(_current_stream(device)), pointers, None)
+    if err:
+        _check((_cu.CUresult(err), None), "cuLaunchKernel")
+    _stats["launches"] += 1
+
+
+def _grid(launch: dict, T: int, H: int) -> tuple:
+    tokens = launch["tokens_per_block"] * launch["rows_per_thread"]
+    gy = (H + launch["heads_per_block"] - 1) // launch["heads_per_block"]
+    if gy > 65535:
+        raise ValueError(f"num_heads = {H} needs {gy} block rows, over the grid's y limit 65535")
+    return ((T + tokens - 1) // tokens, gy)
+
+
+def merge_states(v: torch.Tensor, s: torch.Tensor, output: torch.Tensor | None = None,
+                 output_lse: torch.Tensor | None = None):
+    """Merge K attention states per token in one pass (FlashInfer's ``merge_states``).
+
+    v: [T, K, H, D] partial outputs (f32/f16/bf16; the D dimension contiguous, other strides free),
+    s: [T, K, H] float32 lse, contiguous. Returns ``(output [T, H, D], output_lse [T, H])``,
+    allocated when not given. +inf lse means "no keys" like -inf; a row with no keys in any
+    state gets state 0's row and lse -inf. Uses the compile-time-K kernel for this K when the
+    spec has one, else the runtime-K kernel."""
+    if not isinstance(v, torch.Tensor) or v.dim() != 4:
+        raise ValueError("v must be a [num_tokens, num_states, num_heads, head_size] tensor")
+    T, K, H, D = v.shape
+    if K < 1:
+        raise ValueError("num_states must be at least 1")
+    if v.dtype not in _DTYPE_NAMES:
+        raise TypeError(f"v's dtype {v.dtype} is not supported (float32, float16, bfloat16)")
+    if not v.is_cuda:
+        raise ValueError(f"v is on {v.device}; the merge runs on a CUDA device")
+    meta = _find("merge_states", v.dtype, D,
+                 lambda f, var: 0 if f.get("num_states") == K else (1 if f.get("num_states") is None else None),
+                 f" merging {K} states (no kernel with num_states = {K} or \"runtime\")")
+    launch = meta["launch"]
+    _check_rows("v", v, v.device, v.dtype, D, launch)
+    _check_lse("s", s, v.device, (T, K, H))
+    if output is None:
+        output = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
+    if output_lse is None and meta["variant"]["output_lse"]:
+        output_lse = torch.empty((T, H), dtype=torch.float32, device=v.device)
+    if tuple(output.shape) != (T, H, D):
+        raise ValueError(f"output must be [T, H, D] = {(T, H, D)}, got {tuple(output.shape)}")
+    _check_rows("output", output, v.device, v.dtype, D, launch)
+    ots, ohs, _ = output.stride()
+    if T > 1 and ots < H * max(ohs, D):
+        raise ValueError(f"output: token stride {ots} < num_heads * head stride: rows would overlap")
+    if output_lse is not None:
+        if not meta["variant"]["output_lse"]:
+            raise ValueError(f"{meta['name']} has no output_lse (spec: output_lse = true)")
+        _check_lse("output_lse", output_lse, v.device, (T, H))
+    for oname, o in (("output", output), ("output_lse", output_lse)):
+        for iname, i in (("v", v), ("s", s)):
+            if o is not None and _span_overlap(o, i):
+                raise ValueError(f"{oname} overlaps {iname}; this merge is not in-place")
+    if T == 0 or H == 0:
+        return output, output_lse
+    kern = _load(meta, output.get_device())
+    vts, vks, vhs, _ = v.stride()
+    values = {"output": output.data_ptr(), "output_lse": 0 if output_lse is None else output_lse.data_ptr(),
+              "states": v.data_ptr(), "states_lse": s.data_ptr(), "num_states": K,
+              "num_tokens": T, "num_heads": H, "output_token_stride": ots, "output_head_stride": ohs,
+              "states_token_stride": vts, "states_state_stride": vks, "states_head_stride": vhs}
+    _launch(kern, values, _grid(launch, T, H), output.get_device())
+    return output, output_lse
+
+
+def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor, s_other: torch.Tensor,
+                         mask: torch.Tensor | None = None, *, lse_layout: str = "token_major") -> None:
+    """``v, s := merge((v, s), (v_other, s_other))`` in place (FlashInfer's
+    ``merge_state_in_place``). v, v_other: [T, H, D]; s, s_other: float32 lse, [T, H] with
+    ``lse_layout="token_major"`` (FlashInfer's layout, the default) or [H, T] with
+    ``"head_major"`` (vLLM's). ``mask``: [T] bool or uint8; tokens where it is 0/False are left
+    untouched (needs a kernel generated with ``mask = true``)."""
+    if lse_layout not in ("token_major", "head_major"):
+        raise ValueError('lse_layout must be "token_major" or "head_major"')
+    if not isinstance(v, torch.Tensor) or v.dim() != 3:
+        raise ValueError("v must be a [num_tokens, num_heads, head_size] tensor")
+    T, H, D = v.shape
+    if v.dtype not in _DTYPE_NAMES:
+        raise TypeError(f"v's dtype {v.dtype} is not supported (float32, float16, bfloat16)")
+    if not v.is_cuda:
+        raise ValueError(f"v is on {v.device}; the merge runs on a CUDA device")
+    want_mask = mask is not None
+    meta = _find("merge_state_in_place", v.dtype, D,
+                 lambda f, var: None if var["lse_layout"] != lse_layout or (want_mask and not f.get("mask"))
+                 else int(f.get("mask", False) != want_mask),
+                 f" with lse_layout={lse_layout}" + (" and a mask" if want_mask else ""))
+    launch = meta["launch"]
+    _check_rows("v", v, v.device, v.dtype, D, launch)
+    if not isinstance(v_other, torch.Tensor) or tuple(v_other.shape) != (T, H, D):
+        raise ValueError(f"v_other must be [T, H, D] = {(T, H, D)}")
+    _check_rows("v_other", v_other, v.device, v.dtype, D, launch)
+    lse_shape = (T, H) if lse_layout == "token_major" else (H, T)
+    _check_lse("s", s, v.device, lse_shape)
+    _check_lse("s_other", s_other, v.device, lse_shape)
+    vts, vhs, _ = v.stride()
+    if T > 1 and vts < H * max(vhs, D):
+        raise ValueError(f"v: token stride {vts} < num_heads * head stride: rows would overlap")
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype not in (torch.bool, torch.uint8):
+            raise TypeError("mask must be a bool or uint8 tensor")
+        if tuple(mask.shape) != (T,) or not mask.is_contiguous() or mask.device != v.device:
+            raise ValueError(f"mask must be a contiguous [num_tokens] = ({T},) tensor on {v.device}")
+    for oname, o in (("v", v), ("s", s)):
+        for iname, i in (("v_other", v_other), ("s_other", s_other), ("mask", mask)):
+            if i is not None and _span_overlap(o, i):
+                raise ValueError(f"{oname} overlaps {iname}; only v and s are updated in place")
+    if _span_overlap(v, s):
+        raise ValueError("v overlaps s; both are written")
+    if T == 0 or H == 0:
+        return
+    kern = _load(meta, v.get_device())
+    ots, ohs, _ = v_other.stride()
+    values = {"state": v.data_ptr(), "state_lse": s.data_ptr(), "other": v_other.data_ptr(),
+              "other_lse": s_other.data_ptr(), "mask": 0 if mask is None else mask.data_ptr(),
+              "num_tokens": T, "num_heads": H, "state_token_stride": vts, "state_head_stride": vhs,
+              "other_token_stride": ots, "other_head_stride": ohs}
+    _launch(kern, values, _grid(launch, T, H), v.get_device())

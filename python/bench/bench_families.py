@@ -1,0 +1,97 @@
+"""Benchmark of the K-way merge (merge_states) against the copy limit and against K-1 chained
+in-place pairwise merges (what an engine without a K-way kernel runs), in one process.
+
+Kernels come from $MLA_GEN_KERNELS (scripts/gpu-check.sh bench points it at the kernels of
+tests/gpu-extra.toml). Method as in bench.py: median of >= 100 launches, CUDA events, L2 flushed
+before each launch, fresh random data per shape.
+
+Bytes moved: K-way = T*H*(K*(D*size + 4) + D*size + 4); the chain = (K-1) * T*H*(3*D*size + 12).
+The target: the K-way merge is faster than the chain by at least the ratio of those bytes.
+
+Usage: MLA_GEN_KERNELS=DIR python3 python/bench/bench_families.py [--out DIR] [--reps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mla_gen  # noqa: E402
+from bench import time_ms  # noqa: E402
+
+SHAPES = [(8192, 32, 128), (32768, 32, 128), (16384, 128, 128)]
+
+
+def kernel_k(K):
+    """The compile-time-K kernel's name for bf16 d128, or None (then the runtime-K one runs)."""
+    for k in mla_gen._manifest_data()["kernels"]:
+        fam, fields = mla_gen._family(k)
+        v = k["variant"]
+        if fam == "merge_states" and v["dtype"] == "bf16" and v["head_size"] == 128 and fields["num_states"] == K:
+            return k["name"]
+    return None
+
+
+def bench(T, H, D, K, reps, dtype=torch.bfloat16):
+    g = torch.Generator(device="cuda").manual_seed(T + H + K)
+    v = torch.empty(T, K, H, D, device="cuda", dtype=dtype).uniform_(-4, 4, generator=g)
+    s = torch.empty(T, K, H, device="cuda").uniform_(-10, 10, generator=g)
+    out = torch.empty(T, H, D, device="cuda", dtype=dtype)
+    out_lse = torch.empty(T, H, device="cuda")
+    size = v.element_size()
+    kway_bytes = T * H * (K * (D * size + 4) + D * size + 4)
+    chain_bytes = (K - 1) * T * H * (3 * D * size + 12)
+    # The chain's inputs as an engine holds them: K separate [T, H, D] states and [T, H] lse.
+    states = [v[:, k].contiguous() for k in range(K)]
+    lses = [s[:, k].contiguous() for k in range(K)]
+
+    def chain():
+        for k in range(1, K):
+            mla_gen.merge_state_in_place(states[0], lses[0], states[k], lses[k])
+
+    src = torch.empty(kway_bytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    row = {"T": T, "H": H, "D": D, "K": K, "dtype": "bf16", "kway_bytes": kway_bytes,
+           "chain_bytes": chain_bytes, "kernel": kernel_k(K) or "runtime K"}
+    for name, fn in (("merge_states", lambda: mla_gen.merge_states(v, s, out, out_lse)),
+                     ("copy", lambda: dst.copy_(src)),
+                     ("chain", chain)):
+        row[name + "_us"] = time_ms(fn, reps) * 1e3
+    row["merge_states_gbs"] = kway_bytes / row["merge_states_us"] / 1e3
+    row["copy_gbs"] = kway_bytes / row["copy_us"] / 1e3
+    row["pct_copy"] = 100 * row["merge_states_gbs"] / row["copy_gbs"]
+    row["chain_gbs"] = chain_bytes / row["chain_us"] / 1e3
+    row["speedup_vs_chain"] = row["chain_us"] / row["merge_states_us"]
+    row["bytes_ratio"] = chain_bytes / kway_bytes
+    del v, s, out, states, lses, src, dst
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--reps", type=int, default=100)
+    args = ap.parse_args()
+    print(f"# {torch.cuda.get_device_name()}, kernels from {mla_gen.kernels_dir()}")
+    print(f"{'K':>3} {'T':>6} {'H':>4} {'D':>4} {'MB':>7} | {'merge_states us':>15} {'GB/s':>6} {'%copy':>6} | "
+          f"{'chain us':>9} {'x chain':>8} {'bytes ratio':>11} | kernel")
+    rows = []
+    for K in (4, 8, 16, 3):
+        for T, H, D in SHAPES:
+            r = bench(T, H, D, K, args.reps)
+            rows.append(r)
+            print(f"{K:>3} {T:>6} {H:>4} {D:>4} {r['kway_bytes'] / 1e6:>7.0f} | {r['merge_states_us']:>15.1f} "
+                  f"{r['merge_states_gbs']:>6.0f} {r['pct_copy']:>5.1f}% | {r['chain_us']:>9.1f} "
+                  f"{r['speedup_vs_chain']:>7.2f}x {r['bytes_ratio']:>11.2f} | {r['kernel']}", flush=True)
+    Path(args.out, "bench-families.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                                                 "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
