@@ -174,6 +174,17 @@ pub const FALLBACK_SCHEDULE: Schedule = Schedule {
     heads_per_block: 1,
 };
 
+/// The K-way merge's schedule where the spec sets none: 128-thread blocks of two adjacent heads.
+/// Measured best (by its lowest GB/s over three shapes) of 12 candidates for each of K = 4, 8, 16
+/// and runtime K at bf16 D = 128 on the H200 (docs/PERFORMANCE.md, specs/kway-candidates.toml);
+/// one row per thread, since the K rows of a token are already the loads in flight.
+pub const KWAY_SCHEDULE: Schedule = Schedule {
+    rows_per_thread: 1,
+    min_blocks_per_sm: 1,
+    block_threads: 128,
+    heads_per_block: 2,
+};
+
 /// Schedules measured best by `mla-gen tune`, checked in so generation needs no GPU.
 pub const TUNED_SCHEDULES: &str = include_str!("../specs/tuned.toml");
 
@@ -814,7 +825,10 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         for &family in &kinds {
             for &dtype in &dtypes {
                 for &head_size in &heads {
-                    let tuned = tuned_schedule(dtype, head_size);
+                    let tuned = match family {
+                        Family::MergeStates { .. } => KWAY_SCHEDULE,
+                        _ => tuned_schedule(dtype, head_size),
+                    };
                     for &prefix_threshold in &thresholds {
                         for &output_lse in &lses {
                             for &output in &outputs {

@@ -73,11 +73,47 @@ def bench(T, H, D, K, reps, dtype=torch.bfloat16):
     return row
 
 
+def candidates(reps, out):
+    """Time every merge_states kernel of the folder (schedule candidates from
+    specs/kway-candidates.toml) at SHAPES; K = its own, or 3 and 8 for runtime-K kernels."""
+    rows = []
+    dev = torch.cuda.current_device()
+    for meta in mla_gen._manifest_data()["kernels"]:
+        fam, fields = mla_gen._family(meta)
+        if fam != "merge_states":
+            continue
+        kern = mla_gen._load(meta, dev)
+        for K in ([fields["num_states"]] if fields["num_states"] else [3, 8]):
+            for T, H, D in SHAPES:
+                v = torch.empty(T, K, H, D, device="cuda", dtype=torch.bfloat16).uniform_(-4, 4)
+                s = torch.empty(T, K, H, device="cuda").uniform_(-10, 10)
+                o = torch.empty(T, H, D, device="cuda", dtype=torch.bfloat16)
+                ol = torch.empty(T, H, device="cuda")
+                vts, vks, vhs, _ = v.stride()
+                values = {"output": o.data_ptr(), "output_lse": ol.data_ptr(), "states": v.data_ptr(),
+                          "states_lse": s.data_ptr(), "num_states": K, "num_tokens": T, "num_heads": H,
+                          "output_token_stride": H * D, "output_head_stride": D, "states_token_stride": vts,
+                          "states_state_stride": vks, "states_head_stride": vhs}
+                grid = mla_gen._grid(meta["launch"], T, H)
+                us = time_ms(lambda: mla_gen._launch(kern, values, grid, dev), reps) * 1e3
+                nbytes = T * H * (K * (D * 2 + 4) + D * 2 + 4)
+                rows.append({"kernel": meta["name"], "K": K, "T": T, "H": H, "us": us, "gbs": nbytes / us / 1e3,
+                             "regs": [a.get("resources", {}).get("registers") for a in meta["archs"]]})
+                print(f"{meta['name']:>46} K={K:>2} T={T:>5} H={H:>3} {us:>8.1f} us {rows[-1]['gbs']:>6.0f} GB/s",
+                      flush=True)
+                del v, s, o, ol
+    Path(out, "kway-candidates.json").write_text(json.dumps(rows, indent=1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--candidates", action="store_true", help="time every merge_states schedule in the folder")
     args = ap.parse_args()
+    if args.candidates:
+        candidates(args.reps, args.out)
+        return
     print(f"# {torch.cuda.get_device_name()}, kernels from {mla_gen.kernels_dir()}")
     print(f"{'K':>3} {'T':>6} {'H':>4} {'D':>4} {'MB':>7} | {'merge_states us':>15} {'GB/s':>6} {'%copy':>6} | "
           f"{'chain us':>9} {'x chain':>8} {'bytes ratio':>11} | kernel")
