@@ -96,7 +96,46 @@ pub fn params(v: &MergeVariant) -> Vec<Param> {
         Family::MergeAttnStates => pair_params(v),
         Family::MergeStates { num_states } => states_params(v, num_states.is_none()),
         Family::MergeStateInPlace { mask } => in_place_params(v, mask),
+        Family::MaskEmptyContextLse => mask_lse_params(v),
     }
+}
+
+/// A read-only int32 array (request boundaries).
+fn int32_array(name: &'static str, doc: &'static str) -> Param {
+    Param {
+        name,
+        c_type: "const int* __restrict__".to_string(),
+        kind: ParamKind::Pointer,
+        elem: Some("i32"),
+        written: false,
+        nullable: false,
+        doc,
+    }
+}
+
+fn mask_lse_params(v: &MergeVariant) -> Vec<Param> {
+    let lse_doc = match v.lse_layout {
+        LseLayout::HeadMajor => {
+            "[H, T] float32 lse, element (h, t) at h*T + t; set to -inf in place"
+        }
+        LseLayout::TokenMajor => {
+            "[T, H] float32 lse, element (h, t) at t*H + h; set to -inf in place"
+        }
+    };
+    vec![
+        pointer("lse", Dtype::F32, true, false, lse_doc),
+        int32_array(
+            "query_start_loc",
+            "[B + 1] int32: the tokens of request b are query_start_loc[b] .. query_start_loc[b+1]",
+        ),
+        int32_array(
+            "context_start_loc",
+            "[B + 1] int32: request b's context is empty when context_start_loc[b+1] == context_start_loc[b]",
+        ),
+        int64("num_requests", "B"),
+        int64("num_tokens", "T"),
+        int64("num_heads", "H"),
+    ]
 }
 
 fn states_params(v: &MergeVariant, runtime_k: bool) -> Vec<Param> {

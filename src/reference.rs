@@ -181,6 +181,30 @@ pub fn merge_states_row(lse: &[f32]) -> StatesMerge {
     }
 }
 
+/// `mask_empty_context_lse`: set lse to -inf for every head of the tokens of requests whose
+/// context is empty. Request b holds tokens `query_start_loc[b] .. query_start_loc[b+1]`
+/// (non-decreasing start locations); its context is empty when
+/// `context_start_loc[b+1] == context_start_loc[b]`. Tokens outside every request keep their lse.
+pub fn mask_empty_context(
+    lse: &mut [f32],
+    head_major: bool,
+    (num_tokens, num_heads): (usize, usize),
+    query_start_loc: &[i32],
+    context_start_loc: &[i32],
+) {
+    for b in 0..query_start_loc.len().saturating_sub(1) {
+        if context_start_loc[b + 1] != context_start_loc[b] {
+            continue;
+        }
+        let clamp = |x: i32| (x.max(0) as usize).min(num_tokens);
+        for t in clamp(query_start_loc[b])..clamp(query_start_loc[b + 1]) {
+            for h in 0..num_heads {
+                lse[lse_index(head_major, num_tokens, num_heads, t, h)] = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
 /// Round a float64 to the nearest value of `dtype` (ties to even), returned as f64.
 pub fn round_to(dtype: Dtype, x: f64) -> f64 {
     match dtype {
@@ -348,6 +372,28 @@ mod tests {
             assert_eq!(k.lse(), pair.lse(), "({p}, {s})");
             let (v, _) = k.value_and_magnitude(&[1.5, -2.0]);
             assert!((v - pair.value(1.5, -2.0)).abs() < 1e-15, "({p}, {s})");
+        }
+    }
+
+    #[test]
+    fn empty_contexts_mask_their_tokens_only() {
+        // Requests: [0, 2) with context, [2, 5) without, [5, 5) empty, [5, 6) without;
+        // token 6 belongs to no request.
+        let qsl = [0, 2, 5, 5, 6];
+        let csl = [0, 10, 10, 12, 12];
+        for head_major in [true, false] {
+            let mut lse: Vec<f32> = (0..14).map(|x| x as f32).collect();
+            mask_empty_context(&mut lse, head_major, (7, 2), &qsl, &csl);
+            for t in 0..7 {
+                for h in 0..2 {
+                    let i = lse_index(head_major, 7, 2, t, h);
+                    let masked = (2..6).contains(&t);
+                    assert_eq!(lse[i] == f32::NEG_INFINITY, masked, "t={t} h={h}");
+                    if !masked {
+                        assert_eq!(lse[i], i as f32);
+                    }
+                }
+            }
         }
     }
 

@@ -10,7 +10,7 @@ use crate::abi::{self, Launch, Param};
 use crate::spec::{Family, MergeVariant};
 
 /// Templates compiled into the binary: (name, text). Their bytes feed every artifact's hash.
-pub const EMBEDDED_TEMPLATES: [(&str, &str); 4] = [
+pub const EMBEDDED_TEMPLATES: [(&str, &str); 5] = [
     (
         "prelude.cu.tera",
         include_str!("../templates/prelude.cu.tera"),
@@ -26,6 +26,10 @@ pub const EMBEDDED_TEMPLATES: [(&str, &str); 4] = [
     (
         "merge_state_in_place.cu.tera",
         include_str!("../templates/merge_state_in_place.cu.tera"),
+    ),
+    (
+        "mask_empty_context_lse.cu.tera",
+        include_str!("../templates/mask_empty_context_lse.cu.tera"),
     ),
 ];
 

@@ -179,6 +179,11 @@ pub enum ParamSlot {
     StateHeadStride,
     OtherTokenStride,
     OtherHeadStride,
+    // mask_empty_context_lse
+    Lse,
+    QueryStartLoc,
+    ContextStartLoc,
+    NumRequests,
 }
 
 /// The most parameters a merge kernel has.
@@ -191,7 +196,10 @@ impl ParamSlot {
         match self {
             NumTokens | NumHeads => true,
             Output | OutputLse | OutputTokenStride | OutputHeadStride => {
-                !matches!(family, Family::MergeStateInPlace { .. })
+                matches!(family, Family::MergeAttnStates | Family::MergeStates { .. })
+            }
+            Lse | QueryStartLoc | ContextStartLoc | NumRequests => {
+                family == Family::MaskEmptyContextLse
             }
             Prefix
             | PrefixLse
@@ -246,6 +254,10 @@ impl ParamSlot {
             "state_head_stride" => StateHeadStride,
             "other_token_stride" => OtherTokenStride,
             "other_head_stride" => OtherHeadStride,
+            "lse" => Lse,
+            "query_start_loc" => QueryStartLoc,
+            "context_start_loc" => ContextStartLoc,
+            "num_requests" => NumRequests,
             _ => return None,
         })
     }
@@ -575,6 +587,20 @@ impl Runtime {
             matches!(f, Family::MergeStates { .. })
         })?;
         let checked = check_states(&kernel.meta, kernel.dtype, &kernel.slots, args)?;
+        self.launch_checked(kernel, stream, checked)
+    }
+
+    /// Validate `args` against a `mask_empty_context_lse` kernel and launch it on `stream`.
+    pub fn launch_mask_lse(
+        &self,
+        kernel: &LoadedKernel,
+        stream: &CudaStream,
+        args: &MaskLseArgs,
+    ) -> Result<(), RuntimeError> {
+        self.expect_family(kernel, "mask_empty_context_lse", |f| {
+            f == Family::MaskEmptyContextLse
+        })?;
+        let checked = check_mask_lse(&kernel.meta, &kernel.slots, args)?;
         self.launch_checked(kernel, stream, checked)
     }
 
@@ -1276,6 +1302,114 @@ fn check_in_place(
         ParamSlot::StateHeadStride => a.state_layout.head_stride as u64,
         ParamSlot::OtherTokenStride => a.other_layout.token_stride as u64,
         ParamSlot::OtherHeadStride => a.other_layout.head_stride as u64,
+        _ => 0,
+    });
+    Ok(Some((values, (grid, k.launch.block_threads))))
+}
+
+/// Arguments of one `mask_empty_context_lse` launch.
+#[derive(Debug, Clone)]
+pub struct MaskLseArgs {
+    /// `[H, T]` or `[T, H]` float32 (the kernel's layout), set to -inf in place.
+    pub lse: DeviceBuffer,
+    /// `[B + 1]` int32 token boundaries of the requests.
+    pub query_start_loc: IndexBuffer,
+    /// `[B + 1]` int32 context boundaries; equal neighbours = an empty context.
+    pub context_start_loc: IndexBuffer,
+    pub num_requests: usize,
+    pub num_tokens: usize,
+    pub num_heads: usize,
+}
+
+/// A device array of int32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexBuffer {
+    pub ptr: u64,
+    pub len: usize,
+}
+
+impl IndexBuffer {
+    fn byte_range(&self) -> (u64, u64) {
+        (self.ptr, self.ptr + 4 * self.len as u64)
+    }
+}
+
+/// Check a `mask_empty_context_lse` launch; the parameter values in ABI order and the launch
+/// shape. The start locations' contents are not read (that would need a device-to-host copy):
+/// the kernel writes only its own (t, h) whatever they hold.
+pub fn validate_mask_lse(
+    k: &KernelView,
+    a: &MaskLseArgs,
+) -> Result<Option<LaunchValues>, RuntimeError> {
+    let (_, slots) = k.resolve()?;
+    check_mask_lse(k, &slots, a)
+}
+
+fn check_mask_lse(
+    k: &KernelView,
+    slots: &[ParamSlot],
+    a: &MaskLseArgs,
+) -> Result<Option<LaunchValues>, RuntimeError> {
+    let bad = refuse_for(k);
+    let (t, h, b) = (a.num_tokens, a.num_heads, a.num_requests);
+    if k.variant.family != Family::MaskEmptyContextLse {
+        return Err(bad(format!(
+            "this is a {} kernel, not mask_empty_context_lse",
+            k.variant.family.table()
+        )));
+    }
+    check_types(&bad, &[("lse", Some(&a.lse), Dtype::F32)])?;
+    for (name, buf) in [
+        ("query_start_loc", &a.query_start_loc),
+        ("context_start_loc", &a.context_start_loc),
+    ] {
+        if buf.ptr == 0 {
+            return Err(bad(format!("{name} is a null pointer")));
+        }
+        if buf.ptr % 4 != 0 {
+            return Err(bad(format!(
+                "{name}: pointer {:#x} is not 4-byte aligned",
+                buf.ptr
+            )));
+        }
+        if buf.len < b.saturating_add(1) {
+            return Err(bad(format!(
+                "{name}: {} elements, needs num_requests + 1 = {}",
+                buf.len,
+                b.saturating_add(1)
+            )));
+        }
+    }
+    if b > i32::MAX as usize {
+        return Err(bad(format!(
+            "num_requests = {b} does not fit the int32 start locations"
+        )));
+    }
+    let Some(grid) = launch_grid(&bad, k, t, h)? else {
+        return Ok(None);
+    };
+    check_lse(
+        &bad,
+        &[("lse", Some(&a.lse))],
+        t * h,
+        "num_tokens * num_heads",
+    )?;
+    check_disjoint(
+        &bad,
+        &[("lse", bytes(Some(&a.lse)))],
+        &[
+            ("query_start_loc", Some(a.query_start_loc.byte_range())),
+            ("context_start_loc", Some(a.context_start_loc.byte_range())),
+        ],
+        "the start locations are read while lse is written",
+    )?;
+    let values = param_values(slots, |slot| match slot {
+        ParamSlot::Lse => a.lse.ptr,
+        ParamSlot::QueryStartLoc => a.query_start_loc.ptr,
+        ParamSlot::ContextStartLoc => a.context_start_loc.ptr,
+        ParamSlot::NumRequests => b as u64,
+        ParamSlot::NumTokens => t as u64,
+        ParamSlot::NumHeads => h as u64,
         _ => 0,
     });
     Ok(Some((values, (grid, k.launch.block_threads))))

@@ -243,6 +243,9 @@ pub enum Family {
     /// `state := merge(state, other)` in place; with `mask`, tokens whose mask byte is 0 are
     /// left untouched.
     MergeStateInPlace { mask: bool },
+    /// lse := -inf for every head of the tokens of requests whose context is empty (given query
+    /// and context start locations per request), before a merge.
+    MaskEmptyContextLse,
 }
 
 impl Family {
@@ -252,6 +255,7 @@ impl Family {
             Family::MergeAttnStates => "merge_attn_states",
             Family::MergeStates { .. } => "merge_states",
             Family::MergeStateInPlace { .. } => "merge_state_in_place",
+            Family::MaskEmptyContextLse => "mask_empty_context_lse",
         }
     }
 }
@@ -294,6 +298,14 @@ impl MergeVariant {
                 if mask {
                     name.push_str("_mask");
                 }
+            }
+            // It has no dtype or head size: the name is the family and its lse layout.
+            Family::MaskEmptyContextLse => {
+                let mut name = self.family.table().to_string();
+                if self.lse_layout == LseLayout::TokenMajor {
+                    name.push_str("_tm");
+                }
+                return name;
             }
         }
         if self.prefix_threshold {
@@ -385,6 +397,7 @@ struct RawSpec {
     merge_attn_states: Option<Vec<Spanned<RawMerge>>>,
     merge_states: Option<Vec<Spanned<RawMerge>>>,
     merge_state_in_place: Option<Vec<Spanned<RawMerge>>>,
+    mask_empty_context_lse: Option<Vec<Spanned<RawMerge>>>,
 }
 
 /// (key, its value, the tables it belongs to, why it is refused in the others)
@@ -401,6 +414,7 @@ enum Table {
     Pairwise,
     KWay,
     InPlace,
+    MaskLse,
 }
 
 impl Table {
@@ -409,6 +423,7 @@ impl Table {
             Table::Pairwise => "merge_attn_states",
             Table::KWay => "merge_states",
             Table::InPlace => "merge_state_in_place",
+            Table::MaskLse => "mask_empty_context_lse",
         }
     }
 }
@@ -441,7 +456,38 @@ impl RawMerge {
     ) -> Option<(&'static str, &Spanned<toml::Value>, &'static str)> {
         use Table::*;
         // (key, its value, the tables it belongs to, why elsewhere it is refused)
-        let keys: [KeyRule; 7] = [
+        const MERGES: &[Table] = &[Pairwise, KWay, InPlace];
+        let keys: [KeyRule; 12] = [
+            (
+                "dtype",
+                &self.dtype,
+                MERGES,
+                "the lse mask works on float32 lse of any merge",
+            ),
+            (
+                "head_size",
+                &self.head_size,
+                MERGES,
+                "the lse mask works on lse, which has no head size",
+            ),
+            (
+                "min_blocks_per_sm",
+                &self.min_blocks_per_sm,
+                MERGES,
+                "the lse mask has a fixed launch shape",
+            ),
+            (
+                "block_threads",
+                &self.block_threads,
+                MERGES,
+                "the lse mask has a fixed launch shape",
+            ),
+            (
+                "heads_per_block",
+                &self.heads_per_block,
+                MERGES,
+                "the lse mask has a fixed launch shape",
+            ),
             (
                 "num_states",
                 &self.num_states,
@@ -469,20 +515,20 @@ impl RawMerge {
             (
                 "lse_layout",
                 &self.lse_layout,
-                &[Pairwise, InPlace],
+                &[Pairwise, InPlace, MaskLse],
                 "merge_states' lse is [T, K, H] in and [T, H] out",
             ),
             (
                 "output_lse",
                 &self.output_lse,
                 &[Pairwise, KWay],
-                "the in-place merge always updates the state's lse",
+                "only the pairwise and K-way merges write a separate output lse",
             ),
             (
                 "rows_per_thread",
                 &self.rows_per_thread,
                 &[Pairwise, InPlace],
-                "a K-way merge keeps its K rows in flight, one token per thread",
+                "only the pairwise and in-place merges take it (a K-way merge keeps its K rows in flight)",
             ),
         ];
         keys.into_iter().find_map(|(key, value, home, why)| {
@@ -691,6 +737,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         (Table::Pairwise, raw.merge_attn_states),
         (Table::KWay, raw.merge_states),
         (Table::InPlace, raw.merge_state_in_place),
+        (Table::MaskLse, raw.mask_empty_context_lse),
     ]
     .into_iter()
     .flat_map(|(t, tables)| tables.unwrap_or_default().into_iter().map(move |f| (t, f)))
@@ -698,7 +745,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
     if families.is_empty() {
         return Err(SpecError::Whole {
             origin: origin.to_string(),
-            message: "the spec names no kernels: add a [[merge_attn_states]], [[merge_states]] or [[merge_state_in_place]] table".to_string(),
+            message: "the spec names no kernels: add a [[merge_attn_states]], [[merge_states]], [[merge_state_in_place]] or [[mask_empty_context_lse]] table".to_string(),
         });
     }
 
@@ -715,16 +762,23 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                 format!("`{key}` is not a key of [[{}]]: {why}", table.name()),
             ));
         }
-        let dtypes = ctx.list(
-            "dtype",
-            ctx.required(table_offset, "dtype", &f.dtype)?,
-            dtype,
-        )?;
-        let heads = ctx.list(
-            "head_size",
-            ctx.required(table_offset, "head_size", &f.head_size)?,
-            head_size,
-        )?;
+        // The lse mask has neither (its lse is float32; the keys were refused above).
+        let (dtypes, heads) = if table == Table::MaskLse {
+            (vec![Dtype::F32], vec![1])
+        } else {
+            (
+                ctx.list(
+                    "dtype",
+                    ctx.required(table_offset, "dtype", &f.dtype)?,
+                    dtype,
+                )?,
+                ctx.list(
+                    "head_size",
+                    ctx.required(table_offset, "head_size", &f.head_size)?,
+                    head_size,
+                )?,
+            )
+        };
         let opt_list = |key: &str, v: &Option<Spanned<toml::Value>>, default: bool| match v {
             Some(v) => ctx.list(key, v, boolean),
             None => Ok(vec![default]),
@@ -735,7 +789,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             &f.prefix_threshold,
             table == Table::Pairwise,
         )?;
-        let lses = opt_list("output_lse", &f.output_lse, true)?;
+        let lses = opt_list("output_lse", &f.output_lse, table != Table::MaskLse)?;
         let outputs = match &f.output {
             Some(v) => ctx.list("output", v, |x| one_of(&OutputKind::ALL, x))?,
             None => vec![OutputKind::Same],
@@ -763,6 +817,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                     .collect(),
                 None => vec![Family::MergeStateInPlace { mask: false }],
             },
+            Table::MaskLse => vec![Family::MaskEmptyContextLse],
         };
 
         let rows =
@@ -827,6 +882,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                 for &head_size in &heads {
                     let tuned = match family {
                         Family::MergeStates { .. } => KWAY_SCHEDULE,
+                        Family::MaskEmptyContextLse => FALLBACK_SCHEDULE,
                         _ => tuned_schedule(dtype, head_size),
                     };
                     for &prefix_threshold in &thresholds {

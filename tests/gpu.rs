@@ -17,8 +17,8 @@ use rayon::prelude::*;
 use mla_gen::dtype::Dtype;
 use mla_gen::reference::{self, lse_index, Layout, RowMerge, StatesMerge};
 use mla_gen::runtime::{
-    self, DeviceBuffer, InPlaceArgs, LoadedKernel, MaskBuffer, MergeArgs, Runtime, StatesArgs,
-    StatesLayout,
+    self, DeviceBuffer, InPlaceArgs, IndexBuffer, LoadedKernel, MaskBuffer, MaskLseArgs, MergeArgs,
+    Runtime, StatesArgs, StatesLayout,
 };
 use mla_gen::spec::Family;
 
@@ -696,6 +696,71 @@ fn run_in_place_case(
     Ok((t * h * d) as u64)
 }
 
+/// An lse-mask case: `requests` requests over the first ~90% of the tokens (some with no tokens),
+/// ~40% with an empty context; the rest of the tokens belong to none. Masked (t, h) must read
+/// -inf, every other lse value its exact bits.
+fn run_mask_lse_case(
+    rt: &Runtime,
+    k: &LoadedKernel,
+    stream: &Arc<CudaStream>,
+    (t, h, requests): (usize, usize, usize),
+    seed: u64,
+) -> Result<u64, String> {
+    let mut rng = Rng(seed | 1);
+    let covered = t - t / 10;
+    let mut cuts: Vec<i32> = (0..requests.saturating_sub(1))
+        .map(|_| (rng.unit() * covered as f64) as i32)
+        .collect();
+    cuts.sort_unstable();
+    let mut qsl = vec![0i32];
+    qsl.extend(cuts);
+    qsl.push(covered as i32);
+    let mut csl = vec![0i32];
+    for _ in 0..requests {
+        let len = if rng.unit() < 0.4 {
+            0
+        } else {
+            1 + (rng.unit() * 100.0) as i32
+        };
+        csl.push(csl.last().unwrap() + len);
+    }
+    let (lse, _) = random_lse(t * h, seed ^ 0x77);
+    let lse_dev: CudaSlice<f32> = stream.clone_htod(&lse).unwrap();
+    let qsl_dev: CudaSlice<i32> = stream.clone_htod(&qsl).unwrap();
+    let csl_dev: CudaSlice<i32> = stream.clone_htod(&csl).unwrap();
+    let args = MaskLseArgs {
+        lse: DeviceBuffer {
+            ptr: raw(&lse_dev, stream),
+            len: t * h,
+            dtype: Dtype::F32,
+        },
+        query_start_loc: IndexBuffer {
+            ptr: raw(&qsl_dev, stream),
+            len: qsl.len(),
+        },
+        context_start_loc: IndexBuffer {
+            ptr: raw(&csl_dev, stream),
+            len: csl.len(),
+        },
+        num_requests: requests,
+        num_tokens: t,
+        num_heads: h,
+    };
+    rt.launch_mask_lse(k, stream, &args)
+        .map_err(|e| e.to_string())?;
+    stream.synchronize().map_err(|e| format!("{e:?}"))?;
+    let got: Vec<f32> = stream.clone_dtoh(&lse_dev).unwrap();
+    let mut want = lse.clone();
+    reference::mask_empty_context(&mut want, k.meta.head_major(), (t, h), &qsl, &csl);
+    match (0..t * h).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        None => Ok((t * h) as u64),
+        Some(i) => Err(format!(
+            "lse element {i}: got {}, want {} (was {})",
+            got[i], want[i], lse[i]
+        )),
+    }
+}
+
 /// Run one case of kernel `k`, whatever its family; `case` picks the options it cycles through.
 #[allow(clippy::too_many_arguments)]
 fn run_any(
@@ -741,6 +806,13 @@ fn run_any(
             (
                 format!("T'={t} K={kk} lse={with_lse}"),
                 run_states_case(rt, k, stream, (t, h, kk), with_lse, seed),
+            )
+        }
+        Family::MaskEmptyContextLse => {
+            let requests = [1, 5, 64, 1000][case % 4].min(t);
+            (
+                format!("requests={requests}"),
+                run_mask_lse_case(rt, k, stream, (t, h, requests), seed),
             )
         }
         Family::MergeStateInPlace { mask } => {

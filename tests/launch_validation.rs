@@ -425,3 +425,57 @@ fn in_place_launches_refuse_aliasing_and_a_short_mask() {
     a.state_layout.token_stride = D;
     in_place_refused(masked, &a, "rows would overlap");
 }
+
+#[test]
+fn lse_mask_launches_check_the_start_locations_buffers() {
+    use mla_gen::runtime::{validate_mask_lse, IndexBuffer, MaskLseArgs};
+    let ks =
+        kernels_of("[[mask_empty_context_lse]]\nlse_layout = [\"head_major\", \"token_major\"]\n");
+    assert_eq!(ks[0].name, "mask_empty_context_lse");
+    assert_eq!(ks[1].name, "mask_empty_context_lse_tm");
+    let good = || MaskLseArgs {
+        lse: buf(0x1000_0000, T * H, Dtype::F32),
+        query_start_loc: IndexBuffer {
+            ptr: 0x2000_0000,
+            len: 4,
+        },
+        context_start_loc: IndexBuffer {
+            ptr: 0x3000_0000,
+            len: 4,
+        },
+        num_requests: 3,
+        num_tokens: T,
+        num_heads: H,
+    };
+    let (values, (grid, block)) = validate_mask_lse(&ks[0], &good()).unwrap().unwrap();
+    assert_eq!(
+        values[..],
+        [0x1000_0000, 0x2000_0000, 0x3000_0000, 3, T as u64, H as u64]
+    );
+    assert_eq!((grid, block), ([1, H as u32, 1], 256));
+    let refused = |a: MaskLseArgs, needle: &str| match validate_mask_lse(&ks[1], &a) {
+        Ok(_) => panic!("accepted; expected {needle:?}"),
+        Err(e) => assert!(e.to_string().contains(needle), "{e}"),
+    };
+    let mut a = good();
+    a.context_start_loc.len = 3;
+    refused(
+        a,
+        "context_start_loc: 3 elements, needs num_requests + 1 = 4",
+    );
+    let mut a = good();
+    a.query_start_loc.ptr += 2;
+    refused(
+        a,
+        "query_start_loc: pointer 0x20000002 is not 4-byte aligned",
+    );
+    let mut a = good();
+    a.lse.len -= 1;
+    refused(a, "lse: 39 elements, needs num_tokens * num_heads = 40");
+    let mut a = good();
+    a.query_start_loc.ptr = a.lse.ptr + 8;
+    refused(a, "lse overlaps query_start_loc");
+    let mut a = good();
+    a.lse.dtype = Dtype::F16;
+    refused(a, "lse is f16, the kernel takes f32");
+}

@@ -73,6 +73,28 @@ def bench(T, H, D, K, reps, dtype=torch.bfloat16):
     return row
 
 
+def bench_mask_lse(T, H, B, reps):
+    """mask_empty_context_lse against a PyTorch composite (searchsorted + masked_fill, no sync)."""
+    g = torch.Generator(device="cpu").manual_seed(T + B)
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int64),
+                     torch.sort(torch.randint(0, T + 1, (B - 1,), generator=g)).values,
+                     torch.tensor([T])]).int().cuda()
+    ctx = torch.where(torch.rand(B, generator=g) < 0.4, 0, torch.randint(1, 50, (B,), generator=g))
+    csl = torch.cat([torch.zeros(1, dtype=torch.int64), ctx.cumsum(0)]).int().cuda()
+    lse = torch.randn(H, T, device="cuda")
+    tokens = torch.arange(T, device="cuda", dtype=torch.int32)
+
+    def composite():
+        req = torch.searchsorted(qsl, tokens, right=True) - 1
+        empty = (csl[1:] == csl[:-1])[req.clamp(0, B - 1)] & (req >= 0) & (req < B)
+        lse.masked_fill_(empty[None, :], float("-inf"))
+
+    row = {"T": T, "H": H, "B": B,
+           "mla-gen_us": time_ms(lambda: mla_gen.mask_empty_context_lse(lse, qsl, csl), reps) * 1e3,
+           "torch_us": time_ms(composite, reps) * 1e3}
+    return row
+
+
 def candidates(reps, out):
     """Time every merge_states kernel of the folder (schedule candidates from
     specs/kway-candidates.toml) at SHAPES; K = its own, or 3 and 8 for runtime-K kernels."""
@@ -125,8 +147,15 @@ def main():
             print(f"{K:>3} {T:>6} {H:>4} {D:>4} {r['kway_bytes'] / 1e6:>7.0f} | {r['merge_states_us']:>15.1f} "
                   f"{r['merge_states_gbs']:>6.0f} {r['pct_copy']:>5.1f}% | {r['chain_us']:>9.1f} "
                   f"{r['speedup_vs_chain']:>7.2f}x {r['bytes_ratio']:>11.2f} | {r['kernel']}", flush=True)
+    print(f"\nmask_empty_context_lse (lse [H, T] float32, ~40% of requests without context)")
+    print(f"{'T':>6} {'H':>4} {'B':>5} | {'mla-gen us':>10} | {'torch us':>9}")
+    mask_rows = []
+    for T, H, B in ((4096, 32, 16), (32768, 128, 256)):
+        r = bench_mask_lse(T, H, B, args.reps)
+        mask_rows.append(r)
+        print(f"{T:>6} {H:>4} {B:>5} | {r['mla-gen_us']:>10.1f} | {r['torch_us']:>9.1f}", flush=True)
     Path(args.out, "bench-families.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                                                 "rows": rows}, indent=1))
+                                                                 "rows": rows, "mask_lse": mask_rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from cuda.bindings import driver as _cu
 
-__all__ = ["merge_attn_states", "merge_states", "merge_state_in_place", "stats", "kernel_for",
-           "available_kernels"]
+__all__ = ["merge_attn_states", "merge_states", "merge_state_in_place", "mask_empty_context_lse", "stats",
+           "kernel_for", "available_kernels"]
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _SIZES = {"f32": 4, "f16": 2, "bf16": 2}
@@ -619,3 +619,42 @@ def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor
               "num_tokens": T, "num_heads": H, "state_token_stride": vts, "state_head_stride": vhs,
               "other_token_stride": ots, "other_head_stride": ohs}
     _launch(kern, values, _grid(launch, T, H), v.get_device())
+
+
+def mask_empty_context_lse(lse: torch.Tensor, query_start_loc: torch.Tensor, context_start_loc: torch.Tensor,
+                           *, lse_layout: str = "head_major") -> None:
+    """Set ``lse`` to -inf, in place, for every head of the tokens of requests whose context is
+    empty, before a merge (so those tokens take the suffix alone). ``lse``: float32 [H, T]
+    (``lse_layout="head_major"``, vLLM's) or [T, H] (``"token_major"``). ``query_start_loc`` and
+    ``context_start_loc``: int32 [B + 1] on the device; request b holds tokens
+    ``query_start_loc[b]:query_start_loc[b+1]`` and has an empty context when
+    ``context_start_loc[b+1] == context_start_loc[b]``. Their contents are not read on the host (no
+    sync): whatever they hold, only lse is written, and only inside its bounds."""
+    if lse_layout not in ("token_major", "head_major"):
+        raise ValueError('lse_layout must be "token_major" or "head_major"')
+    if not isinstance(lse, torch.Tensor) or lse.dim() != 2:
+        raise ValueError("lse must be a 2-D float32 tensor ([H, T] or [T, H])")
+    if not lse.is_cuda:
+        raise ValueError(f"lse is on {lse.device}; the mask runs on a CUDA device")
+    H, T = lse.shape if lse_layout == "head_major" else lse.shape[::-1]
+    _check_lse("lse", lse, lse.device, tuple(lse.shape))
+    for name, t in (("query_start_loc", query_start_loc), ("context_start_loc", context_start_loc)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+            raise TypeError(f"{name} must be an int32 tensor")
+        if t.dim() != 1 or t.numel() < 1 or not t.is_contiguous() or t.device != lse.device:
+            raise ValueError(f"{name} must be a contiguous 1-D [num_requests + 1] tensor on {lse.device}")
+        if _span_overlap(lse, t):
+            raise ValueError(f"lse overlaps {name}")
+    B = query_start_loc.numel() - 1
+    if context_start_loc.numel() != B + 1:
+        raise ValueError(f"context_start_loc has {context_start_loc.numel()} elements, query_start_loc {B + 1}")
+    if T == 0 or H == 0 or B == 0:
+        return
+    meta = _find("mask_empty_context_lse", torch.float32, 1,
+                 lambda f, var: 0 if var["lse_layout"] == lse_layout else None,
+                 f" with lse_layout={lse_layout}")
+    kern = _load(meta, lse.get_device())
+    values = {"lse": lse.data_ptr(), "query_start_loc": query_start_loc.data_ptr(),
+              "context_start_loc": context_start_loc.data_ptr(), "num_requests": B,
+              "num_tokens": T, "num_heads": H}
+    _launch(kern, values, _grid(meta["launch"], T, H), lse.get_device())

@@ -141,3 +141,26 @@ def test_bad_calls_raise_clear_errors():
         mla_gen.merge_state_in_place(a, la, a.clone(), la.clone(), torch.zeros(4, device="cuda"))
     with pytest.raises(ValueError, match="lse_layout"):
         mla_gen.merge_state_in_place(a, la, a.clone(), la.clone(), lse_layout="rows")
+
+
+@pytest.mark.parametrize("layout", ["head_major", "token_major"])
+@pytest.mark.parametrize("T,H,B", [(1, 1, 1), (613, 16, 7), (4096, 8, 300)])
+def test_mask_empty_context_lse(layout, T, H, B):
+    g = torch.Generator(device="cpu").manual_seed(T + B)
+    covered = T - T // 10
+    cuts = torch.sort(torch.randint(0, covered + 1, (B - 1,), generator=g)).values
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.tensor([covered])]).int()
+    ctx = torch.where(torch.rand(B, generator=g) < 0.4, 0, torch.randint(1, 50, (B,), generator=g))
+    csl = torch.cat([torch.zeros(1, dtype=torch.int64), ctx.cumsum(0)]).int()
+    lse = torch.randn(H, T) if layout == "head_major" else torch.randn(T, H)
+    want = lse.clone()
+    for b in range(B):
+        if csl[b + 1] == csl[b]:
+            tokens = slice(int(qsl[b]), int(qsl[b + 1]))
+            if layout == "head_major":
+                want[:, tokens] = -INF
+            else:
+                want[tokens] = -INF
+    got = lse.cuda()
+    mla_gen.mask_empty_context_lse(got, qsl.cuda(), csl.cuda(), lse_layout=layout)
+    assert torch.equal(got.cpu(), want)
