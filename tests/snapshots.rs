@@ -101,13 +101,14 @@ fn manifest_with_versions_and_hashes_redacted() {
     });
 }
 
-/// The K-way and in-place families, rendered from a spec as a user writes it.
+/// The K-way merge, in-place merge and lse mask, rendered from a spec as a user writes it.
 #[test]
 fn k_way_and_in_place_merges() {
     let spec = spec::parse(
         "snapshot.toml",
         "[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n\
-         [[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = [128, 576]\nmask = [true, false]\n",
+         [[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = [128, 576]\nmask = [true, false]\n\
+         [[mask_empty_context_lse]]\nlse_layout = [\"head_major\", \"token_major\"]\n",
     )
     .unwrap();
     let t = Templates::embedded().unwrap();
@@ -121,6 +122,8 @@ fn k_way_and_in_place_merges() {
             "merge_state_in_place_f16_d576_mask",
             "merge_state_in_place_f16_d128",
             "merge_state_in_place_f16_d576",
+            "mask_empty_context_lse",
+            "mask_empty_context_lse_tm",
         ]
     );
     for v in &spec.variants {
