@@ -222,6 +222,21 @@ fn a_failed_generate_leaves_the_previous_output_as_it_was() {
     );
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(read_tree(&out).unwrap(), before);
+    // The C launcher covers the pairwise merge only: a K-way kernel is refused, by name.
+    let kway = write_spec(
+        tmp.path(),
+        "kway.toml",
+        "arch = \"sm_90\"\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 64\nnum_states = 4\n",
+    );
+    let o = mla_gen(&["generate", &kway, "--out", &out_s, "--emit", "c"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("the C launcher covers [[merge_attn_states]] kernels only")
+            && stderr(&o).contains("merge_states_bf16_d64_k4_lse"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(read_tree(&out).unwrap(), before);
     let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
         .unwrap()
         .flatten()

@@ -50,7 +50,9 @@ fn check(text: &str) {
     }
 }
 
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 15] = [
+    "num_states",
+    "mask",
     "dtype",
     "head_size",
     "prefix_threshold",
@@ -80,6 +82,7 @@ fn scalar() -> impl Strategy<Value = String> {
             "\"same\"",
             "\"head_major\"",
             "\"token_major\"",
+            "\"runtime\"",
             "\"sm_90\"",
             "\"sm_80\"",
             "\"compute_90\"",
@@ -124,7 +127,10 @@ proptest! {
     fn structured_specs_never_panic(
         top in prop::option::of(value()),
         tables in prop::collection::vec(table(), 0..4),
-        header in prop::sample::select(vec!["[[merge_attn_states]]", "[merge_attn_states]", "[[merge_attn_statez]]"]),
+        header in prop::sample::select(vec![
+            "[[merge_attn_states]]", "[merge_attn_states]", "[[merge_attn_statez]]",
+            "[[merge_states]]", "[[merge_state_in_place]]", "[[mask_empty_context_lse]]",
+        ]),
     ) {
         let mut text = String::new();
         if let Some(v) = top {
