@@ -296,6 +296,15 @@ fn pair_params(v: &MergeVariant) -> Vec<Param> {
             "one float32: out = saturate(value / scale) in e4m3",
         ));
     }
+    if v.fp8_group.is_some() {
+        p.push(pointer(
+            "output_scales",
+            Dtype::F32,
+            true,
+            false,
+            "written: one float32 per group, (t, h*D/G + g) at t*scale_token_stride + (h*D/G + g)*scale_group_stride",
+        ));
+    }
     p.extend([
         int64("num_tokens", "T"),
         int64("num_heads", "H"),
@@ -321,6 +330,18 @@ fn pair_params(v: &MergeVariant) -> Vec<Param> {
             "elements between heads of suffix_output (>= D)",
         ),
     ]);
+    if v.fp8_group.is_some() {
+        p.extend([
+            int64(
+                "scale_token_stride",
+                "elements between tokens of output_scales",
+            ),
+            int64(
+                "scale_group_stride",
+                "elements between groups of output_scales",
+            ),
+        ]);
+    }
     if v.prefix_threshold {
         p.push(int64(
             "prefill_tokens_with_context",
@@ -458,6 +479,7 @@ mod tests {
             prefix_threshold: true,
             output_lse: true,
             output: OutputKind::Same,
+            fp8_group: None,
             lse_layout: LseLayout::HeadMajor,
             schedule: crate::spec::FALLBACK_SCHEDULE,
             explicit_schedule: false,

@@ -135,6 +135,7 @@ impl Buffers {
             suffix: buf(ptr(&self.suffix)),
             suffix_lse: lbuf(lptr(&self.suffix_lse)),
             output_scale: None,
+            output_scales: None,
             num_tokens: t,
             num_heads: h,
             output_layout: l,

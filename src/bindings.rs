@@ -96,15 +96,14 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
         template: "c/mla_kernels".into(),
         detail,
     };
-    if let Some(k) = manifest
-        .kernels
-        .iter()
-        .find(|k| k.variant.family != crate::spec::Family::MergeAttnStates)
-    {
+    if let Some(k) = manifest.kernels.iter().find(|k| {
+        k.variant.family != crate::spec::Family::MergeAttnStates || k.variant.fp8_group.is_some()
+    }) {
         return Err(err(format!(
-            "the C launcher covers [[merge_attn_states]] kernels only, and the spec also has {} ({}); generate those into a folder without --emit c and launch them from the manifest",
+            "the C launcher covers [[merge_attn_states]] kernels with output \"same\" or \"fp8_e4m3\" only, and the spec also has {} ({}, output \"{}\"); generate those into a folder without --emit c and launch them from the manifest",
             k.name,
-            k.variant.family.table()
+            k.variant.family.table(),
+            k.variant.output.name()
         )));
     }
     let mut kernels = Vec::new();

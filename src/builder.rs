@@ -199,7 +199,7 @@ impl Builder {
             let kernels: Vec<BindingKernel> = spec
                 .variants
                 .iter()
-                .filter(|v| v.family == spec::Family::MergeAttnStates)
+                .filter(|v| v.family == spec::Family::MergeAttnStates && v.fp8_group.is_none())
                 .map(BindingKernel::from_variant)
                 .collect();
             write_if_changed(
@@ -311,7 +311,9 @@ impl BindingKernel {
             .filter_map(|k| {
                 // Typed functions cover the pairwise merge; the other families launch through
                 // `Runtime::launch_states` / `launch_in_place` on the same embedded runtime.
-                if k["family"].as_str()? != "merge_attn_states" {
+                if k["family"].as_str()? != "merge_attn_states"
+                    || k["variant"]["output"].as_str()? == "fp8_e4m3_group"
+                {
                     return None;
                 }
                 let v = &k["variant"];

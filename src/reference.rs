@@ -570,9 +570,55 @@ pub mod fp8 {
         e4m3_from_f32(value / scale)
     }
 
+    /// The scale of one per-token group from the float32 absmax of its values (NaN elements do
+    /// not count: `f32::max` drops them, like CUDA's `fmaxf`): `max(absmax, 1e-10) / 448` in
+    /// float32, and with `ue8m0` rounded up to a power of two (a mantissa left after the division
+    /// moves the exponent up one; a power of two stays).
+    pub fn group_scale(absmax: f32, ue8m0: bool) -> f32 {
+        let scale = absmax.max(1e-10) / E4M3_MAX;
+        let bits = scale.to_bits();
+        if ue8m0 && bits & 0x7f_ffff != 0 {
+            f32::from_bits((bits & 0xff80_0000) + 0x80_0000)
+        } else {
+            scale
+        }
+    }
+
+    /// The float32 absmax of a group the way the kernels take it: `fmaxf(acc, |x|)` from 0.
+    pub fn group_absmax(values: impl IntoIterator<Item = f32>) -> f32 {
+        values.into_iter().fold(0.0f32, |m, x| m.max(x.abs()))
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        #[test]
+        fn group_scales_by_hand_and_against_exp2_ceil_log2() {
+            assert_eq!(group_scale(448.0, false), 1.0);
+            assert_eq!(group_scale(0.0, false), 1e-10 / 448.0);
+            assert_eq!(
+                group_scale(f32::NAN, false),
+                1e-10 / 448.0,
+                "NaN does not count"
+            );
+            assert_eq!(group_scale(448.0, true), 1.0, "a power of two stays");
+            assert_eq!(group_scale(449.0, true), 2.0);
+            assert_eq!(group_scale(300.0, true), 1.0);
+            assert_eq!(group_absmax([1.0, -7.5, f32::NAN, 3.0]), 7.5);
+            // UE8M0 = 2^ceil(log2(scale)) for every normal scale: a sweep over absmax values
+            // spanning 2^-40 .. 2^40, every mantissa pattern class.
+            let mut x = 1u32;
+            for i in 0..200_000u32 {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                let exp = 87 + (i % 80); // 2^-40 .. 2^40
+                let absmax = f32::from_bits((exp << 23) | (x & 0x7f_ffff));
+                let scale = group_scale(absmax, false);
+                let want = 2f64.powf(f64::from(scale).log2().ceil()) as f32;
+                assert_eq!(group_scale(absmax, true), want, "absmax {absmax:e}");
+                assert_eq!(scale, absmax.max(1e-10) / 448.0);
+            }
+        }
 
         /// Independent oracle: the nearest of all finite codes by exhaustive search, ties to the
         /// even code, saturating, NaN to 0x7f.

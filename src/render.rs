@@ -140,6 +140,9 @@ struct Context {
     runtime_k: bool,
     /// merge_state_in_place: takes a per-token mask.
     mask: bool,
+    /// output = fp8_e4m3_group: elements per scale (0 otherwise) and UE8M0 rounding.
+    group_size: u32,
+    ue8m0: bool,
     tool_version: &'static str,
     spec_origin: String,
     dtype: &'static str,
@@ -163,6 +166,8 @@ impl Context {
             },
             runtime_k: v.family == Family::MergeStates { num_states: None },
             mask: v.family == Family::MergeStateInPlace { mask: true },
+            group_size: v.fp8_group.map_or(0, |g| g.group_size),
+            ue8m0: v.fp8_group.is_some_and(|g| g.ue8m0),
             tool_version: TOOL_VERSION,
             spec_origin: origin.to_string(),
             dtype: v.dtype.name(),

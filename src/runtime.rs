@@ -69,6 +69,9 @@ pub struct VariantView {
     /// "same" or "fp8_e4m3".
     #[serde(default = "same")]
     pub output: String,
+    /// With output "fp8_e4m3_group": group size and UE8M0.
+    #[serde(default)]
+    pub fp8_group: Option<crate::spec::Fp8Group>,
     pub head_size: u32,
     pub prefix_threshold: bool,
     pub output_lse: bool,
@@ -137,6 +140,7 @@ impl KernelView {
     pub fn output_dtype(&self) -> Option<Dtype> {
         match self.variant.output.as_str() {
             "same" => self.dtype(),
+            "fp8_e4m3_group" => Some(Dtype::Fp8E4m3),
             other => Dtype::from_name(other),
         }
     }
@@ -162,6 +166,9 @@ pub enum ParamSlot {
     SuffixTokenStride,
     SuffixHeadStride,
     PrefillTokensWithContext,
+    OutputScales,
+    ScaleTokenStride,
+    ScaleGroupStride,
     // merge_states
     States,
     StatesLse,
@@ -187,7 +194,7 @@ pub enum ParamSlot {
 }
 
 /// The most parameters a merge kernel has.
-pub const MAX_PARAMS: usize = 16;
+pub const MAX_PARAMS: usize = 20;
 
 impl ParamSlot {
     /// Is this a parameter of `family`'s kernels? (A launch fills only its family's slots.)
@@ -210,7 +217,10 @@ impl ParamSlot {
             | PrefixHeadStride
             | SuffixTokenStride
             | SuffixHeadStride
-            | PrefillTokensWithContext => family == Family::MergeAttnStates,
+            | PrefillTokensWithContext
+            | OutputScales
+            | ScaleTokenStride
+            | ScaleGroupStride => family == Family::MergeAttnStates,
             States | StatesLse | NumStates | StatesTokenStride | StatesStateStride
             | StatesHeadStride => matches!(family, Family::MergeStates { .. }),
             State | StateLse | Other | OtherLse | Mask | StateTokenStride | StateHeadStride
@@ -239,6 +249,9 @@ impl ParamSlot {
             "suffix_token_stride" => SuffixTokenStride,
             "suffix_head_stride" => SuffixHeadStride,
             "prefill_tokens_with_context" => PrefillTokensWithContext,
+            "output_scales" => OutputScales,
+            "scale_token_stride" => ScaleTokenStride,
+            "scale_group_stride" => ScaleGroupStride,
             "states" => States,
             "states_lse" => StatesLse,
             "num_states" => NumStates,
@@ -355,6 +368,9 @@ pub struct MergeArgs {
     pub suffix_lse: DeviceBuffer,
     /// The float32 scale of an FP8 output (required by fp8 kernels, refused by others).
     pub output_scale: Option<DeviceBuffer>,
+    /// Where a per-token-group FP8 kernel writes its scales (required by those, refused by
+    /// others).
+    pub output_scales: Option<GroupScales>,
     pub num_tokens: usize,
     pub num_heads: usize,
     pub output_layout: Layout,
@@ -362,6 +378,16 @@ pub struct MergeArgs {
     pub suffix_layout: Layout,
     /// `None` = every token has context (n = T).
     pub prefill_tokens_with_context: Option<usize>,
+}
+
+/// The float32 scales of a per-token-group FP8 output: group g of head h of token t at
+/// `t * token_stride + (h * D / group_size + g) * group_stride` (row-major, column-major and
+/// padded layouts are all strides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupScales {
+    pub buf: DeviceBuffer,
+    pub token_stride: usize,
+    pub group_stride: usize,
 }
 
 /// Kernels of one manifest, loaded into one context.
@@ -851,6 +877,43 @@ fn check_disjoint(
     Ok(())
 }
 
+/// A `[T, groups]` scale array: 4-byte aligned, inside its buffer, and one element per
+/// (token, group) (the strides map no two of them to one element).
+fn check_group_scales(
+    bad: Refuse,
+    sc: &GroupScales,
+    t: usize,
+    groups: usize,
+) -> Result<(), RuntimeError> {
+    let (ts, gs) = (sc.token_stride, sc.group_stride);
+    if sc.buf.ptr % 4 != 0 {
+        return Err(bad(format!(
+            "output_scales: pointer {:#x} is not 4-byte aligned",
+            sc.buf.ptr
+        )));
+    }
+    let end = (t - 1)
+        .checked_mul(ts)
+        .and_then(|x| x.checked_add((groups - 1).checked_mul(gs)?))
+        .and_then(|x| x.checked_add(1));
+    if !matches!(end, Some(e) if e <= sc.buf.len) {
+        return Err(bad(format!(
+            "output_scales: [T={t}, groups={groups}] with strides ({ts}, {gs}) needs more than its {} elements",
+            sc.buf.len
+        )));
+    }
+    // Row-major-like (tokens apart by at least a row of groups) or column-major-like.
+    let distinct = (t == 1 || ts >= 1)
+        && (groups == 1 || gs >= 1)
+        && (t == 1 || groups == 1 || ts >= groups.saturating_mul(gs) || gs >= t.saturating_mul(ts));
+    if !distinct {
+        return Err(bad(format!(
+            "output_scales: strides ({ts}, {gs}) map two (token, group) pairs to one element; use token stride >= groups * group stride (row-major) or group stride >= T * token stride (column-major)"
+        )));
+    }
+    Ok(())
+}
+
 fn bytes(b: Option<&DeviceBuffer>) -> Option<(u64, u64)> {
     b.map(DeviceBuffer::byte_range)
 }
@@ -883,11 +946,30 @@ fn check(
             k.variant.output
         ))
     })?;
-    let fp8 = out_dtype == Dtype::Fp8E4m3;
+    let grouped = k.variant.fp8_group;
+    let fp8 = out_dtype == Dtype::Fp8E4m3 && grouped.is_none();
+    match (&a.output_scales, grouped) {
+        (None, Some(_)) => {
+            return Err(bad(
+                "output_scales is required: this kernel writes per-token-group FP8 scales".into(),
+            ))
+        }
+        (Some(_), None) => {
+            return Err(bad(
+                "output_scales given, but this kernel's output is not per-token-group FP8 (spec: output = \"fp8_e4m3_group\")".into(),
+            ))
+        }
+        _ => {}
+    }
     match (&a.output_scale, fp8) {
         (None, true) => {
             return Err(bad(
                 "output_scale is required: this kernel writes FP8 e4m3".into()
+            ))
+        }
+        (Some(_), false) if grouped.is_some() => {
+            return Err(bad(
+                "output_scale given, but this kernel computes one scale per token group and writes them to output_scales".into(),
             ))
         }
         (Some(_), false) => return Err(bad(
@@ -911,6 +993,11 @@ fn check(
             ("prefix_lse", Some(&a.prefix_lse), Dtype::F32),
             ("suffix_lse", Some(&a.suffix_lse), Dtype::F32),
             ("output_lse", a.output_lse.as_ref(), Dtype::F32),
+            (
+                "output_scales",
+                a.output_scales.as_ref().map(|g| &g.buf),
+                Dtype::F32,
+            ),
         ],
     )?;
     if a.output_lse.is_some() && !k.variant.output_lse {
@@ -979,6 +1066,27 @@ fn check(
         ],
         "this kernel is not in-place",
     )?;
+    if let (Some(sc), Some(g)) = (&a.output_scales, grouped) {
+        check_group_scales(
+            &bad,
+            sc,
+            t,
+            h * (k.variant.head_size / g.group_size) as usize,
+        )?;
+        check_disjoint(
+            &bad,
+            &[("output_scales", bytes(Some(&sc.buf)))],
+            &[
+                ("output", bytes(Some(&a.output))),
+                ("output_lse", bytes(a.output_lse.as_ref())),
+                ("prefix_output", bytes(Some(&a.prefix))),
+                ("suffix_output", bytes(Some(&a.suffix))),
+                ("prefix_lse", bytes(Some(&a.prefix_lse))),
+                ("suffix_lse", bytes(Some(&a.suffix_lse))),
+            ],
+            "the scales are written while the others are read or written",
+        )?;
+    }
 
     let values = param_values(slots, |slot| match slot {
         ParamSlot::Output => a.output.ptr,
@@ -997,6 +1105,9 @@ fn check(
         ParamSlot::SuffixTokenStride => a.suffix_layout.token_stride as u64,
         ParamSlot::SuffixHeadStride => a.suffix_layout.head_stride as u64,
         ParamSlot::PrefillTokensWithContext => n as u64,
+        ParamSlot::OutputScales => a.output_scales.map_or(0, |g| g.buf.ptr),
+        ParamSlot::ScaleTokenStride => a.output_scales.map_or(0, |g| g.token_stride as u64),
+        ParamSlot::ScaleGroupStride => a.output_scales.map_or(0, |g| g.group_stride as u64),
         _ => 0, // resolve() admits only this family's slots
     });
     Ok(Some((values, (grid, k.launch.block_threads))))
@@ -1543,6 +1654,7 @@ impl Runtime {
                 dtype: Dtype::F32,
             },
             output_scale: scale.as_ref().map(|(b, _)| *b),
+            output_scales: None, // typed bindings cover the other outputs
             num_tokens: shape.num_tokens,
             num_heads: shape.num_heads,
             output_layout: shape.output,

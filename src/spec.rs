@@ -30,27 +30,42 @@ pub enum OutputKind {
     /// FP8 e4m3 with one float32 scale for the whole tensor, read from a device pointer:
     /// out = saturate(value / scale), round to nearest even.
     Fp8E4m3,
+    /// FP8 e4m3 with one float32 scale per group of `group_size` elements of a row, computed by
+    /// the kernel (max(absmax, 1e-10) / 448, optionally rounded up to a power of two) and written
+    /// through caller-given token and group strides. Its parameters: [`Fp8Group`].
+    Fp8E4m3Group,
 }
 
 impl OutputKind {
-    const ALL: [(&'static str, OutputKind); 2] = [
+    const ALL: [(&'static str, OutputKind); 3] = [
         ("same", OutputKind::Same),
         ("fp8_e4m3", OutputKind::Fp8E4m3),
+        ("fp8_e4m3_group", OutputKind::Fp8E4m3Group),
     ];
     pub fn name(self) -> &'static str {
         match self {
             OutputKind::Same => "same",
             OutputKind::Fp8E4m3 => "fp8_e4m3",
+            OutputKind::Fp8E4m3Group => "fp8_e4m3_group",
         }
     }
     /// The output element type for inputs of `input`.
     pub fn dtype(self, input: Dtype) -> Dtype {
         match self {
             OutputKind::Same => input,
-            OutputKind::Fp8E4m3 => Dtype::Fp8E4m3,
+            OutputKind::Fp8E4m3 | OutputKind::Fp8E4m3Group => Dtype::Fp8E4m3,
         }
     }
 }
+
+/// Per-token-group FP8 output: the group size and whether scales are powers of two (UE8M0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fp8Group {
+    pub group_size: u32,
+    pub ue8m0: bool,
+}
+
+pub const GROUP_SIZES_ALLOWED: [u32; 4] = [16, 32, 64, 128];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -273,6 +288,9 @@ pub struct MergeVariant {
     pub prefix_threshold: bool,
     pub output_lse: bool,
     pub output: OutputKind,
+    /// With `output = fp8_e4m3_group`: its group size and scale rounding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fp8_group: Option<Fp8Group>,
     pub lse_layout: LseLayout,
     pub schedule: Schedule,
     /// The spec chose the schedule (it then shows in the name); else it is the tuned one.
@@ -323,6 +341,12 @@ impl MergeVariant {
         }
         if self.output == OutputKind::Fp8E4m3 {
             name.push_str("_fp8");
+        }
+        if let Some(g) = self.fp8_group {
+            name.push_str(&format!("_fp8g{}", g.group_size));
+            if g.ue8m0 {
+                name.push_str("_ue8m0");
+            }
         }
         if self.explicit_schedule {
             let s = &self.schedule;
@@ -445,6 +469,10 @@ struct RawMerge {
     num_states: Option<Spanned<toml::Value>>,
     /// merge_state_in_place only: a per-token mask argument.
     mask: Option<Spanned<toml::Value>>,
+    /// output = "fp8_e4m3_group" only: elements per scale (16, 32, 64, 128).
+    group_size: Option<Spanned<toml::Value>>,
+    /// output = "fp8_e4m3_group" only: scales rounded up to powers of two.
+    ue8m0: Option<Spanned<toml::Value>>,
 }
 
 impl RawMerge {
@@ -457,7 +485,19 @@ impl RawMerge {
         use Table::*;
         // (key, its value, the tables it belongs to, why elsewhere it is refused)
         const MERGES: &[Table] = &[Pairwise, KWay, InPlace];
-        let keys: [KeyRule; 12] = [
+        let keys: [KeyRule; 14] = [
+            (
+                "group_size",
+                &self.group_size,
+                &[Pairwise],
+                "per-token-group FP8 belongs to [[merge_attn_states]] with output = \"fp8_e4m3_group\"",
+            ),
+            (
+                "ue8m0",
+                &self.ue8m0,
+                &[Pairwise],
+                "per-token-group FP8 belongs to [[merge_attn_states]] with output = \"fp8_e4m3_group\"",
+            ),
             (
                 "dtype",
                 &self.dtype,
@@ -794,6 +834,56 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             Some(v) => ctx.list("output", v, |x| one_of(&OutputKind::ALL, x))?,
             None => vec![OutputKind::Same],
         };
+        // Each output kind with its group parameters: group_size and ue8m0 apply to
+        // fp8_e4m3_group only, which needs group_size.
+        let grouped = outputs.contains(&OutputKind::Fp8E4m3Group);
+        let group_sizes = match (&f.group_size, grouped) {
+            (Some(v), true) => ctx.list("group_size", v, |x| {
+                match x.as_integer().and_then(|n| u32::try_from(n).ok()) {
+                    Some(n) if GROUP_SIZES_ALLOWED.contains(&n) => Ok(n),
+                    _ => Err(format!(
+                        "{} is not allowed; allowed: 16, 32, 64, 128",
+                        short(x)
+                    )),
+                }
+            })?,
+            (None, true) => {
+                return Err(ctx.at(
+                    table_offset,
+                    "output = \"fp8_e4m3_group\" needs `group_size` (16, 32, 64 or 128)"
+                        .to_string(),
+                ))
+            }
+            (Some(v), false) => {
+                return Err(ctx.at(
+                    v.span().start,
+                    "`group_size` applies only with output = \"fp8_e4m3_group\"".to_string(),
+                ))
+            }
+            (None, false) => Vec::new(),
+        };
+        let ue8m0s = match (&f.ue8m0, grouped) {
+            (Some(v), true) => ctx.list("ue8m0", v, boolean)?,
+            (Some(v), false) => {
+                return Err(ctx.at(
+                    v.span().start,
+                    "`ue8m0` applies only with output = \"fp8_e4m3_group\"".to_string(),
+                ))
+            }
+            (None, _) => vec![false],
+        };
+        let mut output_choices: Vec<(OutputKind, Option<Fp8Group>)> = Vec::new();
+        for &o in &outputs {
+            if o == OutputKind::Fp8E4m3Group {
+                for &group_size in &group_sizes {
+                    for &ue8m0 in &ue8m0s {
+                        output_choices.push((o, Some(Fp8Group { group_size, ue8m0 })));
+                    }
+                }
+            } else {
+                output_choices.push((o, None));
+            }
+        }
         let layouts = match &f.lse_layout {
             Some(v) => ctx.list("lse_layout", v, |x| one_of(&LseLayout::ALL, x))?,
             // merge_states' lse [T, K, H] is token-major by construction.
@@ -848,7 +938,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             heads.len(),
             thresholds.len(),
             lses.len(),
-            outputs.len(),
+            output_choices.len(),
             layouts.len(),
             rows.len(),
             mins.len(),
@@ -887,7 +977,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                     };
                     for &prefix_threshold in &thresholds {
                         for &output_lse in &lses {
-                            for &output in &outputs {
+                            for &(output, fp8_group) in &output_choices {
                                 for &lse_layout in &layouts {
                                     for &(r, m, b, hb) in &schedule_choices {
                                         expanded.push(MergeVariant {
@@ -897,6 +987,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                                             prefix_threshold,
                                             output_lse,
                                             output,
+                                            fp8_group,
                                             lse_layout,
                                             schedule: Schedule {
                                                 rows_per_thread: r.unwrap_or(tuned.rows_per_thread),
@@ -920,6 +1011,29 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             }
         }
         for v in expanded {
+            if let Some(g) = v.fp8_group {
+                if !group_fits(&v, g.group_size) {
+                    let fits: Vec<String> = GROUP_SIZES_ALLOWED
+                        .iter()
+                        .filter(|&&n| group_fits(&v, n))
+                        .map(|n| n.to_string())
+                        .collect();
+                    let offset = f
+                        .group_size
+                        .as_ref()
+                        .map_or(table_offset, |s| s.span().start);
+                    return Err(ctx.at(
+                        offset,
+                        format!(
+                            "`group_size` = {} does not fit {} d{}: a group must divide the head size and its lanes one warp; allowed here: {}",
+                            g.group_size,
+                            v.dtype.name(),
+                            v.head_size,
+                            if fits.is_empty() { "none".to_string() } else { fits.join(", ") }
+                        ),
+                    ));
+                }
+            }
             let block = crate::abi::Launch::for_variant(&v).block_threads;
             if block * v.schedule.min_blocks_per_sm > MAX_THREADS_PER_SM {
                 let offset = f
@@ -957,6 +1071,20 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         archs,
         variants,
     })
+}
+
+/// Can `v`'s rows be split into groups of `group_size` elements whose lanes sit in one warp? The
+/// group's scale is a shuffle reduction over those lanes, so: the group divides the row and holds
+/// whole vectors, its lanes (a power of two up to 32) divide the threads of a row, and every
+/// thread walks whole rows (no partial last pass).
+pub fn group_fits(v: &MergeVariant, group_size: u32) -> bool {
+    let l = crate::abi::Launch::for_variant(v);
+    let lanes = group_size / l.vec_elems.max(1);
+    v.head_size % group_size == 0
+        && group_size % l.vec_elems == 0
+        && (1..=32).contains(&lanes)
+        && l.threads_per_row % lanes == 0
+        && l.vecs_per_row % l.threads_per_row == 0
 }
 
 /// The embedded default spec, parsed.
@@ -1163,6 +1291,59 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn per_token_group_fp8_keys() {
+        let s = parse(
+            "t.toml",
+            "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = [\"fp8_e4m3\", \"fp8_e4m3_group\"]\ngroup_size = [16, 128]\nue8m0 = [false, true]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.kernel_names(),
+            [
+                "merge_attn_states_bf16_d128_thr_lse_fp8",
+                "merge_attn_states_bf16_d128_thr_lse_fp8g16",
+                "merge_attn_states_bf16_d128_thr_lse_fp8g16_ue8m0",
+                "merge_attn_states_bf16_d128_thr_lse_fp8g128",
+                "merge_attn_states_bf16_d128_thr_lse_fp8g128_ue8m0",
+            ]
+        );
+        let base = "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n";
+        let e = err(&format!("{base}output = \"fp8_e4m3_group\"\n"));
+        assert!(e.contains("needs `group_size`"), "{e}");
+        let e = err(&format!("{base}group_size = 64\n"));
+        assert!(
+            e.contains("`group_size` applies only with output = \"fp8_e4m3_group\""),
+            "{e}"
+        );
+        let e = err(&format!("{base}ue8m0 = true\n"));
+        assert!(e.contains("`ue8m0` applies only with"), "{e}");
+        let e = err(&format!(
+            "{base}output = \"fp8_e4m3_group\"\ngroup_size = 48\n"
+        ));
+        assert!(
+            e.contains("48 is not allowed; allowed: 16, 32, 64, 128"),
+            "{e}"
+        );
+        // f32 d576 has 72 threads per row, two vectors each: a 64-element group (16 lanes) would
+        // straddle them.
+        let e = err(
+            "[[merge_attn_states]]\ndtype = \"f32\"\nhead_size = 576\noutput = \"fp8_e4m3_group\"\ngroup_size = 64\n",
+        );
+        assert!(
+            e.contains("`group_size` = 64 does not fit f32 d576")
+                && e.contains("allowed here: 16, 32"),
+            "{e}"
+        );
+        let e = err(
+            "[[merge_states]]\ndtype = \"f32\"\nhead_size = 64\nnum_states = 2\ngroup_size = 16\n",
+        );
+        assert!(
+            e.contains("`group_size` is not a key of [[merge_states]]"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -231,7 +231,7 @@ fn a_failed_generate_leaves_the_previous_output_as_it_was() {
     let o = mla_gen(&["generate", &kway, "--out", &out_s, "--emit", "c"], &[]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains("the C launcher covers [[merge_attn_states]] kernels only")
+        stderr(&o).contains("the C launcher covers [[merge_attn_states]] kernels with output")
             && stderr(&o).contains("merge_states_bf16_d64_k4_lse"),
         "{}",
         stderr(&o)

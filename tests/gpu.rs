@@ -17,8 +17,8 @@ use rayon::prelude::*;
 use mla_gen::dtype::Dtype;
 use mla_gen::reference::{self, lse_index, Layout, RowMerge, StatesMerge};
 use mla_gen::runtime::{
-    self, DeviceBuffer, InPlaceArgs, IndexBuffer, LoadedKernel, MaskBuffer, MaskLseArgs, MergeArgs,
-    Runtime, StatesArgs, StatesLayout,
+    self, DeviceBuffer, GroupScales, InPlaceArgs, IndexBuffer, LoadedKernel, MaskBuffer,
+    MaskLseArgs, MergeArgs, Runtime, StatesArgs, StatesLayout,
 };
 use mla_gen::spec::Family;
 
@@ -337,6 +337,23 @@ fn run_case(
     // FP8 outputs: a per-case scale in [0.05, 4), so values past ±448 saturate.
     let scale = (0.05 + Rng(seed ^ 0x5ca1e).unit() * 3.95) as f32;
     let scale_dev: CudaSlice<f32> = stream.clone_htod(&[scale]).unwrap();
+    // Per-token-group FP8: the scales in one of three layouts (row-major, padded, column-major),
+    // poisoned so an unwritten or stray scale shows.
+    let group = k.meta.variant.fp8_group;
+    let groups_per_token = group.map_or(0, |g| h * d / g.group_size as usize);
+    let (sts, sgs) = match seed % 3 {
+        0 => (groups_per_token, 1),
+        1 => (groups_per_token + 3, 1),
+        _ => (1, t),
+    };
+    let scales_len = if group.is_some() && t * h > 0 {
+        (t - 1) * sts + (groups_per_token - 1) * sgs + 1
+    } else {
+        0
+    };
+    let scales_dev: CudaSlice<u32> = stream
+        .clone_htod(&vec![LSE_POISON; scales_len.max(1)])
+        .unwrap();
 
     let (p_hold, p_buf) = upload_bits(stream, dtype, &prefix);
     let (s_hold, s_buf) = upload_bits(stream, dtype, &suffix);
@@ -356,10 +373,19 @@ fn run_case(
         prefix_lse: f32buf(raw(&pl_dev, stream)),
         suffix: s_buf,
         suffix_lse: f32buf(raw(&sl_dev, stream)),
-        output_scale: (out_dtype == Dtype::Fp8E4m3).then(|| DeviceBuffer {
+        output_scale: (out_dtype == Dtype::Fp8E4m3 && group.is_none()).then(|| DeviceBuffer {
             ptr: raw(&scale_dev, stream),
             len: 1,
             dtype: Dtype::F32,
+        }),
+        output_scales: group.map(|_| GroupScales {
+            buf: DeviceBuffer {
+                ptr: raw(&scales_dev, stream),
+                len: scales_len,
+                dtype: Dtype::F32,
+            },
+            token_stride: sts,
+            group_stride: sgs,
         }),
         num_tokens: t,
         num_heads: h,
@@ -373,7 +399,20 @@ fn run_case(
     stream.synchronize().map_err(|e| format!("{e:?}"))?;
     let out = download_bits(stream, out_dtype, o_hold.as_ref());
     let out_lse: Vec<u32> = stream.clone_dtoh(&ol_dev).unwrap();
+    let scales: Vec<u32> = stream.clone_dtoh(&scales_dev).unwrap();
     drop((p_hold, s_hold));
+    if group.is_some() {
+        let written = scales[..scales_len]
+            .iter()
+            .filter(|&&b| b != LSE_POISON)
+            .count();
+        if written != t * groups_per_token {
+            return Err(format!(
+                "{written} group scales written, want {} (T={t} x {groups_per_token})",
+                t * groups_per_token
+            ));
+        }
+    }
 
     let n = threshold.unwrap_or(t);
     let head_major = k.meta.head_major();
@@ -382,6 +421,41 @@ fn run_case(
         let (ti, hi) = (row / h, row % h);
         let li = lse_index(head_major, t, h, ti, hi);
         let m: RowMerge = reference::merge_row(plse[li], slse[li], ti < n);
+        // Per-token-group FP8: each element is judged against its group's scale as written.
+        let group_scale = |e: usize| -> Result<f32, String> {
+            let Some(g) = group else { return Ok(scale) };
+            let gsz = g.group_size as usize;
+            let gi = hi * (d / gsz) + e / gsz;
+            let got = f32::from_bits(scales[ti * sts + gi * sgs]);
+            let elems = (e / gsz * gsz..(e / gsz + 1) * gsz).map(|x| {
+                let pv = from_bits(dtype, prefix[pl.row(ti, hi) + x]);
+                let sv = from_bits(dtype, suffix[sl.row(ti, hi) + x]);
+                m.value(pv, sv)
+            });
+            let ok = match m {
+                // Copied rows: the float32 values are known exactly, so the scale is bit-exact.
+                RowMerge::CopySuffix { .. } | RowMerge::CopyPrefix => {
+                    let want = reference::fp8::group_scale(
+                        reference::fp8::group_absmax(elems.map(|v| v as f32)),
+                        g.ue8m0,
+                    );
+                    got.to_bits() == want.to_bits()
+                }
+                // Blends: the float32 merge may differ from float64 by a few ulps of the absmax.
+                RowMerge::Blend { .. } => {
+                    let absmax = elems.fold(0.0f64, |a, v| a.max(v.abs()));
+                    let near = |f: f64| reference::fp8::group_scale((absmax * f) as f32, g.ue8m0);
+                    let (lo, hi_) = (near(1.0 - 1e-5), near(1.0 + 1e-5));
+                    got >= lo.min(hi_) && got <= lo.max(hi_)
+                }
+            };
+            if ok {
+                Ok(got)
+            } else {
+                Err(format!("t={ti} h={hi} group {gi}: scale {got:e} ({:#x}) does not match {m:?}", got.to_bits()))
+            }
+        };
+        let mut elem_scale = scale;
         for e in 0..d {
             let got_bits = out[ol.row(ti, hi) + e];
             if got_bits == poison(out_dtype) {
@@ -390,6 +464,14 @@ fn run_case(
             let pv = from_bits(dtype, prefix[pl.row(ti, hi) + e]);
             let sv = from_bits(dtype, suffix[sl.row(ti, hi) + e]);
             let got = from_bits(out_dtype, got_bits);
+            // A group's scale is checked once, at its first element.
+            if group.is_none_or(|g| e % g.group_size as usize == 0) {
+                elem_scale = match group_scale(e) {
+                    Ok(s) => s,
+                    Err(why) => return Some(why),
+                };
+            }
+            let scale = elem_scale;
             let ok = if out_dtype == Dtype::Fp8E4m3 {
                 reference::fp8_element_matches(&m, pv as f32, sv as f32, scale, got_bits as u8)
             } else {

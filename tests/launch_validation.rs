@@ -39,6 +39,7 @@ fn good() -> MergeArgs {
         suffix: buf(0x5000_0000, n, Dtype::Bf16),
         suffix_lse: buf(0x6000_0000, T * H, Dtype::F32),
         output_scale: None,
+        output_scales: None,
         num_tokens: T,
         num_heads: H,
         output_layout: l,
@@ -478,4 +479,70 @@ fn lse_mask_launches_check_the_start_locations_buffers() {
     let mut a = good();
     a.lse.dtype = Dtype::F16;
     refused(a, "lse is f16, the kernel takes f32");
+}
+
+#[test]
+fn group_fp8_kernels_need_distinct_in_bounds_scales() {
+    use mla_gen::runtime::GroupScales;
+    let ks = kernels_of(
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3_group\"\ngroup_size = 64\nue8m0 = true\n",
+    );
+    let k = &ks[0];
+    assert_eq!(k.name, "merge_attn_states_bf16_d128_thr_lse_fp8g64_ue8m0");
+    let groups = H * D / 64;
+    let scales = |ts: usize, gs: usize, len: usize| GroupScales {
+        buf: buf(0x7000_0000, len, Dtype::F32),
+        token_stride: ts,
+        group_stride: gs,
+    };
+    let with = |sc: Option<GroupScales>| {
+        let mut a = good();
+        a.output.dtype = Dtype::Fp8E4m3;
+        a.output_scales = sc;
+        a
+    };
+    // Row-major, padded and column-major layouts are all accepted, in ABI order.
+    for (ts, gs) in [(groups, 1), (groups + 3, 1), (1, T)] {
+        let len = (T - 1) * ts + (groups - 1) * gs + 1;
+        let (values, _) = validate(k, &with(Some(scales(ts, gs, len))))
+            .unwrap()
+            .unwrap();
+        let names: Vec<&str> = k.params.iter().map(|p| p.name.as_str()).collect();
+        let at = |n: &str| values[names.iter().position(|&x| x == n).unwrap()];
+        assert_eq!(
+            (
+                at("output_scales"),
+                at("scale_token_stride"),
+                at("scale_group_stride")
+            ),
+            (0x7000_0000, ts as u64, gs as u64)
+        );
+    }
+    refused(k, &with(None), "output_scales is required");
+    let len = T * groups;
+    refused(
+        k,
+        &with(Some(scales(groups, 1, len - 1))),
+        "needs more than its 79 elements",
+    );
+    refused(
+        k,
+        &with(Some(scales(groups - 1, 1, len))),
+        "map two (token, group) pairs to one element",
+    );
+    let mut a = with(Some(scales(groups, 1, len)));
+    a.output_scales.as_mut().unwrap().buf.ptr = a.output_lse.unwrap().ptr;
+    refused(k, &a, "output_scales overlaps output_lse");
+    let mut a = with(Some(scales(groups, 1, len)));
+    a.output_scale = Some(buf(0x7100_0000, 1, Dtype::F32));
+    refused(k, &a, "computes one scale per token group");
+    // ... and a kernel without group scales refuses them.
+    let plain = kernel("merge_attn_states_bf16_d128_thr_lse");
+    let mut a = good();
+    a.output_scales = Some(scales(groups, 1, len));
+    refused(
+        &plain,
+        &a,
+        "output_scales given, but this kernel's output is not per-token-group FP8",
+    );
 }

@@ -13,6 +13,7 @@ fn variant(dtype: Dtype, head_size: u32, prefix_threshold: bool, output_lse: boo
         prefix_threshold,
         output_lse,
         output: OutputKind::Same,
+        fp8_group: None,
         lse_layout: LseLayout::HeadMajor,
         schedule: spec::FALLBACK_SCHEDULE,
         explicit_schedule: false,
@@ -63,6 +64,19 @@ fn fp8_output() {
         let mut v = variant(Dtype::Bf16, d, true, true);
         v.output = OutputKind::Fp8E4m3;
         insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", &v).unwrap());
+    }
+}
+
+#[test]
+fn per_token_group_fp8_output() {
+    let spec = spec::parse(
+        "snapshot.toml",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3_group\"\ngroup_size = 64\nue8m0 = [false, true]\n",
+    )
+    .unwrap();
+    let t = Templates::embedded().unwrap();
+    for v in &spec.variants {
+        insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", v).unwrap());
     }
 }
 

@@ -320,12 +320,21 @@ def merge_attn_states(
     output_lse: torch.Tensor | None = None,
     prefill_tokens_with_context: int | None = None,
     output_scale: torch.Tensor | None = None,
+    *,
+    output_group_scales: torch.Tensor | None = None,
+    ue8m0: bool = False,
 ) -> None:
     """vLLM's ``merge_attn_states``: output [T, H, D] (written), prefix/suffix outputs [T, H, D],
     lse [H, T] float32; tokens ``t >= prefill_tokens_with_context`` copy the suffix. With
     ``output_scale`` (a float32 tensor holding one scale) the output is ``torch.float8_e4m3fn``:
-    saturate(value / scale), rounded to nearest even.
+    saturate(value / scale), rounded to nearest even. With ``output_group_scales`` (float32
+    [T, H * D / G], any strides: row-major, column-major, padded) the output is e4m3 with one
+    scale per group of G elements, computed by the kernel (max(absmax, 1e-10) / 448, rounded up
+    to a power of two with ``ue8m0=True``) and written there; G = H * D / its second dimension.
     Raises TypeError/ValueError for arguments the kernel cannot take safely."""
+    if output_group_scales is not None:
+        return _merge_group(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+                            prefill_tokens_with_context, output_group_scales, ue8m0, output_scale)
     n = prefill_tokens_with_context
     fp8 = output_scale is not None
     args = (output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, output_scale)
@@ -658,3 +667,76 @@ def mask_empty_context_lse(lse: torch.Tensor, query_start_loc: torch.Tensor, con
               "context_start_loc": context_start_loc.data_ptr(), "num_requests": B,
               "num_tokens": T, "num_heads": H}
     _launch(kern, values, _grid(meta["launch"], T, H), lse.get_device())
+
+
+def _merge_group(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scales, ue8m0,
+                 output_scale):
+    """merge_attn_states with per-token-group FP8 output (a checked, unhurried path)."""
+    if output_scale is not None:
+        raise ValueError("give output_scale (one per-tensor scale) or output_group_scales, not both")
+    if not isinstance(scales, torch.Tensor) or scales.dim() != 2 or scales.dtype != torch.float32:
+        raise TypeError("output_group_scales must be a 2-D float32 tensor [num_tokens, num_heads * head_size / G]")
+    if not isinstance(output, torch.Tensor) or output.dim() != 3:
+        raise ValueError("output must be [num_tokens, num_heads, head_size]")
+    T, H, D = output.shape
+    if output.dtype != _FP8:
+        raise TypeError(f"with output_group_scales the output must be torch.float8_e4m3fn, got {output.dtype}")
+    if scales.shape[0] != T or scales.shape[1] < 1 or (H * D) % scales.shape[1]:
+        raise ValueError(f"output_group_scales must be [T, H * D / G] for a group size G, got {tuple(scales.shape)}")
+    G = H * D // scales.shape[1]
+    dtype = prefix_output.dtype if isinstance(prefix_output, torch.Tensor) else None
+    if dtype not in _DTYPE_NAMES:
+        raise TypeError(f"input dtype {dtype} is not supported (float32, float16, bfloat16)")
+    if n is None:
+        n = T
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError("prefill_tokens_with_context must be a Python int")
+    if not 0 <= n <= T:
+        raise ValueError(f"prefill_tokens_with_context = {n} is outside 0..={T}")
+    meta = _find("merge_attn_states", dtype, D,
+                 lambda f, var: 0 if (var.get("fp8_group") == {"group_size": G, "ue8m0": bool(ue8m0)}
+                                      and var["lse_layout"] == "head_major"
+                                      and (var["prefix_threshold"] or n == T)
+                                      and (output_lse is None or var["output_lse"])) else None,
+                 f" with output = fp8_e4m3_group, group_size = {G}, ue8m0 = {bool(ue8m0)}")
+    launch = meta["launch"]
+    for name, t, want in (("prefix_output", prefix_output, dtype), ("suffix_output", suffix_output, dtype)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (T, H, D):
+            raise ValueError(f"{name} must be [T, H, D] = {(T, H, D)}")
+        _check_rows(name, t, output.device, want, D, launch)
+    if output.stride()[-1] != 1 or any(st % launch["vec_elems"] for st in output.stride()[:-1]):
+        raise ValueError(f"output: rows must be contiguous with strides in multiples of {launch['vec_elems']}")
+    if output.data_ptr() % launch["out_vec_bytes"]:
+        raise ValueError(f"output: data pointer is not {launch['out_vec_bytes']}-byte aligned")
+    ots, ohs, _ = output.stride()
+    if H > 1 and ohs < D or T > 1 and ots < H * max(ohs, D):
+        raise ValueError("output: rows would overlap")
+    for name, t in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse), ("output_lse", output_lse)):
+        if t is not None:
+            _check_lse(name, t, output.device, (H, T))
+    if scales.device != output.device:
+        raise ValueError(f"output_group_scales is on {scales.device}, output on {output.device}")
+    sts, sgs = scales.stride()
+    groups = scales.shape[1]
+    if T > 1 and groups > 1 and not (sts >= groups * sgs or sgs >= T * sts) or min(sts, sgs) < 1:
+        raise ValueError(f"output_group_scales: strides {scales.stride()} map two groups to one element")
+    written = [("output", output), ("output_lse", output_lse), ("output_group_scales", scales)]
+    read = [("prefix_output", prefix_output), ("suffix_output", suffix_output), ("prefix_lse", prefix_lse),
+            ("suffix_lse", suffix_lse)]
+    for i, (oname, o) in enumerate(written):
+        for iname, x in read + written[i + 1:]:
+            if o is not None and x is not None and _span_overlap(o, x):
+                raise ValueError(f"{oname} overlaps {iname}")
+    if T == 0 or H == 0:
+        return
+    kern = _load(meta, output.get_device())
+    pts, phs, _ = prefix_output.stride()
+    xts, xhs, _ = suffix_output.stride()
+    values = {"output": output.data_ptr(), "output_lse": 0 if output_lse is None else output_lse.data_ptr(),
+              "prefix_output": prefix_output.data_ptr(), "prefix_lse": prefix_lse.data_ptr(),
+              "suffix_output": suffix_output.data_ptr(), "suffix_lse": suffix_lse.data_ptr(),
+              "output_scales": scales.data_ptr(), "num_tokens": T, "num_heads": H,
+              "output_token_stride": ots, "output_head_stride": ohs, "prefix_token_stride": pts,
+              "prefix_head_stride": phs, "suffix_token_stride": xts, "suffix_head_stride": xhs,
+              "scale_token_stride": sts, "scale_group_stride": sgs, "prefill_tokens_with_context": n}
+    _launch(kern, values, _grid(launch, T, H), output.get_device())

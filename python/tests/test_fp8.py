@@ -82,3 +82,90 @@ def test_fp8_needs_an_fp8_output_and_a_float32_scale():
         mla_gen.merge_attn_states(out, x, lse, x.clone(), lse, output_scale=torch.ones(1, device="cuda").half())
     with pytest.raises(TypeError, match="needs output_scale"):
         mla_gen.merge_attn_states(out, x, lse, x.clone(), lse)
+
+
+# ---- per-token-group FP8 (output = "fp8_e4m3_group") ----
+
+def group_scale(absmax, ue8m0):
+    """The reference scale in float32: max(absmax, 1e-10) / 448, UE8M0 rounding by its bits."""
+    s = torch.clamp(absmax.float(), min=1e-10) / 448.0
+    if ue8m0:
+        bits = s.view(torch.int32)
+        up = torch.where((bits & 0x7FFFFF) != 0, (bits & ~0x7FFFFF) + 0x800000, bits)
+        s = up.view(torch.float32)
+    return s
+
+
+HAS_GROUP = any(k["variant"].get("fp8_group") for k in mla_gen._manifest_data()["kernels"])
+
+
+@pytest.mark.skipif(not HAS_GROUP, reason="no per-token-group FP8 kernels in this kernel folder")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("G", [16, 128])
+@pytest.mark.parametrize("ue8m0", [False, True])
+@pytest.mark.parametrize("layout", ["row", "padded", "column"])
+@pytest.mark.parametrize("n_frac", [0.0, 0.5])
+def test_group_fp8_scales_and_codes(dtype, G, ue8m0, layout, n_frac):
+    T, H = 613, 4
+    g = torch.Generator(device="cuda").manual_seed(G + T)
+    prefix = torch.empty(T, H, HEAD, device="cuda", dtype=dtype).uniform_(-40, 40, generator=g)
+    suffix = torch.empty(T, H, HEAD, device="cuda", dtype=dtype).uniform_(-40, 40, generator=g)
+    plse = torch.empty(H, T, device="cuda").uniform_(-10, 10, generator=g)
+    slse = torch.empty(H, T, device="cuda").uniform_(-10, 10, generator=g)
+    plse[:, ::5] = math.inf
+    slse[:, ::7] = -math.inf
+    n = int(T * n_frac)
+    groups = H * HEAD // G
+    if layout == "row":
+        scales = torch.full((T, groups), math.nan, device="cuda")
+    elif layout == "padded":
+        scales = torch.full((T, groups + 3), math.nan, device="cuda")[:, :groups]
+    else:
+        scales = torch.full((groups, T), math.nan, device="cuda").t()
+    out = torch.empty(T, H, HEAD, device="cuda", dtype=FP8)
+    out.view(torch.uint8).fill_(0xFF)
+    mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, None, n, output_group_scales=scales, ue8m0=ue8m0)
+    torch.cuda.synchronize()
+    got = out.view(torch.uint8)
+    assert not (got == 0xFF).any(), "an element was never written"
+    assert not scales.isnan().any(), "a group scale was never written"
+
+    p = torch.where(plse == math.inf, -math.inf, plse).double().t()
+    q = torch.where(slse == math.inf, -math.inf, slse).double().t()
+    m = torch.maximum(p, q)
+    empty = m == -math.inf
+    m0 = torch.where(empty, torch.zeros_like(m), m)
+    a, b = torch.exp(p - m0), torch.exp(q - m0)
+    blend = prefix.double() * (a / (a + b))[..., None] + suffix.double() * (b / (a + b))[..., None]
+    ctx = (torch.arange(T, device="cuda") < n)[:, None, None]
+    is_copy = (~ctx) | empty[..., None]
+    value = torch.where(is_copy, torch.where(ctx & empty[..., None], prefix.float(), suffix.float()).double(), blend)
+    absmax = value.abs().reshape(T, groups, G).amax(dim=2)
+    want = group_scale(absmax, ue8m0)
+    copy_group = is_copy.expand(T, H, HEAD).reshape(T, groups, G).all(dim=2)
+    # Copied rows: float32 values known exactly, so the scale is bit-exact. Blends: a few ulps.
+    assert torch.equal(scales[copy_group], want[copy_group]), "a copied group's scale differs"
+    lo, hi = group_scale(absmax * (1 - 1e-5), ue8m0), group_scale(absmax * (1 + 1e-5), ue8m0)
+    assert ((scales >= lo) & (scales <= hi)).all(), "a merged group's scale is off"
+    per_elem = scales.repeat_interleave(G, dim=1).reshape(T, H, HEAD)
+    exact = e4m3((value / per_elem.double()).float())
+    dist = (ordered(got) - ordered(exact)).abs()
+    assert (dist[is_copy.expand_as(dist)] == 0).all(), "a copied element is not the exact conversion"
+    assert (dist <= 1).all(), f"max distance {dist.max().item()} e4m3 steps"
+
+
+@pytest.mark.skipif(not HAS_GROUP, reason="no per-token-group FP8 kernels in this kernel folder")
+def test_group_fp8_bad_calls():
+    x = torch.zeros(4, 2, HEAD, device="cuda", dtype=torch.bfloat16).uniform_()
+    lse = torch.zeros(2, 4, device="cuda")
+    out = torch.empty(4, 2, HEAD, device="cuda", dtype=FP8)
+    sc = torch.empty(4, 2 * HEAD // 16, device="cuda")
+    with pytest.raises(ValueError, match="not both"):
+        mla_gen.merge_attn_states(out, x, lse, x.clone(), lse, output_scale=torch.ones(1, device="cuda"),
+                                  output_group_scales=sc)
+    with pytest.raises(ValueError, match=r"\[T, H \* D / G\]"):
+        mla_gen.merge_attn_states(out, x, lse, x.clone(), lse, output_group_scales=torch.empty(4, 7, device="cuda"))
+    with pytest.raises(ValueError, match="no generated merge_attn_states kernel"):
+        mla_gen.merge_attn_states(out, x, lse, x.clone(), lse, output_group_scales=torch.empty(4, 1, device="cuda"))
+    with pytest.raises(ValueError, match="map two groups"):
+        mla_gen.merge_attn_states(out, x, lse, x.clone(), lse, output_group_scales=sc[:, :1].expand(4, 16))
