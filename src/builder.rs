@@ -199,7 +199,7 @@ impl Builder {
             let kernels: Vec<BindingKernel> = spec
                 .variants
                 .iter()
-                .filter(|v| v.family == spec::Family::MergeAttnStates && v.fp8_group.is_none())
+                .filter(|v| v.fp8_group.is_none())
                 .map(BindingKernel::from_variant)
                 .collect();
             write_if_changed(
@@ -279,6 +279,8 @@ fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindingKernel {
     pub name: String,
+    /// Which launch the binding calls.
+    pub family: spec::Family,
     pub dtype: Dtype,
     pub head_size: u32,
     pub prefix_threshold: bool,
@@ -292,6 +294,7 @@ impl BindingKernel {
     fn from_variant(v: &spec::MergeVariant) -> BindingKernel {
         BindingKernel {
             name: v.kernel_name(),
+            family: v.family,
             dtype: v.dtype,
             head_size: v.head_size,
             prefix_threshold: v.prefix_threshold,
@@ -309,16 +312,15 @@ impl BindingKernel {
             .into_iter()
             .flatten()
             .filter_map(|k| {
-                // Typed functions cover the pairwise merge; the other families launch through
-                // `Runtime::launch_states` / `launch_in_place` on the same embedded runtime.
-                if k["family"].as_str()? != "merge_attn_states"
-                    || k["variant"]["output"].as_str()? == "fp8_e4m3_group"
-                {
+                // Group-FP8 kernels have no typed function: they launch through
+                // `Runtime::launch_merge` with `output_scales` on the same embedded runtime.
+                if k["variant"]["output"].as_str()? == "fp8_e4m3_group" {
                     return None;
                 }
                 let v = &k["variant"];
                 Some(BindingKernel {
                     name: k["name"].as_str()?.to_string(),
+                    family: serde_json::from_value(v["family"].clone()).ok()?,
                     dtype: Dtype::from_name(v["dtype"].as_str()?)?,
                     head_size: u32::try_from(v["head_size"].as_u64()?).ok()?,
                     prefix_threshold: v["prefix_threshold"].as_bool()?,
@@ -375,6 +377,61 @@ pub fn rust_module(
         } else {
             rust_type.clone()
         };
+        let typed = |slices: &str, shape: &str, call: &str, doc: String| {
+            format!(
+                "\n/// `{name}`: {doc}\npub fn {name}(\n    rt: &mla_gen::runtime::Runtime,\n    stream: &mla_gen::cudarc::driver::CudaStream,\n    {slices},\n    {shape},\n) -> Result<(), mla_gen::runtime::RuntimeError> {{\n    rt.{call}\n}}\n",
+                name = k.name
+            )
+        };
+        match k.family {
+            spec::Family::MergeAttnStates => {}
+            spec::Family::MergeStates { num_states } => {
+                s.push_str(&typed(
+                    &format!("slices: mla_gen::runtime::StatesSlices<'_, {rust_type}>"),
+                    "shape: mla_gen::runtime::StatesShape",
+                    &format!("launch_states_typed({:?}, stream, slices, shape)", k.name),
+                    format!(
+                        "merge {} states of {} rows of {}; output lse {}.",
+                        num_states.map_or("K (shape.num_states)".to_string(), |n| n.to_string()),
+                        k.dtype.name(),
+                        k.head_size,
+                        if k.output_lse {
+                            "yes"
+                        } else {
+                            "no (pass None)"
+                        }
+                    ),
+                ));
+                continue;
+            }
+            spec::Family::MergeStateInPlace { mask } => {
+                s.push_str(&typed(
+                    &format!("slices: mla_gen::runtime::InPlaceSlices<'_, {rust_type}>"),
+                    "shape: mla_gen::runtime::MergeShape",
+                    &format!("launch_in_place_typed({:?}, stream, slices, shape)", k.name),
+                    format!(
+                        "state := merge(state, other), {} rows of {}; lse {}; mask {} (shape.prefix = state's layout, shape.suffix = other's).",
+                        k.dtype.name(),
+                        k.head_size,
+                        if k.head_major { "[H, T]" } else { "[T, H]" },
+                        if mask { "allowed" } else { "none (pass None)" }
+                    ),
+                ));
+                continue;
+            }
+            spec::Family::MaskEmptyContextLse => {
+                s.push_str(&typed(
+                    "lse: &mut mla_gen::cudarc::driver::CudaSlice<f32>,\n    start_locs: (&mla_gen::cudarc::driver::CudaSlice<i32>, &mla_gen::cudarc::driver::CudaSlice<i32>)",
+                    "num_tokens_heads: (usize, usize)",
+                    &format!("launch_mask_lse_typed({:?}, stream, lse, start_locs, num_tokens_heads)", k.name),
+                    format!(
+                        "lse := -inf for the tokens of requests with an empty context; lse {}; start_locs = (query_start_loc, context_start_loc), B + 1 each.",
+                        if k.head_major { "[H, T]" } else { "[T, H]" }
+                    ),
+                ));
+                continue;
+            }
+        }
         let (thr_param, thr_value) = if k.prefix_threshold {
             (
                 "\n    prefill_tokens_with_context: Option<usize>,",

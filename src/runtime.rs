@@ -1668,6 +1668,209 @@ impl Runtime {
     }
 }
 
+/// Shape of one K-way merge: T, H, K and the strides of output `[T, H, D]` and states
+/// `[T, K, H, D]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatesShape {
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub num_states: usize,
+    pub output: Layout,
+    pub states: StatesLayout,
+}
+
+impl StatesShape {
+    /// Every tensor dense.
+    pub fn contiguous(
+        num_tokens: usize,
+        num_states: usize,
+        num_heads: usize,
+        head_size: usize,
+    ) -> StatesShape {
+        StatesShape {
+            num_tokens,
+            num_heads,
+            num_states,
+            output: Layout::contiguous(num_heads, head_size),
+            states: StatesLayout::contiguous(num_states, num_heads, head_size),
+        }
+    }
+}
+
+/// Typed slices of one K-way merge (what generated bindings take).
+pub struct StatesSlices<'a, T: Element> {
+    pub output: &'a mut cudarc::driver::CudaSlice<T>,
+    pub output_lse: Option<&'a mut cudarc::driver::CudaSlice<f32>>,
+    pub states: &'a cudarc::driver::CudaSlice<T>,
+    pub states_lse: &'a cudarc::driver::CudaSlice<f32>,
+}
+
+/// Typed slices of one in-place merge. `mask`: one byte per token (0 = untouched), for kernels
+/// generated with `mask = true`.
+pub struct InPlaceSlices<'a, T: Element> {
+    pub state: &'a mut cudarc::driver::CudaSlice<T>,
+    pub state_lse: &'a mut cudarc::driver::CudaSlice<f32>,
+    pub other: &'a cudarc::driver::CudaSlice<T>,
+    pub other_lse: &'a cudarc::driver::CudaSlice<f32>,
+    pub mask: Option<&'a cudarc::driver::CudaSlice<u8>>,
+}
+
+impl Runtime {
+    fn kernel_named(&self, name: &str) -> Result<&LoadedKernel, RuntimeError> {
+        self.kernel(name)
+            .ok_or_else(|| RuntimeError::NoKernel(name.to_string()))
+    }
+
+    /// Launch the `merge_states` kernel `name` on typed slices (checks of [`validate_states`]).
+    pub fn launch_states_typed<T: Element>(
+        &self,
+        name: &str,
+        stream: &CudaStream,
+        slices: StatesSlices<'_, T>,
+        shape: StatesShape,
+    ) -> Result<(), RuntimeError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let kernel = self.kernel_named(name)?;
+        let out_len = slices.output.len();
+        let (out_ptr, _out) = slices.output.device_ptr_mut(stream);
+        let lse = slices.output_lse.map(|l| {
+            let len = l.len();
+            let (p, g) = l.device_ptr_mut(stream);
+            (
+                DeviceBuffer {
+                    ptr: p,
+                    len,
+                    dtype: Dtype::F32,
+                },
+                g,
+            )
+        });
+        let (s_ptr, _s) = slices.states.device_ptr(stream);
+        let (sl_ptr, _sl) = slices.states_lse.device_ptr(stream);
+        let args = StatesArgs {
+            output: DeviceBuffer {
+                ptr: out_ptr,
+                len: out_len,
+                dtype: T::DTYPE,
+            },
+            output_lse: lse.as_ref().map(|(b, _)| *b),
+            states: DeviceBuffer {
+                ptr: s_ptr,
+                len: slices.states.len(),
+                dtype: T::DTYPE,
+            },
+            states_lse: DeviceBuffer {
+                ptr: sl_ptr,
+                len: slices.states_lse.len(),
+                dtype: Dtype::F32,
+            },
+            num_tokens: shape.num_tokens,
+            num_heads: shape.num_heads,
+            num_states: shape.num_states,
+            output_layout: shape.output,
+            states_layout: shape.states,
+        };
+        self.launch_states(kernel, stream, &args)
+    }
+
+    /// Launch the `merge_state_in_place` kernel `name` on typed slices (checks of
+    /// [`validate_in_place`]); `state`/`other` are `[T, H, D]` with the given layouts.
+    pub fn launch_in_place_typed<T: Element>(
+        &self,
+        name: &str,
+        stream: &CudaStream,
+        slices: InPlaceSlices<'_, T>,
+        shape: MergeShape,
+    ) -> Result<(), RuntimeError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let kernel = self.kernel_named(name)?;
+        let (state_len, state_lse_len) = (slices.state.len(), slices.state_lse.len());
+        let (st_ptr, _st) = slices.state.device_ptr_mut(stream);
+        let (stl_ptr, _stl) = slices.state_lse.device_ptr_mut(stream);
+        let (o_ptr, _o) = slices.other.device_ptr(stream);
+        let (ol_ptr, _ol) = slices.other_lse.device_ptr(stream);
+        let mask = slices.mask.map(|m| {
+            let (p, g) = m.device_ptr(stream);
+            (
+                MaskBuffer {
+                    ptr: p,
+                    len: m.len(),
+                },
+                g,
+            )
+        });
+        let args = InPlaceArgs {
+            state: DeviceBuffer {
+                ptr: st_ptr,
+                len: state_len,
+                dtype: T::DTYPE,
+            },
+            state_lse: DeviceBuffer {
+                ptr: stl_ptr,
+                len: state_lse_len,
+                dtype: Dtype::F32,
+            },
+            other: DeviceBuffer {
+                ptr: o_ptr,
+                len: slices.other.len(),
+                dtype: T::DTYPE,
+            },
+            other_lse: DeviceBuffer {
+                ptr: ol_ptr,
+                len: slices.other_lse.len(),
+                dtype: Dtype::F32,
+            },
+            mask: mask.as_ref().map(|(m, _)| *m),
+            num_tokens: shape.num_tokens,
+            num_heads: shape.num_heads,
+            // MergeShape names the pairwise tensors: prefix = state, suffix = other.
+            state_layout: shape.prefix,
+            other_layout: shape.suffix,
+        };
+        self.launch_in_place(kernel, stream, &args)
+    }
+
+    /// Launch the `mask_empty_context_lse` kernel `name`: `lse` is `[H, T]` or `[T, H]` (the
+    /// kernel's layout); the start locations hold B + 1 int32 each (B = their length - 1).
+    pub fn launch_mask_lse_typed(
+        &self,
+        name: &str,
+        stream: &CudaStream,
+        lse: &mut cudarc::driver::CudaSlice<f32>,
+        (query_start_loc, context_start_loc): (
+            &cudarc::driver::CudaSlice<i32>,
+            &cudarc::driver::CudaSlice<i32>,
+        ),
+        (num_tokens, num_heads): (usize, usize),
+    ) -> Result<(), RuntimeError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let kernel = self.kernel_named(name)?;
+        let lse_len = lse.len();
+        let (l_ptr, _l) = lse.device_ptr_mut(stream);
+        let (q_ptr, _q) = query_start_loc.device_ptr(stream);
+        let (c_ptr, _c) = context_start_loc.device_ptr(stream);
+        let args = MaskLseArgs {
+            lse: DeviceBuffer {
+                ptr: l_ptr,
+                len: lse_len,
+                dtype: Dtype::F32,
+            },
+            query_start_loc: IndexBuffer {
+                ptr: q_ptr,
+                len: query_start_loc.len(),
+            },
+            context_start_loc: IndexBuffer {
+                ptr: c_ptr,
+                len: context_start_loc.len(),
+            },
+            num_requests: query_start_loc.len().saturating_sub(1),
+            num_tokens,
+            num_heads,
+        };
+        self.launch_mask_lse(kernel, stream, &args)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

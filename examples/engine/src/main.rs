@@ -1,5 +1,6 @@
-//! Merge two attention states on the GPU through the bindings `build.rs` generated, and check
-//! every element against mla-gen's float64 reference. Prints "N passed, M failed".
+//! Merge two attention states, then four, then mask the lse of requests without context and
+//! merge in place, on the GPU through the bindings `build.rs` generated; check every element
+//! against mla-gen's float64 reference. Prints "N passed, M failed".
 
 use std::process::ExitCode;
 
@@ -7,7 +8,7 @@ use mla_gen::cudarc::driver::CudaContext;
 use mla_gen::dtype::Dtype;
 use mla_gen::half::bf16;
 use mla_gen::reference;
-use mla_gen::runtime::{self, MergeShape, MergeSlices};
+use mla_gen::runtime::{self, InPlaceSlices, MergeShape, MergeSlices, StatesShape, StatesSlices};
 
 mod kernels {
     include!(concat!(env!("OUT_DIR"), "/mla_gen_kernels.rs"));
@@ -112,6 +113,127 @@ fn run() -> Result<usize, Box<dyn std::error::Error>> {
                 }
             }
             if reference::lse_matches(row.lse(), out_lse[li]) {
+                passed += 1
+            } else {
+                failed += 1
+            }
+        }
+    }
+    // Four states per token, [T, 4, H, D], merged in one pass.
+    const K: usize = 4;
+    let states: Vec<bf16> = (0..T * K * H * D)
+        .map(|_| bf16::from_f64(uniform() * 8.0 - 4.0))
+        .collect();
+    let states_lse: Vec<f32> = (0..T * K * H)
+        .map(|_| (uniform() * 30.0 - 15.0) as f32)
+        .collect();
+    let d_states = stream.clone_htod(&states)?;
+    let d_states_lse = stream.clone_htod(&states_lse)?;
+    let mut d_out = stream.clone_htod(&vec![bf16::NAN; T * H * D])?;
+    let mut d_olse = stream.clone_htod(&vec![f32::NAN; T * H])?;
+    kernels::merge_states_bf16_d128_k4_lse(
+        &rt,
+        &stream,
+        StatesSlices {
+            output: &mut d_out,
+            output_lse: Some(&mut d_olse),
+            states: &d_states,
+            states_lse: &d_states_lse,
+        },
+        StatesShape::contiguous(T, K, H, D),
+    )?;
+    let out = stream.clone_dtoh(&d_out)?;
+    let out_lse = stream.clone_dtoh(&d_olse)?;
+    for t in 0..T {
+        for h in 0..H {
+            let lse: Vec<f32> = (0..K).map(|k| states_lse[(t * K + k) * H + h]).collect();
+            let row = reference::merge_states_row(&lse);
+            for e in 0..D {
+                let values: Vec<f64> = (0..K)
+                    .map(|k| f64::from(states[((t * K + k) * H + h) * D + e]))
+                    .collect();
+                let got = f64::from(out[(t * H + h) * D + e]);
+                if reference::states_element_matches(Dtype::Bf16, &row, &values, got) {
+                    passed += 1
+                } else {
+                    failed += 1
+                }
+            }
+            if reference::lse_matches(row.lse(), out_lse[t * H + h]) {
+                passed += 1
+            } else {
+                failed += 1
+            }
+        }
+    }
+    // Two requests over the T tokens, the second without context: its prefix lse becomes -inf,
+    // then prefix := merge(prefix, suffix) in place for the tokens the mask keeps (even ones).
+    let split = T / 3;
+    let query_start_loc = stream.clone_htod(&[0i32, split as i32, T as i32])?;
+    let context_start_loc = stream.clone_htod(&[0i32, 100, 100])?;
+    let mut d_state = stream.clone_htod(&prefix)?;
+    let mut d_state_lse = stream.clone_htod(&prefix_lse)?;
+    kernels::mask_empty_context_lse(
+        &rt,
+        &stream,
+        &mut d_state_lse,
+        (&query_start_loc, &context_start_loc),
+        (T, H),
+    )?;
+    let mask: Vec<u8> = (0..T).map(|t| u8::from(t % 2 == 0)).collect();
+    let d_mask = stream.clone_htod(&mask)?;
+    kernels::merge_state_in_place_bf16_d128_mask(
+        &rt,
+        &stream,
+        InPlaceSlices {
+            state: &mut d_state,
+            state_lse: &mut d_state_lse,
+            other: &d_suffix,
+            other_lse: &d_slse,
+            mask: Some(&d_mask),
+        },
+        MergeShape::contiguous(T, H, D),
+    )?;
+    let state = stream.clone_dtoh(&d_state)?;
+    let state_lse = stream.clone_dtoh(&d_state_lse)?;
+    let mut masked_lse = prefix_lse.clone();
+    reference::mask_empty_context(
+        &mut masked_lse,
+        true,
+        (T, H),
+        &[0, split as i32, T as i32],
+        &[0, 100, 100],
+    );
+    for (t, &keep) in mask.iter().enumerate() {
+        for h in 0..H {
+            let li = reference::lse_index(true, T, H, t, h);
+            let row = reference::merge_row(masked_lse[li], suffix_lse[li], true);
+            let kept = keep != 0;
+            for e in 0..D {
+                let i = (t * H + h) * D + e;
+                let ok = if kept {
+                    reference::element_matches(
+                        Dtype::Bf16,
+                        &row,
+                        f64::from(prefix[i]),
+                        f64::from(suffix[i]),
+                        f64::from(state[i]),
+                    )
+                } else {
+                    state[i].to_bits() == prefix[i].to_bits()
+                };
+                if ok {
+                    passed += 1
+                } else {
+                    failed += 1
+                }
+            }
+            let lse_ok = if kept {
+                reference::lse_matches(row.lse(), state_lse[li])
+            } else {
+                state_lse[li].to_bits() == masked_lse[li].to_bits()
+            };
+            if lse_ok {
                 passed += 1
             } else {
                 failed += 1
