@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::emit::{FileSet, Manifest};
 use crate::render::{RenderError, TOOL_VERSION};
+use crate::spec::Family;
 
 pub const C_DIR: &str = "c";
 
@@ -48,6 +49,15 @@ struct CParam {
 #[derive(Serialize)]
 struct CKernel<'a> {
     name: &'a str,
+    /// The spec table: which argument struct and check the launcher uses.
+    family: &'static str,
+    args_type: &'static str,
+    check: &'static str,
+    /// merge_states: K (0 = runtime).
+    num_states: u32,
+    /// merge_states: has output lse; merge_state_in_place: takes a mask.
+    flag: bool,
+    mask: bool,
     dtype: &'static str,
     head_size: u32,
     elem_bytes: u32,
@@ -75,6 +85,12 @@ fn c_bytes(bytes: &[u8]) -> String {
 
 fn c_local(name: &'static str) -> String {
     match name {
+        "states" | "other" => format!("const void* {name} = a->{name}"),
+        "state" => "void* state = a->state".into(),
+        "states_lse" | "other_lse" => format!("const float* {name} = a->{name}"),
+        "state_lse" | "lse" => format!("float* {name} = a->{name}"),
+        "mask" => "const unsigned char* mask = a->mask".into(),
+        "query_start_loc" | "context_start_loc" => format!("const int32_t* {name} = a->{name}"),
         "output" => "void* output = a->output".into(),
         "output_lse" => "float* output_lse = a->output_lse".into(),
         "prefix_output" | "suffix_output" | "prefix_lse" | "suffix_lse" | "output_scale" => {
@@ -96,14 +112,14 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
         template: "c/mla_kernels".into(),
         detail,
     };
-    if let Some(k) = manifest.kernels.iter().find(|k| {
-        k.variant.family != crate::spec::Family::MergeAttnStates || k.variant.fp8_group.is_some()
-    }) {
+    if let Some(k) = manifest
+        .kernels
+        .iter()
+        .find(|k| k.variant.fp8_group.is_some())
+    {
         return Err(err(format!(
-            "the C launcher covers [[merge_attn_states]] kernels with output \"same\" or \"fp8_e4m3\" only, and the spec also has {} ({}, output \"{}\"); generate those into a folder without --emit c and launch them from the manifest",
-            k.name,
-            k.variant.family.table(),
-            k.variant.output.name()
+            "the C launcher does not cover per-token-group FP8 outputs yet, and the spec has {}; generate it into a folder without --emit c and launch it from the manifest (Rust runtime or Python)",
+            k.name
         )));
     }
     let mut kernels = Vec::new();
@@ -141,8 +157,30 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
         }
         // The order mla_load tries them in: CUBINs first, newest architecture first, then PTX.
         images.sort_by_key(|i| (i.kind != "cubin", std::cmp::Reverse(i.cc)));
+        let (args_type, check, num_states, flag, mask) = match k.variant.family {
+            Family::MergeAttnStates => ("mla_merge_args", "mla_check", 0, false, false),
+            Family::MergeStates { num_states } => (
+                "mla_states_args",
+                "mla_check_states",
+                num_states.unwrap_or(0),
+                k.variant.output_lse,
+                false,
+            ),
+            Family::MergeStateInPlace { mask } => {
+                ("mla_in_place_args", "mla_check_in_place", 0, mask, mask)
+            }
+            Family::MaskEmptyContextLse => {
+                ("mla_mask_lse_args", "mla_check_mask_lse", 0, false, false)
+            }
+        };
         kernels.push(CKernel {
             name: &k.name,
+            family: k.variant.family.table(),
+            args_type,
+            check,
+            num_states,
+            flag,
+            mask,
             dtype: k.variant.dtype.name(),
             head_size: k.variant.head_size,
             elem_bytes: k.variant.dtype.size_bytes(),
@@ -171,6 +209,21 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
     ctx.insert("tool_version", TOOL_VERSION);
     ctx.insert("spec_source", &manifest.spec.source);
     ctx.insert("kernels", &kernels);
+    // Which helpers the C file needs: an unused static function fails -Werror.
+    let has = |f: &str| kernels.iter().any(|k| k.family == f);
+    let rows = has("merge_states") || has("merge_state_in_place");
+    ctx.insert(
+        "has",
+        &serde_json::json!({
+            "merge_attn_states": has("merge_attn_states"),
+            "merge_states": has("merge_states"),
+            "merge_state_in_place": has("merge_state_in_place"),
+            "mask_empty_context_lse": has("mask_empty_context_lse"),
+            "rows": rows,
+            "extent": rows || has("merge_attn_states"),
+            "other": kernels.iter().any(|k| k.family != "merge_attn_states"),
+        }),
+    );
     let mut out = FileSet::new();
     for (template, file) in [
         ("mla_kernels.h.tera", "mla_kernels.h"),

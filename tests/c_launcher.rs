@@ -30,13 +30,15 @@ fn cuda_include() -> PathBuf {
         })
 }
 
+const PAIRWISE_SPEC: &str = "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = [128, 100]\n";
+
 fn generate_c(dir: &Path) -> PathBuf {
+    generate_c_from(dir, PAIRWISE_SPEC)
+}
+
+fn generate_c_from(dir: &Path, spec_text: &str) -> PathBuf {
     let spec = dir.join("s.toml");
-    std::fs::write(
-        &spec,
-        "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = [128, 100]\n",
-    )
-    .unwrap();
+    std::fs::write(&spec, spec_text).unwrap();
     let out = dir.join("gen");
     let o = Command::new(env!("CARGO_BIN_EXE_mla-gen"))
         .args([
@@ -111,17 +113,22 @@ fn the_c_launcher_compiles_warning_free_and_refuses_unsafe_calls() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
     // Link against stub driver functions and run the checks.
-    let exe = tmp.path().join("check");
-    let test_src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/launcher_check.c");
+    compile_and_run(tmp.path(), &c, "launcher_check.c");
+}
+
+/// Compile `check` (a file of tests/c) with the generated launcher `c` and run it: it prints
+/// "1 passed, 0 failed".
+fn compile_and_run(tmp: &Path, c: &Path, check: &str) {
+    let inc = cuda_include();
+    let exe = tmp.join("check");
+    let strict = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"];
     let mut args: Vec<String> = strict.iter().map(|s| s.to_string()).collect();
     args.extend([
         "-I".into(),
         inc.display().to_string(),
         "-I".into(),
         c.display().to_string(),
-    ]);
-    args.extend([
-        test_src.to_string(),
+        format!("{}/tests/c/{check}", env!("CARGO_MANIFEST_DIR")),
         c.join("mla_kernels.c").display().to_string(),
         "-o".into(),
         exe.display().to_string(),
@@ -131,6 +138,17 @@ fn the_c_launcher_compiles_warning_free_and_refuses_unsafe_calls() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{stdout}");
     assert!(stdout.contains("1 passed, 0 failed"), "{stdout}");
+}
+
+#[test]
+fn the_other_families_launchers_compile_and_refuse_unsafe_calls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = generate_c_from(
+        tmp.path(),
+        "arch = \"sm_90\"\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n\
+         [[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 128\nmask = true\n[[mask_empty_context_lse]]\n",
+    );
+    compile_and_run(tmp.path(), &c, "families_check.c");
 }
 
 #[test]
