@@ -1052,38 +1052,25 @@ fn check(
         t * h,
         "num_tokens * num_heads",
     )?;
-    check_disjoint(
-        &bad,
-        &[
-            ("output", bytes(Some(&a.output))),
-            ("output_lse", bytes(a.output_lse.as_ref())),
-        ],
-        &[
-            ("prefix_output", bytes(Some(&a.prefix))),
-            ("suffix_output", bytes(Some(&a.suffix))),
-            ("prefix_lse", bytes(Some(&a.prefix_lse))),
-            ("suffix_lse", bytes(Some(&a.suffix_lse))),
-        ],
-        "this kernel is not in-place",
-    )?;
+    let outputs = [
+        ("output", bytes(Some(&a.output))),
+        ("output_lse", bytes(a.output_lse.as_ref())),
+    ];
+    let inputs = [
+        ("prefix_output", bytes(Some(&a.prefix))),
+        ("suffix_output", bytes(Some(&a.suffix))),
+        ("prefix_lse", bytes(Some(&a.prefix_lse))),
+        ("suffix_lse", bytes(Some(&a.suffix_lse))),
+    ];
+    check_disjoint(&bad, &outputs, &inputs, "this kernel is not in-place")?;
     if let (Some(sc), Some(g)) = (&a.output_scales, grouped) {
-        check_group_scales(
-            &bad,
-            sc,
-            t,
-            h * (k.variant.head_size / g.group_size) as usize,
-        )?;
+        let groups = h * (k.variant.head_size / g.group_size) as usize;
+        check_group_scales(&bad, sc, t, groups)?;
+        let every_other: Vec<_> = outputs.iter().chain(&inputs).copied().collect();
         check_disjoint(
             &bad,
             &[("output_scales", bytes(Some(&sc.buf)))],
-            &[
-                ("output", bytes(Some(&a.output))),
-                ("output_lse", bytes(a.output_lse.as_ref())),
-                ("prefix_output", bytes(Some(&a.prefix))),
-                ("suffix_output", bytes(Some(&a.suffix))),
-                ("prefix_lse", bytes(Some(&a.prefix_lse))),
-                ("suffix_lse", bytes(Some(&a.suffix_lse))),
-            ],
+            &every_other,
             "the scales are written while the others are read or written",
         )?;
     }
