@@ -387,9 +387,23 @@ pub fn bench(
     }
     stream.synchronize().map_err(driver)?;
     per_call.sort_by(f64::total_cmp);
+    // The same checks without a launch: what validation costs of the per-call time (the rest
+    // is the context check and cuLaunchKernel).
+    let (dtype, slots) = k.meta.resolve()?;
+    let mut checks = Vec::new();
+    for _ in 0..20 {
+        let start = std::time::Instant::now();
+        for _ in 0..500 {
+            let args = std::hint::black_box(&args);
+            std::hint::black_box(crate::runtime::check(&k.meta, dtype, &slots, args)?);
+        }
+        checks.push(start.elapsed().as_secs_f64() * 1e6 / 500.0);
+    }
+    checks.sort_by(f64::total_cmp);
     Ok(serde_json::json!({
         "device": ctx.name().unwrap_or_default(),
         "rows": rows,
         "host_us_per_launch": per_call.get(per_call.len() / 2),
+        "host_us_validation_only": checks.get(checks.len() / 2),
     }))
 }

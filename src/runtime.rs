@@ -931,7 +931,7 @@ fn param_values(slots: &[ParamSlot], value: impl Fn(ParamSlot) -> u64) -> ParamV
 }
 
 /// [`validate`] with the kernel's dtype and slots already resolved (the launch path).
-fn check(
+pub(crate) fn check(
     k: &KernelView,
     dtype: Dtype,
     slots: &[ParamSlot],

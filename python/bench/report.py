@@ -51,7 +51,9 @@ def main():
         f"{min(r['pct_copy'] for r in d128):.1f}.",
         "- × Triton at T ≥ 4096, min / max per (dtype, D): " + ", ".join(
             f"{dt} d{d} {min(v):.2f}/{max(v):.2f}" for (dt, d), v in sorted(by_d.items())) + ".",
-        f"- Host cost per call: Rust runtime {rust['host_us_per_launch']:.2f} µs; Python drop-in "
+        f"- Host cost per call: Rust runtime {rust['host_us_per_launch']:.2f} µs"
+        + (f" (argument checks alone {rust['host_us_validation_only']:.2f} µs)"
+           if "host_us_validation_only" in rust else "") + "; Python drop-in "
         f"{mg['min']:.1f} µs (median {mg['median']:.1f}); Triton baseline {tr['min']:.1f} µs "
         f"(median {tr['median']:.1f}); ratio {mg['min'] / tr['min']:.2f} (min), "
         f"{mg['median'] / tr['median']:.2f} (median).",
