@@ -50,7 +50,9 @@ fn check(text: &str) {
     }
 }
 
-const KEYS: [&str; 15] = [
+const KEYS: [&str; 17] = [
+    "group_size",
+    "ue8m0",
     "num_states",
     "mask",
     "dtype",
@@ -83,6 +85,7 @@ fn scalar() -> impl Strategy<Value = String> {
             "\"head_major\"",
             "\"token_major\"",
             "\"runtime\"",
+            "\"fp8_e4m3_group\"",
             "\"sm_90\"",
             "\"sm_80\"",
             "\"compute_90\"",
