@@ -21,6 +21,11 @@ A TOML spec names the kernels an engine needs; mla-gen renders each one's CUDA f
 every choice fixed at compile time, compiles it with NVRTC (no nvcc, no GPU) to PTX and CUBIN, and
 writes the files with a manifest that describes each kernel's parameters and launch rule.
 
+Spec tables: [[merge_attn_states]] (pairwise, with threshold; output same, fp8_e4m3 or
+fp8_e4m3_group), [[merge_states]] (K states in one pass), [[merge_state_in_place]] (optional
+per-token mask) and [[mask_empty_context_lse]]. Every key is documented in the README's spec
+reference; `mla-gen list SPEC` shows what a spec expands to.
+
 Without a SPEC argument, the embedded default spec is used: the 27 kernels vLLM needs
 (f16/bf16/f32 x head sizes 64..576) for sm_80 and sm_90.";
 
