@@ -407,10 +407,10 @@ pub fn rust_module(
             spec::Family::MergeStateInPlace { mask } => {
                 s.push_str(&typed(
                     &format!("slices: mla_gen::runtime::InPlaceSlices<'_, {rust_type}>"),
-                    "shape: mla_gen::runtime::MergeShape",
+                    "shape: mla_gen::runtime::InPlaceShape",
                     &format!("launch_in_place_typed({:?}, stream, slices, shape)", k.name),
                     format!(
-                        "state := merge(state, other), {} rows of {}; lse {}; mask {} (shape.prefix = state's layout, shape.suffix = other's).",
+                        "state := merge(state, other), {} rows of {}; lse {}; mask {}.",
                         k.dtype.name(),
                         k.head_size,
                         if k.head_major { "[H, T]" } else { "[T, H]" },

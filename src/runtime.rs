@@ -1692,6 +1692,28 @@ pub struct StatesSlices<'a, T: Element> {
     pub states_lse: &'a cudarc::driver::CudaSlice<f32>,
 }
 
+/// Shape of one in-place merge: T, H and the strides of `state` and `other` (`[T, H, D]` each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InPlaceShape {
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub state: Layout,
+    pub other: Layout,
+}
+
+impl InPlaceShape {
+    /// Both tensors dense.
+    pub fn contiguous(num_tokens: usize, num_heads: usize, head_size: usize) -> InPlaceShape {
+        let l = Layout::contiguous(num_heads, head_size);
+        InPlaceShape {
+            num_tokens,
+            num_heads,
+            state: l,
+            other: l,
+        }
+    }
+}
+
 /// Typed slices of one in-place merge. `mask`: one byte per token (0 = untouched), for kernels
 /// generated with `mask = true`.
 pub struct InPlaceSlices<'a, T: Element> {
@@ -1767,7 +1789,7 @@ impl Runtime {
         name: &str,
         stream: &CudaStream,
         slices: InPlaceSlices<'_, T>,
-        shape: MergeShape,
+        shape: InPlaceShape,
     ) -> Result<(), RuntimeError> {
         use cudarc::driver::{DevicePtr, DevicePtrMut};
         let kernel = self.kernel_named(name)?;
@@ -1810,9 +1832,8 @@ impl Runtime {
             mask: mask.as_ref().map(|(m, _)| *m),
             num_tokens: shape.num_tokens,
             num_heads: shape.num_heads,
-            // MergeShape names the pairwise tensors: prefix = state, suffix = other.
-            state_layout: shape.prefix,
-            other_layout: shape.suffix,
+            state_layout: shape.state,
+            other_layout: shape.other,
         };
         self.launch_in_place(kernel, stream, &args)
     }

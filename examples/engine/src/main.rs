@@ -8,7 +8,9 @@ use mla_gen::cudarc::driver::CudaContext;
 use mla_gen::dtype::Dtype;
 use mla_gen::half::bf16;
 use mla_gen::reference;
-use mla_gen::runtime::{self, InPlaceSlices, MergeShape, MergeSlices, StatesShape, StatesSlices};
+use mla_gen::runtime::{
+    self, InPlaceShape, InPlaceSlices, MergeShape, MergeSlices, StatesShape, StatesSlices,
+};
 
 mod kernels {
     include!(concat!(env!("OUT_DIR"), "/mla_gen_kernels.rs"));
@@ -192,7 +194,7 @@ fn run() -> Result<usize, Box<dyn std::error::Error>> {
             other_lse: &d_slse,
             mask: Some(&d_mask),
         },
-        MergeShape::contiguous(T, H, D),
+        InPlaceShape::contiguous(T, H, D),
     )?;
     let state = stream.clone_dtoh(&d_state)?;
     let state_lse = stream.clone_dtoh(&d_state_lse)?;
