@@ -173,7 +173,7 @@ def main():
             print(f"{K:>3} {T:>6} {H:>4} {D:>4} {r['kway_bytes'] / 1e6:>7.0f} | {r['merge_states_us']:>15.1f} "
                   f"{r['merge_states_gbs']:>6.0f} {r['pct_copy']:>5.1f}% | {r['chain_us']:>9.1f} "
                   f"{r['speedup_vs_chain']:>7.2f}x {r['bytes_ratio']:>11.2f} | {r['kernel']}", flush=True)
-    print(f"\nmask_empty_context_lse (lse [H, T] float32, ~40% of requests without context)")
+    print("\nmask_empty_context_lse (lse [H, T] float32, ~40% of requests without context)")
     print(f"{'T':>6} {'H':>4} {'B':>5} | {'mla-gen us':>10} | {'torch us':>9}")
     mask_rows = []
     for T, H, B in ((4096, 32, 16), (32768, 128, 256)):

@@ -442,7 +442,8 @@ def _load(meta: dict, device: int) -> _Kernel:
 
 def _find(family: str, dtype: torch.dtype, head_size: int, accept, what: str) -> dict:
     """The manifest kernel of `family` for (dtype, head size) whose fields `accept` ranks best
-    (lower is better; None = unusable)."""
+    (lower is better; None = unusable). `what` describes the conditions `accept` checks: it ends
+    the error message and keys the cache, so it must name every one of them."""
     key = (family, dtype, head_size, what)  # `what` spells out the selection
     hit = _found.get(key)
     if hit is not None:
@@ -541,7 +542,9 @@ def merge_states(v: torch.Tensor, s: torch.Tensor, output: torch.Tensor | None =
     if not v.is_cuda:
         raise ValueError(f"v is on {v.device}; the merge runs on a CUDA device")
     meta = _find("merge_states", v.dtype, D,
-                 lambda f, var: 0 if f.get("num_states") == K else (1 if f.get("num_states") is None else None),
+                 # This K compiled in beats runtime K; a kernel with output lse (null = skip) beats one without.
+                 lambda f, var: None if f.get("num_states") not in (K, None)
+                 else 2 * (f.get("num_states") is None) + (not var["output_lse"]),
                  f" merging {K} states (no kernel with num_states = {K} or \"runtime\")")
     launch = meta["launch"]
     _check_rows("v", v, v.device, v.dtype, D, launch)
@@ -698,7 +701,9 @@ def _merge_group(output, prefix_output, prefix_lse, suffix_output, suffix_lse, o
                                       and var["lse_layout"] == "head_major"
                                       and (var["prefix_threshold"] or n == T)
                                       and (output_lse is None or var["output_lse"])) else None,
-                 f" with output = fp8_e4m3_group, group_size = {G}, ue8m0 = {bool(ue8m0)}")
+                 # `what` is also the cache key: it names every condition of the choice.
+                 f" with output = fp8_e4m3_group, group_size = {G}, ue8m0 = {bool(ue8m0)}"
+                 + (", output_lse" if output_lse is not None else "") + ("" if n == T else ", a threshold"))
     launch = meta["launch"]
     for name, t, want in (("prefix_output", prefix_output, dtype), ("suffix_output", suffix_output, dtype)):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != (T, H, D):
@@ -711,9 +716,10 @@ def _merge_group(output, prefix_output, prefix_lse, suffix_output, suffix_lse, o
     ots, ohs, _ = output.stride()
     if H > 1 and ohs < D or T > 1 and ots < H * max(ohs, D):
         raise ValueError("output: rows would overlap")
-    for name, t in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse), ("output_lse", output_lse)):
-        if t is not None:
-            _check_lse(name, t, output.device, (H, T))
+    _check_lse("prefix_lse", prefix_lse, output.device, (H, T))
+    _check_lse("suffix_lse", suffix_lse, output.device, (H, T))
+    if output_lse is not None:
+        _check_lse("output_lse", output_lse, output.device, (H, T))
     if scales.device != output.device:
         raise ValueError(f"output_group_scales is on {scales.device}, output on {output.device}")
     sts, sgs = scales.stride()
