@@ -270,11 +270,10 @@ pub fn fp8_element_matches(row: &RowMerge, prefix: f32, suffix: f32, scale: f32,
     }
 }
 
-/// Does a kernel's element `got` match the reference?
-/// Copies must be exact; blends within `tolerance * magnitude` plus one ulp of the rounded
-/// reference. NaN matches only NaN; infinities match exactly.
-pub fn element_matches(dtype: Dtype, row: &RowMerge, prefix: f64, suffix: f64, got: f64) -> bool {
-    let want = row.value(prefix, suffix);
+/// Does `got` match the float64 value `want` rounded into `dtype`? NaN matches only NaN and
+/// infinities match exactly; a copy (`blend` = None) must be exact, a blend may be off by
+/// `relative * magnitude` plus one ulp of the rounded value.
+fn value_matches(dtype: Dtype, want: f64, got: f64, blend: Option<(f64, f64)>) -> bool {
     if want.is_nan() || got.is_nan() {
         return want.is_nan() && got.is_nan();
     }
@@ -282,34 +281,37 @@ pub fn element_matches(dtype: Dtype, row: &RowMerge, prefix: f64, suffix: f64, g
     if rounded.is_infinite() || got.is_infinite() {
         return rounded == got;
     }
-    match row {
-        RowMerge::CopySuffix { .. } | RowMerge::CopyPrefix => got == rounded,
-        RowMerge::Blend { .. } => {
-            let slack = tolerance(dtype) * row.magnitude(prefix, suffix) + ulp(dtype, rounded);
-            (got - rounded).abs() <= slack
+    match blend {
+        None => got == rounded,
+        Some((relative, magnitude)) => {
+            (got - rounded).abs() <= relative * magnitude + ulp(dtype, rounded)
         }
     }
+}
+
+/// Does a kernel's element `got` match the reference?
+/// Copies must be exact; blends within `tolerance * magnitude` plus one ulp of the rounded
+/// reference. NaN matches only NaN; infinities match exactly.
+pub fn element_matches(dtype: Dtype, row: &RowMerge, prefix: f64, suffix: f64, got: f64) -> bool {
+    let blend = match row {
+        RowMerge::CopySuffix { .. } | RowMerge::CopyPrefix => None,
+        RowMerge::Blend { .. } => Some((tolerance(dtype), row.magnitude(prefix, suffix))),
+    };
+    value_matches(dtype, row.value(prefix, suffix), got, blend)
 }
 
 /// [`element_matches`] for a K-way merge: a float32 sum of K products may be off by about
 /// (K + 2) float32 roundings of the magnitude, which for K = 16 is above f32's 1e-6.
 pub fn states_element_matches(dtype: Dtype, merge: &StatesMerge, values: &[f64], got: f64) -> bool {
     let (want, magnitude) = merge.value_and_magnitude(values);
-    if want.is_nan() || got.is_nan() {
-        return want.is_nan() && got.is_nan();
-    }
-    let rounded = round_to(dtype, want);
-    if rounded.is_infinite() || got.is_infinite() {
-        return rounded == got;
-    }
-    match merge {
-        StatesMerge::CopyFirst => got == rounded,
+    let blend = match merge {
+        StatesMerge::CopyFirst => None,
         StatesMerge::Blend { weights, .. } => {
             let f32_sum = (weights.len() as f64 + 2.0) * f64::from(f32::EPSILON) / 2.0;
-            let slack = tolerance(dtype).max(f32_sum) * magnitude + ulp(dtype, rounded);
-            (got - rounded).abs() <= slack
+            Some((tolerance(dtype).max(f32_sum), magnitude))
         }
-    }
+    };
+    value_matches(dtype, want, got, blend)
 }
 
 /// Does a kernel's output lse match? Within 1e-5 absolute; -inf, +inf and NaN exactly.
