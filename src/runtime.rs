@@ -1580,66 +1580,21 @@ impl Runtime {
         shape: MergeShape,
         prefill_tokens_with_context: Option<usize>,
     ) -> Result<(), RuntimeError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        let kernel = self
-            .kernel(name)
-            .ok_or_else(|| RuntimeError::NoKernel(name.to_string()))?;
-        let out_len = slices.output.len();
-        let (out_ptr, _out_sync) = slices.output.device_ptr_mut(stream);
-        let mut lse_guard = None;
-        let output_lse = match slices.output_lse {
-            Some(l) => {
-                let len = l.len();
-                let (p, g) = l.device_ptr_mut(stream);
-                lse_guard = Some(g);
-                Some(DeviceBuffer {
-                    ptr: p,
-                    len,
-                    dtype: Dtype::F32,
-                })
-            }
-            None => None,
-        };
-        let (p_ptr, _p) = slices.prefix.device_ptr(stream);
-        let (pl_ptr, _pl) = slices.prefix_lse.device_ptr(stream);
-        let (s_ptr, _s) = slices.suffix.device_ptr(stream);
-        let (sl_ptr, _sl) = slices.suffix_lse.device_ptr(stream);
-        let scale = slices.output_scale.map(|s| {
-            let (p, g) = s.device_ptr(stream);
-            let buf = DeviceBuffer {
-                ptr: p,
-                len: s.len(),
-                dtype: Dtype::F32,
-            };
-            (buf, g)
-        });
+        let kernel = self.kernel_named(name)?;
+        let (output, _o) = written(slices.output, stream);
+        let output_lse = slices.output_lse.map(|l| written(l, stream));
+        let (prefix, _p) = read(slices.prefix, stream);
+        let (prefix_lse, _pl) = read(slices.prefix_lse, stream);
+        let (suffix, _s) = read(slices.suffix, stream);
+        let (suffix_lse, _sl) = read(slices.suffix_lse, stream);
+        let scale = slices.output_scale.map(|s| read(s, stream));
         let args = MergeArgs {
-            output: DeviceBuffer {
-                ptr: out_ptr,
-                len: out_len,
-                dtype: O::DTYPE,
-            },
-            output_lse,
-            prefix: DeviceBuffer {
-                ptr: p_ptr,
-                len: slices.prefix.len(),
-                dtype: T::DTYPE,
-            },
-            prefix_lse: DeviceBuffer {
-                ptr: pl_ptr,
-                len: slices.prefix_lse.len(),
-                dtype: Dtype::F32,
-            },
-            suffix: DeviceBuffer {
-                ptr: s_ptr,
-                len: slices.suffix.len(),
-                dtype: T::DTYPE,
-            },
-            suffix_lse: DeviceBuffer {
-                ptr: sl_ptr,
-                len: slices.suffix_lse.len(),
-                dtype: Dtype::F32,
-            },
+            output,
+            output_lse: output_lse.as_ref().map(|(b, _)| *b),
+            prefix,
+            prefix_lse,
+            suffix,
+            suffix_lse,
             output_scale: scale.as_ref().map(|(b, _)| *b),
             output_scales: None, // typed bindings cover the other outputs
             num_tokens: shape.num_tokens,
@@ -1649,10 +1604,40 @@ impl Runtime {
             suffix_layout: shape.suffix,
             prefill_tokens_with_context,
         };
-        let result = self.launch_merge(kernel, stream, &args);
-        drop(lse_guard);
-        result
+        self.launch_merge(kernel, stream, &args)
     }
+}
+
+/// A slice the kernel reads, as a launch buffer, with the guard that records the launch's use
+/// of it on `stream` (keep it alive until after the launch).
+fn read<'a, T: Element>(
+    s: &'a cudarc::driver::CudaSlice<T>,
+    stream: &'a CudaStream,
+) -> (DeviceBuffer, cudarc::driver::SyncOnDrop<'a>) {
+    use cudarc::driver::DevicePtr;
+    let (ptr, guard) = s.device_ptr(stream);
+    let buf = DeviceBuffer {
+        ptr,
+        len: s.len(),
+        dtype: T::DTYPE,
+    };
+    (buf, guard)
+}
+
+/// [`read`] for a slice the kernel writes.
+fn written<'a, T: Element>(
+    s: &'a mut cudarc::driver::CudaSlice<T>,
+    stream: &'a CudaStream,
+) -> (DeviceBuffer, cudarc::driver::SyncOnDrop<'a>) {
+    use cudarc::driver::DevicePtrMut;
+    let len = s.len();
+    let (ptr, guard) = s.device_ptr_mut(stream);
+    let buf = DeviceBuffer {
+        ptr,
+        len,
+        dtype: T::DTYPE,
+    };
+    (buf, guard)
 }
 
 /// Shape of one K-way merge: T, H, K and the strides of output `[T, H, D]` and states
@@ -1738,41 +1723,16 @@ impl Runtime {
         slices: StatesSlices<'_, T>,
         shape: StatesShape,
     ) -> Result<(), RuntimeError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
         let kernel = self.kernel_named(name)?;
-        let out_len = slices.output.len();
-        let (out_ptr, _out) = slices.output.device_ptr_mut(stream);
-        let lse = slices.output_lse.map(|l| {
-            let len = l.len();
-            let (p, g) = l.device_ptr_mut(stream);
-            (
-                DeviceBuffer {
-                    ptr: p,
-                    len,
-                    dtype: Dtype::F32,
-                },
-                g,
-            )
-        });
-        let (s_ptr, _s) = slices.states.device_ptr(stream);
-        let (sl_ptr, _sl) = slices.states_lse.device_ptr(stream);
+        let (output, _o) = written(slices.output, stream);
+        let output_lse = slices.output_lse.map(|l| written(l, stream));
+        let (states, _s) = read(slices.states, stream);
+        let (states_lse, _sl) = read(slices.states_lse, stream);
         let args = StatesArgs {
-            output: DeviceBuffer {
-                ptr: out_ptr,
-                len: out_len,
-                dtype: T::DTYPE,
-            },
-            output_lse: lse.as_ref().map(|(b, _)| *b),
-            states: DeviceBuffer {
-                ptr: s_ptr,
-                len: slices.states.len(),
-                dtype: T::DTYPE,
-            },
-            states_lse: DeviceBuffer {
-                ptr: sl_ptr,
-                len: slices.states_lse.len(),
-                dtype: Dtype::F32,
-            },
+            output,
+            output_lse: output_lse.as_ref().map(|(b, _)| *b),
+            states,
+            states_lse,
             num_tokens: shape.num_tokens,
             num_heads: shape.num_heads,
             num_states: shape.num_states,
@@ -1791,44 +1751,22 @@ impl Runtime {
         slices: InPlaceSlices<'_, T>,
         shape: InPlaceShape,
     ) -> Result<(), RuntimeError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        use cudarc::driver::DevicePtr;
         let kernel = self.kernel_named(name)?;
-        let (state_len, state_lse_len) = (slices.state.len(), slices.state_lse.len());
-        let (st_ptr, _st) = slices.state.device_ptr_mut(stream);
-        let (stl_ptr, _stl) = slices.state_lse.device_ptr_mut(stream);
-        let (o_ptr, _o) = slices.other.device_ptr(stream);
-        let (ol_ptr, _ol) = slices.other_lse.device_ptr(stream);
+        let (state, _st) = written(slices.state, stream);
+        let (state_lse, _stl) = written(slices.state_lse, stream);
+        let (other, _o) = read(slices.other, stream);
+        let (other_lse, _ol) = read(slices.other_lse, stream);
+        // One byte per token: not an element type of the kernels, so no DeviceBuffer.
         let mask = slices.mask.map(|m| {
-            let (p, g) = m.device_ptr(stream);
-            (
-                MaskBuffer {
-                    ptr: p,
-                    len: m.len(),
-                },
-                g,
-            )
+            let (ptr, g) = m.device_ptr(stream);
+            (MaskBuffer { ptr, len: m.len() }, g)
         });
         let args = InPlaceArgs {
-            state: DeviceBuffer {
-                ptr: st_ptr,
-                len: state_len,
-                dtype: T::DTYPE,
-            },
-            state_lse: DeviceBuffer {
-                ptr: stl_ptr,
-                len: state_lse_len,
-                dtype: Dtype::F32,
-            },
-            other: DeviceBuffer {
-                ptr: o_ptr,
-                len: slices.other.len(),
-                dtype: T::DTYPE,
-            },
-            other_lse: DeviceBuffer {
-                ptr: ol_ptr,
-                len: slices.other_lse.len(),
-                dtype: Dtype::F32,
-            },
+            state,
+            state_lse,
+            other,
+            other_lse,
             mask: mask.as_ref().map(|(m, _)| *m),
             num_tokens: shape.num_tokens,
             num_heads: shape.num_heads,
@@ -1851,18 +1789,13 @@ impl Runtime {
         ),
         (num_tokens, num_heads): (usize, usize),
     ) -> Result<(), RuntimeError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        use cudarc::driver::DevicePtr;
         let kernel = self.kernel_named(name)?;
-        let lse_len = lse.len();
-        let (l_ptr, _l) = lse.device_ptr_mut(stream);
+        let (lse, _l) = written(lse, stream);
         let (q_ptr, _q) = query_start_loc.device_ptr(stream);
         let (c_ptr, _c) = context_start_loc.device_ptr(stream);
         let args = MaskLseArgs {
-            lse: DeviceBuffer {
-                ptr: l_ptr,
-                len: lse_len,
-                dtype: Dtype::F32,
-            },
+            lse,
             query_start_loc: IndexBuffer {
                 ptr: q_ptr,
                 len: query_start_loc.len(),
