@@ -162,6 +162,44 @@ fn poison(dtype: Dtype) -> u32 {
 }
 const LSE_POISON: u32 = 0x7fc0_beef;
 
+/// The head padding after row (t, h) of an output must still hold the poison: nothing was
+/// written outside the rows.
+fn padding_error(
+    out: &[u32],
+    ol: Layout,
+    (ti, hi): (usize, usize),
+    (h, d): (usize, usize),
+    poison: u32,
+) -> Option<String> {
+    let pad_end = if hi + 1 < h { ol.head_stride } else { d };
+    (d..pad_end)
+        .find(|&e| out[ol.row(ti, hi) + e] != poison)
+        .map(|e| format!("t={ti} h={hi}: wrote padding element {e}"))
+}
+
+/// An output lse element: written and within the reference's tolerance when requested, still
+/// the poison when the pointer was null.
+fn output_lse_error(
+    with_lse: bool,
+    got: u32,
+    want: f64,
+    (ti, hi): (usize, usize),
+) -> Option<String> {
+    if !with_lse {
+        return (got != LSE_POISON)
+            .then(|| format!("t={ti} h={hi}: output_lse written although null"));
+    }
+    if got == LSE_POISON {
+        return Some(format!("t={ti} h={hi}: output_lse never written"));
+    }
+    (!reference::lse_matches(want, f32::from_bits(got))).then(|| {
+        format!(
+            "t={ti} h={hi}: lse got {}, want {want}",
+            f32::from_bits(got)
+        )
+    })
+}
+
 /// A [T, H, D] tensor's storage on the host, as raw bits.
 fn random_tensor(dtype: Dtype, t: usize, h: usize, d: usize, l: Layout, seed: u64) -> Vec<u32> {
     let len = if t * h == 0 {
@@ -193,19 +231,7 @@ fn random_lse(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let mut p = Vec::with_capacity(n);
     let mut s = Vec::with_capacity(n);
     for _ in 0..n {
-        let pick = |rng: &mut Rng| {
-            let u = rng.unit();
-            if u < 0.10 {
-                f32::INFINITY
-            } else if u < 0.20 {
-                f32::NEG_INFINITY
-            } else if u < 0.205 {
-                f32::NAN
-            } else {
-                (rng.unit() * 30.0 - 15.0) as f32
-            }
-        };
-        let (mut a, mut b) = (pick(&mut rng), pick(&mut rng));
+        let (mut a, mut b) = (random_lse_value(&mut rng), random_lse_value(&mut rng));
         if rng.unit() < 0.03 {
             a = f32::NEG_INFINITY;
             b = if rng.unit() < 0.5 {
@@ -484,25 +510,8 @@ fn run_case(
                 ));
             }
         }
-        // Head padding of the output must still hold the poison: nothing written outside rows.
-        let pad_end = if hi + 1 < h { ol.head_stride } else { d };
-        for e in d..pad_end {
-            if out[ol.row(ti, hi) + e] != poison(out_dtype) {
-                return Some(format!("t={ti} h={hi}: wrote padding element {e}"));
-            }
-        }
-        if with_lse {
-            let got = out_lse[li];
-            if got == LSE_POISON {
-                return Some(format!("t={ti} h={hi}: output_lse never written"));
-            }
-            if !reference::lse_matches(m.lse(), f32::from_bits(got)) {
-                return Some(format!("t={ti} h={hi}: lse got {}, want {}", f32::from_bits(got), m.lse()));
-            }
-        } else if out_lse[li] != LSE_POISON {
-            return Some(format!("t={ti} h={hi}: output_lse written although null"));
-        }
-        None
+        padding_error(&out, ol, (ti, hi), (h, d), poison(out_dtype))
+            .or_else(|| output_lse_error(with_lse, out_lse[li], m.lse(), (ti, hi)))
     });
     match bad {
         None => Ok((t * h * d) as u64),
@@ -644,24 +653,9 @@ fn run_states_case(
                 ));
             }
         }
-        let pad_end = if hi + 1 < h { ol.head_stride } else { d };
-        for e in d..pad_end {
-            if out[ol.row(ti, hi) + e] != poison(dtype) {
-                return Some(format!("t={ti} h={hi}: wrote padding element {e}"));
-            }
-        }
-        let got = out_lse[ti * h + hi];
-        if with_lse {
-            if got == LSE_POISON {
-                return Some(format!("t={ti} h={hi}: output_lse never written"));
-            }
-            if !reference::lse_matches(m.lse(), f32::from_bits(got)) {
-                return Some(format!("t={ti} h={hi}: lse got {}, want {} ({row_lse:?})", f32::from_bits(got), m.lse()));
-            }
-        } else if got != LSE_POISON {
-            return Some(format!("t={ti} h={hi}: output_lse written although null"));
-        }
-        None
+        padding_error(&out, ol, (ti, hi), (h, d), poison(dtype))
+            .or_else(|| output_lse_error(with_lse, out_lse[ti * h + hi], m.lse(), (ti, hi)))
+            .map(|e| format!("{e} (lse {row_lse:?})"))
     });
     match bad {
         None => Ok((t * h * d) as u64),
