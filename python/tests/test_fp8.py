@@ -33,17 +33,40 @@ def ordered(codes):
     return torch.where(c >= 128, -(c - 128), c)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("T,H", [(1, 1), (7, 4), (613, 16)])
-@pytest.mark.parametrize("scale", [0.05, 1.0, 3.7])
-def test_fp8_output_matches_the_reference(dtype, T, H, scale):
-    g = torch.Generator(device="cuda").manual_seed(T * 7 + H)
+def inputs(T, H, dtype, seed):
+    """Rows in [-40, 40) (past +-448 after a small scale) and lse with +inf and -inf columns."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
     prefix = torch.empty(T, H, HEAD, device="cuda", dtype=dtype).uniform_(-40, 40, generator=g)
     suffix = torch.empty(T, H, HEAD, device="cuda", dtype=dtype).uniform_(-40, 40, generator=g)
     plse = torch.empty(H, T, device="cuda").uniform_(-10, 10, generator=g)
     slse = torch.empty(H, T, device="cuda").uniform_(-10, 10, generator=g)
     plse[:, ::5] = math.inf
     slse[:, ::7] = -math.inf
+    return prefix, suffix, plse, slse
+
+
+def reference(prefix, suffix, plse, slse, n):
+    """float64: each element's value and whether it is a copy (past the threshold, or no keys
+    on either side), by docs/SEMANTICS.md."""
+    T = prefix.shape[0]
+    p = torch.where(plse == math.inf, -math.inf, plse).double().t()
+    q = torch.where(slse == math.inf, -math.inf, slse).double().t()
+    m = torch.maximum(p, q)
+    empty = m == -math.inf
+    m0 = torch.where(empty, torch.zeros_like(m), m)
+    a, b = torch.exp(p - m0), torch.exp(q - m0)
+    blend = prefix.double() * (a / (a + b))[..., None] + suffix.double() * (b / (a + b))[..., None]
+    ctx = (torch.arange(T, device="cuda") < n)[:, None, None]
+    is_copy = (~ctx) | empty[..., None]
+    copy_src = torch.where(ctx & empty[..., None], prefix.float(), suffix.float())
+    return torch.where(is_copy, copy_src.double(), blend), copy_src, is_copy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T,H", [(1, 1), (7, 4), (613, 16)])
+@pytest.mark.parametrize("scale", [0.05, 1.0, 3.7])
+def test_fp8_output_matches_the_reference(dtype, T, H, scale):
+    prefix, suffix, plse, slse = inputs(T, H, dtype, T * 7 + H)
     n = T // 2
     out = torch.empty(T, H, HEAD, device="cuda", dtype=FP8)
     out.view(torch.uint8).fill_(0xFF)  # poison: the kernel never writes 0xff
@@ -53,19 +76,10 @@ def test_fp8_output_matches_the_reference(dtype, T, H, scale):
     got = out.view(torch.uint8)
     assert not (got == 0xFF).any(), "an element was never written"
 
-    p = torch.where(plse == math.inf, -math.inf, plse).double().t()
-    q = torch.where(slse == math.inf, -math.inf, slse).double().t()
-    m = torch.maximum(p, q)
-    empty = m == -math.inf
-    m0 = torch.where(empty, torch.zeros_like(m), m)
-    a, b = torch.exp(p - m0), torch.exp(q - m0)
-    blend = (prefix.double() * (a / (a + b))[..., None] + suffix.double() * (b / (a + b))[..., None])
-    ctx = (torch.arange(T, device="cuda") < n)[:, None, None]
+    value, copy_src, is_copy = reference(prefix, suffix, plse, slse, n)
     # Copies: the exact conversion of input / scale in float32. Merges: within one e4m3 step.
-    copy_src = torch.where(ctx & empty[..., None], prefix.float(), suffix.float())
     copy_codes = e4m3(copy_src / s)
-    merged_codes = e4m3((blend / scale).float())
-    is_copy = (~ctx) | empty[..., None]
+    merged_codes = e4m3((value / scale).float())  # used where value is the blend
     exact = torch.where(is_copy, copy_codes, merged_codes)
     dist = (ordered(got) - ordered(exact)).abs()
     assert (dist[is_copy.expand_as(dist)] == 0).all(), "a copied row is not the exact conversion"
@@ -107,13 +121,7 @@ HAS_GROUP = any(k["variant"].get("fp8_group") for k in mla_gen._manifest_data()[
 @pytest.mark.parametrize("n_frac", [0.0, 0.5])
 def test_group_fp8_scales_and_codes(dtype, G, ue8m0, layout, n_frac):
     T, H = 613, 4
-    g = torch.Generator(device="cuda").manual_seed(G + T)
-    prefix = torch.empty(T, H, HEAD, device="cuda", dtype=dtype).uniform_(-40, 40, generator=g)
-    suffix = torch.empty(T, H, HEAD, device="cuda", dtype=dtype).uniform_(-40, 40, generator=g)
-    plse = torch.empty(H, T, device="cuda").uniform_(-10, 10, generator=g)
-    slse = torch.empty(H, T, device="cuda").uniform_(-10, 10, generator=g)
-    plse[:, ::5] = math.inf
-    slse[:, ::7] = -math.inf
+    prefix, suffix, plse, slse = inputs(T, H, dtype, G + T)
     n = int(T * n_frac)
     groups = H * HEAD // G
     if layout == "row":
@@ -130,16 +138,7 @@ def test_group_fp8_scales_and_codes(dtype, G, ue8m0, layout, n_frac):
     assert not (got == 0xFF).any(), "an element was never written"
     assert not scales.isnan().any(), "a group scale was never written"
 
-    p = torch.where(plse == math.inf, -math.inf, plse).double().t()
-    q = torch.where(slse == math.inf, -math.inf, slse).double().t()
-    m = torch.maximum(p, q)
-    empty = m == -math.inf
-    m0 = torch.where(empty, torch.zeros_like(m), m)
-    a, b = torch.exp(p - m0), torch.exp(q - m0)
-    blend = prefix.double() * (a / (a + b))[..., None] + suffix.double() * (b / (a + b))[..., None]
-    ctx = (torch.arange(T, device="cuda") < n)[:, None, None]
-    is_copy = (~ctx) | empty[..., None]
-    value = torch.where(is_copy, torch.where(ctx & empty[..., None], prefix.float(), suffix.float()).double(), blend)
+    value, _, is_copy = reference(prefix, suffix, plse, slse, n)
     absmax = value.abs().reshape(T, groups, G).amax(dim=2)
     want = group_scale(absmax, ue8m0)
     copy_group = is_copy.expand(T, H, HEAD).reshape(T, groups, G).all(dim=2)
