@@ -142,15 +142,7 @@ def kernel_for(dtype: torch.dtype, head_size: int, device: int, *, threshold: bo
         raise ValueError(f"no generated kernel for dtype={dtype}, head_size={head_size} with {what} "
                          f"(this manifest has head sizes {sizes} for {dtype}); add it to the spec"
                          + (' with output = "fp8_e4m3"' if fp8 else ""))
-    key = (device, key_meta["name"])
-    kern = _loaded.get(key)
-    if kern is None:
-        with _lock:
-            kern = _loaded.get(key)
-            if kern is None:
-                kern = _Kernel(key_meta, device)
-                _loaded[key] = kern
-    return kern
+    return _load(key_meta, device)
 
 
 _F32 = torch.float32
@@ -429,6 +421,8 @@ def _family(meta: dict) -> tuple[str, dict]:
 
 
 def _load(meta: dict, device: int) -> _Kernel:
+    """The loaded kernel of manifest entry `meta` on `device`: loaded on first use, the only time
+    anything is loaded."""
     key = (device, meta["name"])
     kern = _loaded.get(key)
     if kern is None:
