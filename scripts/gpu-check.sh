@@ -33,12 +33,16 @@ for l in sys.stdin:
     .device/bin/mla-gen generate examples/c/spec.toml --out .device/c-example --emit c --quiet
     .device/bin/mla-gen generate tests/gpu-extra.toml --out .device/gpu-extra --quiet
     .device/bin/mla-gen generate specs/tune.toml --out .device/tune-candidates --quiet
+    # The FP8 conversion both ways: the integer algorithm (compute_80 PTX) and the instruction (sm_90).
+    .device/bin/mla-gen generate tests/gpu-fp8.toml --arch compute_80 --out .device/fp8-integer --quiet
+    .device/bin/mla-gen generate tests/gpu-fp8.toml --arch sm_90 --out .device/fp8-instruction --quiet
     echo "built .device/ ($(du -sh .device | cut -f1)); run 'scripts/gpu-check.sh run' on the GPU machine with .device carried"
     ;;
 run)
     OUT="${OUT:-.device/out}"; mkdir -p "$OUT"
     REPORT="$OUT/report.txt"; : > "$REPORT"
-    export MLA_GEN_GPU_REPORT="$REPORT" MLA_GEN_GPU_EXTRA=.device/gpu-extra PYTHONUNBUFFERED=1
+    export MLA_GEN_GPU_REPORT="$REPORT" MLA_GEN_GPU_EXTRA=.device/gpu-extra PYTHONUNBUFFERED=1 \
+        MLA_GEN_GPU_FP8=.device/fp8-integer:.device/fp8-instruction
     status=0
     {
         echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"

@@ -403,6 +403,27 @@ impl Launch {
             heads_per_block /= 2;
         }
         let tokens_per_block = rows_per_block / heads_per_block;
+        if v.family == Family::MaskEmptyContextLse {
+            // One thread per token, looping over heads_per_block heads: the generic grid rule
+            // holds (x over tokens, y over groups of heads) with block_threads tokens per block.
+            return Launch {
+                tokens_per_block: v.schedule.block_threads,
+                block_threads: v.schedule.block_threads,
+                heads_per_block: v.schedule.heads_per_block,
+                threads_per_row: 1,
+                vecs_per_thread: 1,
+                rows_per_thread: 1,
+                min_blocks_per_sm: v.schedule.min_blocks_per_sm,
+                vec_elems: 1,
+                vec_bytes: size,
+                vec_words: 1,
+                out_vec_bytes: size,
+                out_vec_words: 1,
+                vecs_per_row: 1,
+                shared_mem_bytes: 0,
+                grid_rule: GRID_RULE,
+            };
+        }
         Launch {
             vec_elems,
             vec_bytes: vec_elems * size,

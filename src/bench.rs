@@ -400,10 +400,19 @@ pub fn bench(
         checks.push(start.elapsed().as_secs_f64() * 1e6 / 500.0);
     }
     checks.sort_by(f64::total_cmp);
+    // cuLaunchKernel alone with the same arguments: what any launcher pays on this machine.
+    let mut bare = Vec::new();
+    for _ in 0..20 {
+        stream.synchronize().map_err(driver)?;
+        bare.push(rt.bare_launch_us(k, &stream, &args, 500)?);
+    }
+    stream.synchronize().map_err(driver)?;
+    bare.sort_by(f64::total_cmp);
     Ok(serde_json::json!({
         "device": ctx.name().unwrap_or_default(),
         "rows": rows,
         "host_us_per_launch": per_call.get(per_call.len() / 2),
         "host_us_validation_only": checks.get(checks.len() / 2),
+        "host_us_bare_cu_launch_kernel": bare.get(bare.len() / 2),
     }))
 }

@@ -475,9 +475,10 @@ mod gpu {
             );
         }
         println!(
-            "host cost per launch (Rust runtime, validation included): {:.2} us, of which the argument checks alone: {:.2} us",
+            "host cost per launch (Rust runtime, validation included): {:.2} us, of which the argument checks alone: {:.2} us; cuLaunchKernel alone (any launcher's floor here): {:.2} us",
             result["host_us_per_launch"].as_f64().unwrap_or(0.0),
-            result["host_us_validation_only"].as_f64().unwrap_or(0.0)
+            result["host_us_validation_only"].as_f64().unwrap_or(0.0),
+            result["host_us_bare_cu_launch_kernel"].as_f64().unwrap_or(0.0)
         );
         if let Some(path) = json {
             std::fs::write(path, serde_json::to_vec_pretty(&result)?)?;

@@ -654,10 +654,7 @@ impl Runtime {
             return Ok(()); // T = 0 or H = 0: nothing to write
         };
         let len = storage.len;
-        let mut params = [std::ptr::null_mut::<c_void>(); MAX_PARAMS];
-        for (p, v) in params.iter_mut().zip(storage.values.iter_mut()) {
-            *p = v as *mut u64 as *mut c_void;
-        }
+        let mut params = param_pointers(&mut storage);
         let params = &mut params[..len];
         self.ctx.bind_to_thread().map_err(driver)?;
         // SAFETY: every parameter is an 8-byte value in the kernel's declared order (pointers and
@@ -674,6 +671,50 @@ impl Runtime {
         }
         .map_err(driver)
     }
+}
+
+impl Runtime {
+    /// `cuLaunchKernel` alone, `calls` times back to back with arguments validated once:
+    /// microseconds per call, the floor under any launcher on this machine (`mla-gen bench`
+    /// sets it beside the runtime's own per-call cost).
+    pub(crate) fn bare_launch_us(
+        &self,
+        kernel: &LoadedKernel,
+        stream: &CudaStream,
+        args: &MergeArgs,
+        calls: usize,
+    ) -> Result<f64, RuntimeError> {
+        let (mut storage, (grid, block)) = check(&kernel.meta, kernel.dtype, &kernel.slots, args)?
+            .ok_or_else(|| RuntimeError::Driver("nothing to launch for this shape".into()))?;
+        let len = storage.len;
+        let mut params = param_pointers(&mut storage);
+        self.ctx.bind_to_thread().map_err(driver)?;
+        let start = std::time::Instant::now();
+        for _ in 0..calls {
+            // SAFETY: as in launch_checked: validated values in ABI order, alive for the call.
+            unsafe {
+                result::launch_kernel(
+                    kernel.function,
+                    (grid[0], grid[1], grid[2]),
+                    (block, 1, 1),
+                    kernel.meta.launch.shared_mem_bytes,
+                    stream.cu_stream(),
+                    &mut params[..len],
+                )
+            }
+            .map_err(driver)?;
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64)
+    }
+}
+
+/// cuLaunchKernel's parameter array: one pointer to each 8-byte value.
+fn param_pointers(storage: &mut ParamValues) -> [*mut c_void; MAX_PARAMS] {
+    let mut params = [std::ptr::null_mut::<c_void>(); MAX_PARAMS];
+    for (p, v) in params.iter_mut().zip(storage.values.iter_mut()) {
+        *p = v as *mut u64 as *mut c_void;
+    }
+    params
 }
 
 impl Drop for Runtime {

@@ -200,6 +200,16 @@ pub const KWAY_SCHEDULE: Schedule = Schedule {
     heads_per_block: 2,
 };
 
+/// The lse mask's launch (not a spec key): 256 threads, one token each, and every thread masks
+/// 16 heads of its token after one binary search over the request starts, instead of one search
+/// per (token, head) (run 14: that was slower than a PyTorch composite at 32768 x 128).
+pub const MASK_SCHEDULE: Schedule = Schedule {
+    rows_per_thread: 1,
+    min_blocks_per_sm: 1,
+    block_threads: 256,
+    heads_per_block: 16,
+};
+
 /// Schedules measured best by `mla-gen tune`, checked in so generation needs no GPU.
 pub const TUNED_SCHEDULES: &str = include_str!("../specs/tuned.toml");
 
@@ -972,7 +982,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                 for &head_size in &heads {
                     let tuned = match family {
                         Family::MergeStates { .. } => KWAY_SCHEDULE,
-                        Family::MaskEmptyContextLse => FALLBACK_SCHEDULE,
+                        Family::MaskEmptyContextLse => MASK_SCHEDULE,
                         _ => tuned_schedule(dtype, head_size),
                     };
                     for &prefix_threshold in &thresholds {

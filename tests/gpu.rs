@@ -1013,3 +1013,90 @@ fn boundary_shapes_stay_inside_their_buffers() {
     }
     assert!(failed.is_empty());
 }
+
+/// The FP8 conversion against the reference on every float32 bit pattern (2^32), through the
+/// per-tensor FP8 kernel's copy path: threshold 0, so every row is the suffix divided by the scale
+/// 1.0 (exact for every float32, NaN stays NaN) and converted. Runs each folder of
+/// MLA_GEN_GPU_FP8 (colon-separated): scripts/gpu-check.sh builds one for compute_80 (the integer
+/// conversion, JIT-compiled here) and one for sm_90 (the cvt.rn.satfinite instruction).
+#[test]
+fn fp8_conversion_matches_the_reference_on_every_float32() {
+    let Some(ctx) = gpu() else { return };
+    let Some(dirs) = std::env::var_os("MLA_GEN_GPU_FP8") else {
+        say("SKIPPED fp8_conversion test: MLA_GEN_GPU_FP8 unset (scripts/gpu-check.sh sets it)");
+        return;
+    };
+    let stream = ctx.default_stream();
+    const D: usize = 128;
+    const H: usize = 16;
+    const CHUNK: usize = 1 << 28; // float32 patterns per launch (1 GiB in, 256 MiB out)
+    let t = CHUNK / (H * D);
+    for dir in std::env::split_paths(&dirs) {
+        let rt = Runtime::load(ctx.clone(), &dir).unwrap();
+        let k = rt
+            .kernels()
+            .iter()
+            .find(|k| {
+                let v = &k.meta.variant;
+                v.dtype == "f32"
+                    && v.head_size == D as u32
+                    && v.output == "fp8_e4m3"
+                    && v.prefix_threshold
+            })
+            .unwrap_or_else(|| panic!("{}: no f32 d128 per-tensor FP8 kernel", dir.display()));
+        let scale: CudaSlice<f32> = stream.clone_htod(&[1.0f32]).unwrap();
+        let prefix: CudaSlice<u32> = stream.alloc_zeros(CHUNK).unwrap();
+        let lse: CudaSlice<f32> = stream.alloc_zeros(t * H).unwrap();
+        let row_major = Layout {
+            token_stride: H * D,
+            head_stride: D,
+        };
+        let (mut checked, mut mismatches, mut first) = (0u64, 0u64, None);
+        for chunk in 0..(1usize << 32) / CHUNK {
+            let base = (chunk * CHUNK) as u32;
+            let bits: Vec<u32> = (0..CHUNK as u32).map(|i| base.wrapping_add(i)).collect();
+            let suffix: CudaSlice<u32> = stream.clone_htod(&bits).unwrap();
+            let out: CudaSlice<u8> = stream.clone_htod(&vec![0xffu8; CHUNK]).unwrap();
+            let buf = |p: u64, len: usize, dtype: Dtype| DeviceBuffer { ptr: p, len, dtype };
+            let args = MergeArgs {
+                output: buf(raw(&out, &stream), CHUNK, Dtype::Fp8E4m3),
+                output_lse: None,
+                prefix: buf(raw(&prefix, &stream), CHUNK, Dtype::F32),
+                prefix_lse: buf(raw(&lse, &stream), t * H, Dtype::F32),
+                suffix: buf(raw(&suffix, &stream), CHUNK, Dtype::F32),
+                suffix_lse: buf(raw(&lse, &stream), t * H, Dtype::F32),
+                output_scale: Some(buf(raw(&scale, &stream), 1, Dtype::F32)),
+                output_scales: None,
+                num_tokens: t,
+                num_heads: H,
+                output_layout: row_major,
+                prefix_layout: row_major,
+                suffix_layout: row_major,
+                prefill_tokens_with_context: Some(0),
+            };
+            rt.launch_merge(k, &stream, &args).unwrap();
+            let codes: Vec<u8> = stream.clone_dtoh(&out).unwrap();
+            let wrong: Vec<(u32, u8)> = bits
+                .par_iter()
+                .zip(codes.par_iter())
+                .filter(|(&b, &c)| reference::fp8::e4m3_from_f32(f32::from_bits(b)) != c)
+                .map(|(&b, &c)| (b, c))
+                .collect();
+            checked += CHUNK as u64;
+            mismatches += wrong.len() as u64;
+            if first.is_none() {
+                first = wrong.first().copied();
+            }
+        }
+        report(&format!(
+            "fp8 conversion, {} ({}): {checked} float32 patterns, {mismatches} differ from the reference{}",
+            k.meta.name,
+            dir.display(),
+            first.map_or(String::new(), |(b, c)| format!(
+                "; first: {b:#010x} gave {c:#04x}, want {:#04x}",
+                reference::fp8::e4m3_from_f32(f32::from_bits(b))
+            ))
+        ));
+        assert_eq!(mismatches, 0);
+    }
+}

@@ -95,9 +95,10 @@ def bench_mask_lse(T, H, B, reps):
     return row
 
 
-def bench_group_fp8(T, H, G, reps, D=128):
-    """Per-token-group FP8 output (bf16 inputs, UE8M0 scales) against the same merge writing bf16,
-    and the copy limit for its bytes."""
+def bench_fp8(T, H, G, reps, D=128):
+    """FP8 outputs from bf16 inputs: per-tensor scale, per-token-group scales (UE8M0 and plain
+    float32), and the same merge writing bf16; each as a percent of the copy bandwidth measured
+    in the same call (bytes read + written, its own byte count)."""
     g = torch.Generator(device="cuda").manual_seed(T + G)
     prefix = torch.empty(T, H, D, device="cuda", dtype=torch.bfloat16).uniform_(-4, 4, generator=g)
     suffix = torch.empty(T, H, D, device="cuda", dtype=torch.bfloat16).uniform_(-4, 4, generator=g)
@@ -106,18 +107,30 @@ def bench_group_fp8(T, H, G, reps, D=128):
     out8 = torch.empty(T, H, D, device="cuda", dtype=torch.float8_e4m3fn)
     out16 = torch.empty_like(prefix)
     out_lse = torch.empty(H, T, device="cuda")
+    scale = torch.tensor([0.05], device="cuda")
     scales = torch.empty(T, H * D // G, device="cuda")
-    nbytes = T * H * (2 * D * 2 + 12 + D + 4 * D // G)
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    rows_bytes = T * H * (2 * D * 2 + 12)  # both inputs and three lse values per row
+    kinds = {
+        "fp8_tensor": (rows_bytes + T * H * D,
+                       lambda: mla_gen.merge_attn_states(out8, prefix, plse, suffix, slse, out_lse, T,
+                                                         output_scale=scale)),
+        "fp8_group_ue8m0": (rows_bytes + T * H * (D + 4 * D // G),
+                            lambda: mla_gen.merge_attn_states(out8, prefix, plse, suffix, slse, out_lse, T,
+                                                              output_group_scales=scales, ue8m0=True)),
+        "fp8_group": (rows_bytes + T * H * (D + 4 * D // G),
+                      lambda: mla_gen.merge_attn_states(out8, prefix, plse, suffix, slse, out_lse, T,
+                                                        output_group_scales=scales, ue8m0=False)),
+        "bf16": (rows_bytes + T * H * D * 2,
+                 lambda: mla_gen.merge_attn_states(out16, prefix, plse, suffix, slse, out_lse, T)),
+    }
+    src = torch.empty(rows_bytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    row = {"T": T, "H": H, "D": D, "G": G, "bytes": nbytes}
-    for name, fn in (
-            ("fp8_group", lambda: mla_gen.merge_attn_states(out8, prefix, plse, suffix, slse, out_lse, T,
-                                                            output_group_scales=scales, ue8m0=True)),
-            ("bf16", lambda: mla_gen.merge_attn_states(out16, prefix, plse, suffix, slse, out_lse, T)),
-            ("copy", lambda: dst.copy_(src))):
-        row[name + "_us"] = time_ms(fn, reps) * 1e3
-    row["pct_copy"] = 100 * row["copy_us"] / row["fp8_group_us"]
+    copy_us = time_ms(lambda: dst.copy_(src), reps) * 1e3
+    copy_gbs = 2 * src.numel() / copy_us / 1e3
+    row = {"T": T, "H": H, "D": D, "G": G, "copy_us": copy_us, "copy_gbs": copy_gbs}
+    for name, (nbytes, fn) in kinds.items():
+        us = time_ms(fn, reps) * 1e3
+        row[name] = {"bytes": nbytes, "us": us, "pct_copy": 100 * nbytes / us / 1e3 / copy_gbs}
     return row
 
 
@@ -180,18 +193,19 @@ def main():
         r = bench_mask_lse(T, H, B, args.reps)
         mask_rows.append(r)
         print(f"{T:>6} {H:>4} {B:>5} | {r['mla-gen_us']:>10.1f} | {r['torch_us']:>9.1f}", flush=True)
-    print("\nper-token-group FP8 output (bf16 in, UE8M0 scales) vs the same merge writing bf16")
-    print(f"{'T':>6} {'H':>4} {'G':>4} {'MB':>6} | {'fp8 group us':>12} {'%copy':>6} | {'bf16 out us':>11}")
+    print("\nFP8 outputs (bf16 in, per-tensor scale / per-token-group scales) vs the same merge writing bf16")
+    names = ("fp8_tensor", "fp8_group_ue8m0", "fp8_group", "bf16")
+    print(f"{'T':>6} {'H':>4} {'G':>4} | " + " | ".join(f"{n + ' us':>20} {'%copy':>6}" for n in names))
     group_rows = []
     for T, H in ((8192, 32), (32768, 128)):
         for G in (16, 128):
-            r = bench_group_fp8(T, H, G, args.reps)
+            r = bench_fp8(T, H, G, args.reps)
             group_rows.append(r)
-            print(f"{T:>6} {H:>4} {G:>4} {r['bytes'] / 1e6:>6.0f} | {r['fp8_group_us']:>12.1f} {r['pct_copy']:>5.1f}% | "
-                  f"{r['bf16_us']:>11.1f}", flush=True)
+            print(f"{T:>6} {H:>4} {G:>4} | " + " | ".join(f"{r[n]['us']:>20.1f} {r[n]['pct_copy']:>5.1f}%"
+                                                          for n in names), flush=True)
     Path(args.out, "bench-families.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                                  "rows": rows, "mask_lse": mask_rows,
-                                                                 "group_fp8": group_rows}, indent=1))
+                                                                 "fp8": group_rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,9 @@ def main():
             f"{dt} d{d} {min(v):.2f}/{max(v):.2f}" for (dt, d), v in sorted(by_d.items())) + ".",
         f"- Host cost per call: Rust runtime {rust['host_us_per_launch']:.2f} µs"
         + (f" (argument checks alone {rust['host_us_validation_only']:.2f} µs)"
-           if "host_us_validation_only" in rust else "") + "; Python drop-in "
+           if "host_us_validation_only" in rust else "")
+        + (f"; cuLaunchKernel alone, same kernel and arguments: {rust['host_us_bare_cu_launch_kernel']:.2f} µs"
+           if "host_us_bare_cu_launch_kernel" in rust else "") + "; Python drop-in "
         f"{mg['min']:.1f} µs (median {mg['median']:.1f}); Triton baseline {tr['min']:.1f} µs "
         f"(median {tr['median']:.1f}); ratio {mg['min'] / tr['min']:.2f} (min), "
         f"{mg['median'] / tr['median']:.2f} (median).",

@@ -89,13 +89,14 @@ int main(void) {
     p = good_in_place(); p.state_head_stride = 120; REFUSED(mla_merge_state_in_place_bf16_d128_mask(NULL, &p), "head stride 120 < head size 128");
     EXPECT(launches == 4);
 
-    /* The lse mask: lse, query_start_loc, context_start_loc, B, T, H; grid (ceil(T / 256), H). */
+    /* The lse mask: lse, query_start_loc, context_start_loc, B, T, H; grid (ceil(T / 256),
+       ceil(H / 16)): each thread masks 16 heads of its token. */
     param_count = 6;
     mla_mask_lse_args m = good_mask();
     EXPECT(mla_mask_empty_context_lse(NULL, &m) == CUDA_SUCCESS);
     EXPECT(launches == 5);
     EXPECT(last_params[0] == (long long)(uintptr_t)state_lse && last_params[3] == 2 && last_params[4] == T);
-    EXPECT(last_grid[0] == 1 && last_grid[1] == H);
+    EXPECT(last_grid[0] == 1 && last_grid[1] == (H + 15) / 16);
     m = good_mask(); m.lse_numel = T * H - 1; REFUSED(mla_mask_empty_context_lse(NULL, &m), "fewer than num_tokens * num_heads");
     m = good_mask(); m.query_start_loc = (const int32_t*)(state_lse + 4); REFUSED(mla_mask_empty_context_lse(NULL, &m), "overlaps");
     m = good_mask(); m.num_requests = -1; REFUSED(mla_mask_empty_context_lse(NULL, &m), "negative");
