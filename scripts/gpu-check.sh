@@ -12,6 +12,8 @@
 #                                        times them and writes $OUT/tuned.toml (copy it to specs/)
 #   scripts/gpu-check.sh bench   (there) the benchmark: Rust runtime and Python side by side, then
 #                                        the K-way merge against copy and chained in-place merges
+#   scripts/gpu-check.sh profile (there) K-way schedule candidates (round 2), Nsight Compute on the
+#                                        D = 512 outlier and the FP8 outputs, FP8 SASS counts
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -33,6 +35,7 @@ for l in sys.stdin:
     .device/bin/mla-gen generate examples/c/spec.toml --out .device/c-example --emit c --quiet
     .device/bin/mla-gen generate tests/gpu-extra.toml --out .device/gpu-extra --quiet
     .device/bin/mla-gen generate specs/tune.toml --out .device/tune-candidates --quiet
+    .device/bin/mla-gen generate specs/kway-candidates-2.toml --out .device/kway-candidates-2 --quiet
     # The FP8 conversion both ways: the integer algorithm (compute_80 PTX) and the instruction (sm_90).
     .device/bin/mla-gen generate tests/gpu-fp8.toml --arch compute_80 --out .device/fp8-integer --quiet
     .device/bin/mla-gen generate tests/gpu-fp8.toml --arch sm_90 --out .device/fp8-instruction --quiet
@@ -100,6 +103,32 @@ bench)
     MLA_GEN_KERNELS=.device/gpu-extra PYTHONUNBUFFERED=1 python3 python/bench/bench_families.py --out "$OUT" 2>&1 |
         tee "$OUT/bench-families.log"
     ;;
+profile)
+    # Questions the benchmark raised, answered with counters (docs/PERFORMANCE.md cites each log):
+    # K-way schedules with more heads per block (checked on the quick subset, then timed); Nsight
+    # Compute on the D = 512 outlier shapes and on the FP8 outputs against bf16; the FP8 kernels'
+    # SASS instruction counts.
+    OUT="${OUT:-.device/out}"; mkdir -p "$OUT"
+    export PYTHONUNBUFFERED=1
+    MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_EXTRA=.device/kway-candidates-2 MLA_GEN_GPU_REPORT="$OUT/candidates-quick.txt" \
+        .device/bin/test-gpu --test-threads=1 every_kernel_matches > "$OUT/candidates-quick.log" 2>&1 || true
+    cat "$OUT/candidates-quick.txt"
+    MLA_GEN_KERNELS=.device/kway-candidates-2 python3 python/bench/bench_families.py --candidates --out "$OUT" \
+        > "$OUT/candidates.log" 2>&1 || true
+    cat "$OUT/candidates.log"
+    metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum,sm__inst_executed.sum,sm__instruction_throughput.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,lts__t_sector_hit_rate.pct
+    ncu --clock-control none --metrics "$metrics" --kernel-name regex:merge_attn \
+        python3 python/bench/profile_cases.py outlier > "$OUT/ncu-outlier.txt" 2>&1 || true
+    MLA_GEN_KERNELS=.device/gpu-extra ncu --clock-control none --metrics "$metrics" --kernel-name regex:merge_attn \
+        python3 python/bench/profile_cases.py fp8 > "$OUT/ncu-fp8.txt" 2>&1 || true
+    grep -E "merge_attn|duration|dram__|inst|warps|hit|launched|rror" "$OUT"/ncu-*.txt
+    for k in merge_attn_states_bf16_d128_thr_lse merge_attn_states_bf16_d128_thr_lse_fp8 \
+             merge_attn_states_bf16_d128_thr_lse_fp8g128_ue8m0 merge_attn_states_bf16_d128_thr_lse_fp8g128; do
+        ptxas -arch=sm_90 ".device/gpu-extra/kernels/$k.compute_90.ptx" -o "/tmp/$k.cubin" &&
+            cuobjdump -sass "/tmp/$k.cubin" > "/tmp/$k.sass" &&
+            echo "$k: $(grep -cE '^ +/\*[0-9a-f]{4}\*/' "/tmp/$k.sass") SASS instructions" | tee -a "$OUT/sass-counts.txt"
+    done
+    ;;
 *)
-    echo "usage: scripts/gpu-check.sh build|run|tune|bench   (see the comment at the top)" >&2; exit 2 ;;
+    echo "usage: scripts/gpu-check.sh build|run|tune|bench|profile   (see the comment at the top)" >&2; exit 2 ;;
 esac

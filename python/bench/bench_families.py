@@ -8,7 +8,7 @@ before each launch, fresh random data per shape.
 Bytes moved: K-way = T*H*(K*(D*size + 4) + D*size + 4); the chain = (K-1) * T*H*(3*D*size + 12).
 The target: the K-way merge is faster than the chain by at least the ratio of those bytes.
 
-Usage: MLA_GEN_KERNELS=DIR python3 python/bench/bench_families.py [--out DIR] [--reps N]
+Usage: MLA_GEN_KERNELS=DIR python3 python/bench/bench_families.py [--out DIR] [--reps N] [--only kway|mask|fp8]
 """
 
 from __future__ import annotations
@@ -171,7 +171,10 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--candidates", action="store_true", help="time every merge_states schedule in the folder")
+    ap.add_argument("--only", choices=("kway", "mask", "fp8"), action="append",
+                    help="run only these tables (repeatable; default: all three)")
     args = ap.parse_args()
+    only = set(args.only or ("kway", "mask", "fp8"))
     if args.candidates:
         candidates(args.reps, args.out)
         return
@@ -179,7 +182,7 @@ def main():
     print(f"{'K':>3} {'T':>6} {'H':>4} {'D':>4} {'MB':>7} | {'merge_states us':>15} {'GB/s':>6} {'%copy':>6} | "
           f"{'chain us':>9} {'x chain':>8} {'bytes ratio':>11} | kernel")
     rows = []
-    for K in (4, 8, 16, 3):
+    for K in (4, 8, 16, 3) if "kway" in only else ():
         for T, H, D in SHAPES:
             r = bench(T, H, D, K, args.reps)
             rows.append(r)
@@ -189,7 +192,7 @@ def main():
     print("\nmask_empty_context_lse (lse [H, T] float32, ~40% of requests without context)")
     print(f"{'T':>6} {'H':>4} {'B':>5} | {'mla-gen us':>10} | {'torch us':>9}")
     mask_rows = []
-    for T, H, B in ((4096, 32, 16), (32768, 128, 256)):
+    for T, H, B in ((4096, 32, 16), (32768, 128, 256)) if "mask" in only else ():
         r = bench_mask_lse(T, H, B, args.reps)
         mask_rows.append(r)
         print(f"{T:>6} {H:>4} {B:>5} | {r['mla-gen_us']:>10.1f} | {r['torch_us']:>9.1f}", flush=True)
@@ -197,7 +200,7 @@ def main():
     names = ("fp8_tensor", "fp8_group_ue8m0", "fp8_group", "bf16")
     print(f"{'T':>6} {'H':>4} {'G':>4} | " + " | ".join(f"{n + ' us':>20} {'%copy':>6}" for n in names))
     group_rows = []
-    for T, H in ((8192, 32), (32768, 128)):
+    for T, H in ((8192, 32), (32768, 128)) if "fp8" in only else ():
         for G in (16, 128):
             r = bench_fp8(T, H, G, args.reps)
             group_rows.append(r)
