@@ -189,15 +189,17 @@ pub const FALLBACK_SCHEDULE: Schedule = Schedule {
     heads_per_block: 1,
 };
 
-/// The K-way merge's schedule where the spec sets none: 128-thread blocks of two adjacent heads.
-/// Measured best (by its lowest GB/s over three shapes) of 12 candidates for each of K = 4, 8, 16
-/// and runtime K at bf16 D = 128 on the H200 (docs/PERFORMANCE.md, specs/kway-candidates.toml);
-/// one row per thread, since the K rows of a token are already the loads in flight.
+/// The K-way merge's schedule where the spec sets none: 128-thread blocks of eight adjacent heads.
+/// Round 1 (specs/kway-candidates.toml, 48 candidates) found 128-thread blocks best; round 2
+/// (specs/kway-candidates-2.toml) found 8 heads per block 2-12% faster than 2 at K = 4 and 8,
+/// bf16 D = 128 on the H200 (docs/PERFORMANCE.md): each state's rows of adjacent heads are
+/// adjacent in memory. One row per thread, since the K rows of a token are already the loads in
+/// flight.
 pub const KWAY_SCHEDULE: Schedule = Schedule {
     rows_per_thread: 1,
     min_blocks_per_sm: 1,
     block_threads: 128,
-    heads_per_block: 2,
+    heads_per_block: 8,
 };
 
 /// The lse mask's launch (not a spec key): 256 threads, one token each, and every thread masks
