@@ -199,7 +199,6 @@ impl Builder {
             let kernels: Vec<BindingKernel> = spec
                 .variants
                 .iter()
-                .filter(|v| v.fp8_group.is_none())
                 .map(BindingKernel::from_variant)
                 .collect();
             write_if_changed(
@@ -288,6 +287,8 @@ pub struct BindingKernel {
     pub head_major: bool,
     /// Writes FP8 e4m3 codes (`u8`) with a per-tensor scale.
     pub fp8_output: bool,
+    /// Writes FP8 e4m3 codes (`u8`) with per-token-group scales: (group size, UE8M0).
+    pub fp8_group: Option<(u32, bool)>,
 }
 
 impl BindingKernel {
@@ -301,6 +302,7 @@ impl BindingKernel {
             output_lse: v.output_lse,
             head_major: v.lse_layout == LseLayout::HeadMajor,
             fp8_output: v.output == spec::OutputKind::Fp8E4m3,
+            fp8_group: v.fp8_group.map(|g| (g.group_size, g.ue8m0)),
         }
     }
 
@@ -312,12 +314,16 @@ impl BindingKernel {
             .into_iter()
             .flatten()
             .filter_map(|k| {
-                // Group-FP8 kernels have no typed function: they launch through
-                // `Runtime::launch_merge` with `output_scales` on the same embedded runtime.
-                if k["variant"]["output"].as_str()? == "fp8_e4m3_group" {
-                    return None;
-                }
                 let v = &k["variant"];
+                let group = &v["fp8_group"];
+                let fp8_group = if group.is_null() {
+                    None
+                } else {
+                    Some((
+                        u32::try_from(group["group_size"].as_u64()?).ok()?,
+                        group["ue8m0"].as_bool()?,
+                    ))
+                };
                 Some(BindingKernel {
                     name: k["name"].as_str()?.to_string(),
                     family: serde_json::from_value(v["family"].clone()).ok()?,
@@ -327,6 +333,7 @@ impl BindingKernel {
                     output_lse: v["output_lse"].as_bool()?,
                     head_major: v["lse_layout"].as_str()? == "head_major",
                     fp8_output: v["output"].as_str() == Some("fp8_e4m3"),
+                    fp8_group,
                 })
             })
             .collect()
@@ -372,7 +379,7 @@ pub fn rust_module(
             Dtype::F32 => "f32".to_string(),
             _ => format!("mla_gen::{}", k.dtype.info().rust_type),
         };
-        let slices_type = if k.fp8_output {
+        let slices_type = if k.fp8_output || k.fp8_group.is_some() {
             format!("{rust_type}, u8")
         } else {
             rust_type.clone()
@@ -440,15 +447,31 @@ pub fn rust_module(
         } else {
             ("", "None")
         };
+        // Per-token-group FP8 takes the scales' slice and strides beside the merge's slices.
+        let (scales_param, call, scales_arg) = match k.fp8_group {
+            Some(_) => (
+                "\n    scales: mla_gen::runtime::GroupScalesSlice<'_>,",
+                "launch_group_fp8_typed",
+                "scales, ",
+            ),
+            None => ("", "launch_typed", ""),
+        };
+        let fp8 = match k.fp8_group {
+            Some((g, ue8m0)) => format!(
+                " into FP8 e4m3 codes, one float32 scale per {g} elements written to `scales`{}",
+                if ue8m0 { " (powers of two: UE8M0)" } else { "" }
+            ),
+            None if k.fp8_output => " into FP8 e4m3 codes (output_scale required)".to_string(),
+            None => String::new(),
+        };
         s.push_str(&format!(
-            "\n/// `{name}`: {dtype} rows of {d}{fp8}; threshold {thr}; output lse {lse}; lse {layout}.\npub fn {name}(\n    rt: &mla_gen::runtime::Runtime,\n    stream: &mla_gen::cudarc::driver::CudaStream,\n    slices: mla_gen::runtime::MergeSlices<'_, {slices_type}>,\n    shape: mla_gen::runtime::MergeShape,{thr_param}\n) -> Result<(), mla_gen::runtime::RuntimeError> {{\n    rt.launch_typed({name:?}, stream, slices, shape, {thr_value})\n}}\n",
+            "\n/// `{name}`: {dtype} rows of {d}{fp8}; threshold {thr}; output lse {lse}; lse {layout}.\npub fn {name}(\n    rt: &mla_gen::runtime::Runtime,\n    stream: &mla_gen::cudarc::driver::CudaStream,\n    slices: mla_gen::runtime::MergeSlices<'_, {slices_type}>,{scales_param}\n    shape: mla_gen::runtime::MergeShape,{thr_param}\n) -> Result<(), mla_gen::runtime::RuntimeError> {{\n    rt.{call}({name:?}, stream, slices, {scales_arg}shape, {thr_value})\n}}\n",
             name = k.name,
             dtype = k.dtype.name(),
             d = k.head_size,
             thr = if k.prefix_threshold { "yes" } else { "no" },
             lse = if k.output_lse { "yes" } else { "no (pass None)" },
             layout = if k.head_major { "[H, T]" } else { "[T, H]" },
-            fp8 = if k.fp8_output { " into FP8 e4m3 codes (output_scale required)" } else { "" },
         ));
     }
     s

@@ -270,6 +270,25 @@ pub fn fp8_element_matches(row: &RowMerge, prefix: f32, suffix: f32, scale: f32,
     }
 }
 
+/// Does a kernel's per-token-group FP8 scale match? `values`: the float64 reference values of the
+/// group's elements (`row.value(prefix, suffix)`). Copied rows: their float32 values are known
+/// exactly, so the scale must be bit-exact. Blends: between the scales of the float64 absmax
+/// moved by ±1e-5 relative (the float32 merge rounds each value a few ulps from float64).
+pub fn fp8_group_scale_matches(row: &RowMerge, values: &[f64], ue8m0: bool, got: f32) -> bool {
+    match row {
+        RowMerge::CopySuffix { .. } | RowMerge::CopyPrefix => {
+            let absmax = fp8::group_absmax(values.iter().map(|&v| v as f32));
+            got.to_bits() == fp8::group_scale(absmax, ue8m0).to_bits()
+        }
+        RowMerge::Blend { .. } => {
+            let absmax = values.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+            let near = |f: f64| fp8::group_scale((absmax * f) as f32, ue8m0);
+            let (lo, hi) = (near(1.0 - 1e-5), near(1.0 + 1e-5));
+            got >= lo.min(hi) && got <= lo.max(hi)
+        }
+    }
+}
+
 /// Does `got` match the float64 value `want` rounded into `dtype`? NaN matches only NaN and
 /// infinities match exactly; a copy (`blend` = None) must be exact, a blend may be off by
 /// `relative * magnitude` plus one ulp of the rounded value.
@@ -331,6 +350,39 @@ mod tests {
     use super::*;
 
     const INF: f32 = f32::INFINITY;
+
+    #[test]
+    fn group_scales_match_exactly_for_copies_and_within_rounding_for_blends() {
+        let copy = merge_row(1.0, 2.0, false);
+        let blend = merge_row(0.0, 0.0, true);
+        let values = [1.0, -448.0, 3.0];
+        assert!(fp8_group_scale_matches(&copy, &values, false, 1.0));
+        assert!(!fp8_group_scale_matches(
+            &copy,
+            &values,
+            false,
+            f32::from_bits(1.0f32.to_bits() + 1)
+        ));
+        let values = [100.0, -2.0];
+        let exact = 100.0f32 / 448.0;
+        assert!(fp8_group_scale_matches(&blend, &values, false, exact));
+        assert!(fp8_group_scale_matches(
+            &blend,
+            &values,
+            false,
+            exact * (1.0 + 1e-6)
+        ));
+        assert!(!fp8_group_scale_matches(
+            &blend,
+            &values,
+            false,
+            exact * (1.0 + 1e-3)
+        ));
+        // UE8M0: 100 / 448 = 0.223 rounds up to 0.25; the next power either side is wrong.
+        assert!(fp8_group_scale_matches(&blend, &values, true, 0.25));
+        assert!(!fp8_group_scale_matches(&blend, &values, true, 0.5));
+        assert!(!fp8_group_scale_matches(&blend, &values, true, 0.125));
+    }
 
     #[test]
     fn k_way_merge_by_hand() {

@@ -1609,6 +1609,15 @@ pub struct MergeSlices<'a, T: Element, O: Element = T> {
     pub output_scale: Option<&'a cudarc::driver::CudaSlice<f32>>,
 }
 
+/// Where a per-token-group FP8 kernel writes its float32 scales: group g of head h of token t at
+/// `t * token_stride + (h * D / group_size + g) * group_stride`. Row-major `[T, H*D/G]` is
+/// `(H*D/G, 1)`, column-major `(1, T)`; padded rows are a larger token stride.
+pub struct GroupScalesSlice<'a> {
+    pub scales: &'a mut cudarc::driver::CudaSlice<f32>,
+    pub token_stride: usize,
+    pub group_stride: usize,
+}
+
 impl Runtime {
     /// Launch kernel `name` on typed slices: the element type must be the kernel's dtype, and
     /// every other check of [`validate`] applies. The slices' cudarc stream events are recorded,
@@ -1621,6 +1630,48 @@ impl Runtime {
         shape: MergeShape,
         prefill_tokens_with_context: Option<usize>,
     ) -> Result<(), RuntimeError> {
+        self.launch_merge_slices(
+            name,
+            stream,
+            slices,
+            None,
+            shape,
+            prefill_tokens_with_context,
+        )
+    }
+
+    /// [`Runtime::launch_typed`] for a per-token-group FP8 kernel (`output = "fp8_e4m3_group"`):
+    /// e4m3 codes into `slices.output` (leave `output_scale` None) and one float32 scale per
+    /// (token, group) into `scales`.
+    pub fn launch_group_fp8_typed<T: Element>(
+        &self,
+        name: &str,
+        stream: &CudaStream,
+        slices: MergeSlices<'_, T, u8>,
+        scales: GroupScalesSlice<'_>,
+        shape: MergeShape,
+        prefill_tokens_with_context: Option<usize>,
+    ) -> Result<(), RuntimeError> {
+        let scales = Some(scales);
+        self.launch_merge_slices(
+            name,
+            stream,
+            slices,
+            scales,
+            shape,
+            prefill_tokens_with_context,
+        )
+    }
+
+    fn launch_merge_slices<T: Element, O: Element>(
+        &self,
+        name: &str,
+        stream: &CudaStream,
+        slices: MergeSlices<'_, T, O>,
+        scales: Option<GroupScalesSlice<'_>>,
+        shape: MergeShape,
+        prefill_tokens_with_context: Option<usize>,
+    ) -> Result<(), RuntimeError> {
         let kernel = self.kernel_named(name)?;
         let (output, _o) = written(slices.output, stream);
         let output_lse = slices.output_lse.map(|l| written(l, stream));
@@ -1629,6 +1680,8 @@ impl Runtime {
         let (suffix, _s) = read(slices.suffix, stream);
         let (suffix_lse, _sl) = read(slices.suffix_lse, stream);
         let scale = slices.output_scale.map(|s| read(s, stream));
+        let group_scales =
+            scales.map(|g| (written(g.scales, stream), g.token_stride, g.group_stride));
         let args = MergeArgs {
             output,
             output_lse: output_lse.as_ref().map(|(b, _)| *b),
@@ -1637,7 +1690,13 @@ impl Runtime {
             suffix,
             suffix_lse,
             output_scale: scale.as_ref().map(|(b, _)| *b),
-            output_scales: None, // typed bindings cover the other outputs
+            output_scales: group_scales
+                .as_ref()
+                .map(|((buf, _), token_stride, group_stride)| GroupScales {
+                    buf: *buf,
+                    token_stride: *token_stride,
+                    group_stride: *group_stride,
+                }),
             num_tokens: shape.num_tokens,
             num_heads: shape.num_heads,
             output_layout: shape.output,

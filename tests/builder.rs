@@ -86,6 +86,31 @@ fn skip_mode_declares_every_function_and_embeds_nothing() {
 }
 
 #[test]
+fn group_fp8_kernels_get_a_typed_function_taking_the_scales() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = "[[merge_attn_states]]\ndtype = \"f16\"\nhead_size = 128\noutput = [\"fp8_e4m3\", \"fp8_e4m3_group\"]\ngroup_size = 32\nue8m0 = true\n";
+    let built = Builder::new()
+        .spec_str("group.toml", spec)
+        .out_dir(tmp.path())
+        .skip_compile(true)
+        .build()
+        .unwrap();
+    let module = std::fs::read_to_string(&built.module).unwrap();
+    let group = module
+        .split("\npub fn ")
+        .find(|f| f.starts_with("merge_attn_states_f16_d128_thr_lse_fp8g32_ue8m0("))
+        .expect("a function for the group-FP8 kernel");
+    assert!(group.contains("MergeSlices<'_, mla_gen::half::f16, u8>"));
+    assert!(group.contains("scales: mla_gen::runtime::GroupScalesSlice<'_>"));
+    assert!(group.contains("rt.launch_group_fp8_typed("));
+    let per_tensor = module
+        .split("\npub fn ")
+        .find(|f| f.starts_with("merge_attn_states_f16_d128_thr_lse_fp8("))
+        .expect("a function for the per-tensor FP8 kernel");
+    assert!(!per_tensor.contains("GroupScalesSlice") && per_tensor.contains("rt.launch_typed("));
+}
+
+#[test]
 fn spec_errors_and_a_missing_out_dir_are_reported() {
     let e = Builder::new()
         .spec_str(

@@ -453,28 +453,14 @@ fn run_case(
             let gsz = g.group_size as usize;
             let gi = hi * (d / gsz) + e / gsz;
             let got = f32::from_bits(scales[ti * sts + gi * sgs]);
-            let elems = (e / gsz * gsz..(e / gsz + 1) * gsz).map(|x| {
-                let pv = from_bits(dtype, prefix[pl.row(ti, hi) + x]);
-                let sv = from_bits(dtype, suffix[sl.row(ti, hi) + x]);
-                m.value(pv, sv)
-            });
-            let ok = match m {
-                // Copied rows: the float32 values are known exactly, so the scale is bit-exact.
-                RowMerge::CopySuffix { .. } | RowMerge::CopyPrefix => {
-                    let want = reference::fp8::group_scale(
-                        reference::fp8::group_absmax(elems.map(|v| v as f32)),
-                        g.ue8m0,
-                    );
-                    got.to_bits() == want.to_bits()
-                }
-                // Blends: the float32 merge may differ from float64 by a few ulps of the absmax.
-                RowMerge::Blend { .. } => {
-                    let absmax = elems.fold(0.0f64, |a, v| a.max(v.abs()));
-                    let near = |f: f64| reference::fp8::group_scale((absmax * f) as f32, g.ue8m0);
-                    let (lo, hi_) = (near(1.0 - 1e-5), near(1.0 + 1e-5));
-                    got >= lo.min(hi_) && got <= lo.max(hi_)
-                }
-            };
+            let values: Vec<f64> = (e / gsz * gsz..(e / gsz + 1) * gsz)
+                .map(|x| {
+                    let pv = from_bits(dtype, prefix[pl.row(ti, hi) + x]);
+                    let sv = from_bits(dtype, suffix[sl.row(ti, hi) + x]);
+                    m.value(pv, sv)
+                })
+                .collect();
+            let ok = reference::fp8_group_scale_matches(&m, &values, g.ue8m0, got);
             if ok {
                 Ok(got)
             } else {

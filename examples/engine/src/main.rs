@@ -1,6 +1,7 @@
-//! Merge two attention states, then four, then mask the lse of requests without context and
-//! merge in place, on the GPU through the bindings `build.rs` generated; check every element
-//! against mla-gen's float64 reference. Prints "N passed, M failed".
+//! Merge two attention states (into bf16, then into FP8 with per-token-group scales), then four,
+//! then mask the lse of requests without context and merge in place, on the GPU through the
+//! bindings `build.rs` generated; check every element against mla-gen's float64 reference.
+//! Prints "N passed, M failed".
 
 use std::process::ExitCode;
 
@@ -9,7 +10,8 @@ use mla_gen::dtype::Dtype;
 use mla_gen::half::bf16;
 use mla_gen::reference;
 use mla_gen::runtime::{
-    self, InPlaceShape, InPlaceSlices, MergeShape, MergeSlices, StatesShape, StatesSlices,
+    self, GroupScalesSlice, InPlaceShape, InPlaceSlices, MergeShape, MergeSlices, StatesShape,
+    StatesSlices,
 };
 
 mod kernels {
@@ -118,6 +120,60 @@ fn run() -> Result<usize, Box<dyn std::error::Error>> {
                 passed += 1
             } else {
                 failed += 1
+            }
+        }
+    }
+    // The same two states into FP8 e4m3 codes with one UE8M0 scale per 64 elements, the scales
+    // column-major (scale of group gi of token t at gi * T + t).
+    const G: usize = 64;
+    let groups = H * D / G;
+    let mut d_codes = stream.clone_htod(&vec![0xffu8; T * H * D])?;
+    let mut d_scales = stream.clone_htod(&vec![f32::NAN; T * groups])?;
+    kernels::merge_attn_states_bf16_d128_thr_lse_fp8g64_ue8m0(
+        &rt,
+        &stream,
+        MergeSlices {
+            output: &mut d_codes,
+            output_lse: None,
+            prefix: &d_prefix,
+            prefix_lse: &d_plse,
+            suffix: &d_suffix,
+            suffix_lse: &d_slse,
+            output_scale: None,
+        },
+        GroupScalesSlice {
+            scales: &mut d_scales,
+            token_stride: 1,
+            group_stride: T,
+        },
+        MergeShape::contiguous(T, H, D),
+        Some(n),
+    )?;
+    let codes = stream.clone_dtoh(&d_codes)?;
+    let scales = stream.clone_dtoh(&d_scales)?;
+    for t in 0..T {
+        for h in 0..H {
+            let li = reference::lse_index(true, T, H, t, h);
+            let row = reference::merge_row(prefix_lse[li], suffix_lse[li], t < n);
+            for g in 0..D / G {
+                let scale = scales[(h * D / G + g) * T + t];
+                let first = (t * H + h) * D + g * G;
+                let values: Vec<f64> = (first..first + G)
+                    .map(|i| row.value(f64::from(prefix[i]), f64::from(suffix[i])))
+                    .collect();
+                if reference::fp8_group_scale_matches(&row, &values, true, scale) {
+                    passed += 1
+                } else {
+                    failed += 1
+                }
+                for i in first..first + G {
+                    let (p, s) = (f32::from(prefix[i]), f32::from(suffix[i]));
+                    if reference::fp8_element_matches(&row, p, s, scale, codes[i]) {
+                        passed += 1
+                    } else {
+                        failed += 1
+                    }
+                }
             }
         }
     }
