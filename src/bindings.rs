@@ -63,6 +63,9 @@ struct CKernel<'a> {
     elem_bytes: u32,
     out_elem_bytes: u32,
     fp8: bool,
+    /// Per-token-group FP8: elements per scale (0 for other outputs) and UE8M0.
+    group_size: u32,
+    ue8m0: bool,
     lse_layout: &'static str,
     prefix_threshold: bool,
     output_lse: bool,
@@ -102,6 +105,9 @@ fn c_local(name: &'static str) -> String {
             format!("{ty} {name} = a->{name}")
         }
         "prefill_tokens_with_context" => "long long prefill_tokens_with_context = n".into(),
+        // Per-token-group FP8: the launcher's `g` holds the scales beside the merge's `a`.
+        "output_scales" => "float* output_scales = g->output_scales".into(),
+        "scale_token_stride" | "scale_group_stride" => format!("long long {name} = g->{name}"),
         other => format!("long long {other} = a->{other}"),
     }
 }
@@ -112,16 +118,6 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
         template: "c/mla_kernels".into(),
         detail,
     };
-    if let Some(k) = manifest
-        .kernels
-        .iter()
-        .find(|k| k.variant.fp8_group.is_some())
-    {
-        return Err(err(format!(
-            "the C launcher does not cover per-token-group FP8 outputs yet, and the spec has {}; generate it into a folder without --emit c and launch it from the manifest (Rust runtime or Python)",
-            k.name
-        )));
-    }
     let mut kernels = Vec::new();
     for k in &manifest.kernels {
         let mut images = Vec::new();
@@ -158,6 +154,9 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
         // The order mla_load tries them in: CUBINs first, newest architecture first, then PTX.
         images.sort_by_key(|i| (i.kind != "cubin", std::cmp::Reverse(i.cc)));
         let (args_type, check, num_states, flag, mask) = match k.variant.family {
+            Family::MergeAttnStates if k.variant.fp8_group.is_some() => {
+                ("mla_group_fp8_args", "mla_check", 0, false, false)
+            }
             Family::MergeAttnStates => ("mla_merge_args", "mla_check", 0, false, false),
             Family::MergeStates { num_states } => (
                 "mla_states_args",
@@ -186,6 +185,8 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
             elem_bytes: k.variant.dtype.size_bytes(),
             out_elem_bytes: k.variant.output.dtype(k.variant.dtype).size_bytes(),
             fp8: k.variant.output == crate::spec::OutputKind::Fp8E4m3,
+            group_size: k.variant.fp8_group.map_or(0, |g| g.group_size),
+            ue8m0: k.variant.fp8_group.is_some_and(|g| g.ue8m0),
             lse_layout: k.variant.lse_layout.name(),
             prefix_threshold: k.variant.prefix_threshold,
             output_lse: k.variant.output_lse,
@@ -216,6 +217,7 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
         "has",
         &serde_json::json!({
             "merge_attn_states": has("merge_attn_states"),
+            "group_fp8": kernels.iter().any(|k| k.group_size != 0),
             "merge_states": has("merge_states"),
             "merge_state_in_place": has("merge_state_in_place"),
             "mask_empty_context_lse": has("mask_empty_context_lse"),

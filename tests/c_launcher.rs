@@ -152,6 +152,16 @@ fn the_other_families_launchers_compile_and_refuse_unsafe_calls() {
 }
 
 #[test]
+fn the_group_fp8_launcher_checks_its_scales() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = generate_c_from(
+        tmp.path(),
+        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3_group\"\ngroup_size = 64\nue8m0 = true\n",
+    );
+    compile_and_run(tmp.path(), &c, "group_check.c");
+}
+
+#[test]
 fn the_c_example_compiles_against_the_generated_header() {
     let tmp = tempfile::tempdir().unwrap();
     let c = generate_c(tmp.path());
