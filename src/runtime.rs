@@ -659,18 +659,34 @@ impl Runtime {
         self.ctx.bind_to_thread().map_err(driver)?;
         // SAFETY: every parameter is an 8-byte value in the kernel's declared order (pointers and
         // long longs), validated above to stay inside the caller's buffers; `storage` outlives it.
-        unsafe {
-            result::launch_kernel(
-                kernel.function,
-                (grid[0], grid[1], grid[2]),
-                (block, 1, 1),
-                kernel.meta.launch.shared_mem_bytes,
-                stream.cu_stream(),
-                params,
-            )
-        }
-        .map_err(driver)
+        unsafe { cu_launch(kernel, stream, grid, block, params) }
     }
+}
+
+/// `cuLaunchKernel` of `kernel` on `stream`.
+///
+/// # Safety
+/// `params` point to the kernel's parameter values in its declared order, checked against the
+/// caller's buffers, and alive for the call.
+unsafe fn cu_launch(
+    kernel: &LoadedKernel,
+    stream: &CudaStream,
+    grid: [u32; 3],
+    block: u32,
+    params: &mut [*mut c_void],
+) -> Result<(), RuntimeError> {
+    // SAFETY: the caller's contract above; the function belongs to a module loaded by `load`.
+    unsafe {
+        result::launch_kernel(
+            kernel.function,
+            (grid[0], grid[1], grid[2]),
+            (block, 1, 1),
+            kernel.meta.launch.shared_mem_bytes,
+            stream.cu_stream(),
+            params,
+        )
+    }
+    .map_err(driver)
 }
 
 impl Runtime {
@@ -692,17 +708,7 @@ impl Runtime {
         let start = std::time::Instant::now();
         for _ in 0..calls {
             // SAFETY: as in launch_checked: validated values in ABI order, alive for the call.
-            unsafe {
-                result::launch_kernel(
-                    kernel.function,
-                    (grid[0], grid[1], grid[2]),
-                    (block, 1, 1),
-                    kernel.meta.launch.shared_mem_bytes,
-                    stream.cu_stream(),
-                    &mut params[..len],
-                )
-            }
-            .map_err(driver)?;
+            unsafe { cu_launch(kernel, stream, grid, block, &mut params[..len]) }?;
         }
         Ok(start.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64)
     }
