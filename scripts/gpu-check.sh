@@ -33,6 +33,7 @@ for l in sys.stdin:
     CARGO_TARGET_DIR=target/engine cargo build --release --quiet --manifest-path examples/engine/Cargo.toml
     cp target/engine/release/mla-gen-example-engine .device/bin/example-engine
     .device/bin/mla-gen generate examples/c/spec.toml --out .device/c-example --emit c --quiet
+    .device/bin/mla-gen generate examples/c/families.toml --out .device/c-families --emit c --quiet
     .device/bin/mla-gen generate tests/gpu-extra.toml --out .device/gpu-extra --quiet
     .device/bin/mla-gen generate specs/tune.toml --out .device/tune-candidates --quiet
     .device/bin/mla-gen generate specs/kway-candidates-2.toml --out .device/kway-candidates-2 --quiet
@@ -67,6 +68,12 @@ run)
         ("$OUT/c-example" 2>&1 | tail -n 1 | sed 's/^/C example: /' | tee -a "$REPORT") || status=1
     else
         echo "C example: build failed (see c-example-build.log)" | tee -a "$REPORT"; status=1
+    fi
+    if gcc -std=c11 -O2 -I/usr/local/cuda/include -I.device/c-families/c examples/c/families.c \
+        .device/c-families/c/mla_kernels.c -L/usr/local/cuda/lib64/stubs -lcuda -lm -o "$OUT/c-families" 2> "$OUT/c-families-build.log"; then
+        ("$OUT/c-families" 2>&1 | tail -n 1 | sed 's/^/C example, other families: /' | tee -a "$REPORT") || status=1
+    else
+        echo "C example, other families: build failed (see c-families-build.log)" | tee -a "$REPORT"; status=1
     fi
     echo "== compute-sanitizer on the quick subset" | tee -a "$REPORT"
     for tool in memcheck initcheck racecheck; do

@@ -162,11 +162,25 @@ fn the_group_fp8_launcher_checks_its_scales() {
 }
 
 #[test]
-fn the_c_example_compiles_against_the_generated_header() {
+fn the_c_examples_compile_against_their_generated_headers() {
     let tmp = tempfile::tempdir().unwrap();
     let c = generate_c(tmp.path());
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/c/merge.c");
-    let obj = tmp.path().join("merge.o");
+    compile_example(tmp.path(), &c, "merge.c");
+    let families = tmp.path().join("families");
+    std::fs::create_dir(&families).unwrap();
+    let spec = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/c/families.toml"
+    ))
+    .unwrap();
+    let c = generate_c_from(&families, &spec);
+    compile_example(&families, &c, "families.c");
+}
+
+/// Compile `examples/c/<name>` warning-free against the launcher in `c` (no link: no GPU here).
+fn compile_example(tmp: &Path, c: &Path, name: &str) {
+    let example = format!("{}/examples/c/{name}", env!("CARGO_MANIFEST_DIR"));
+    let obj = tmp.join("example.o");
     gcc(&[
         "-std=c11",
         "-Wall",
@@ -177,7 +191,7 @@ fn the_c_example_compiles_against_the_generated_header() {
         "-I",
         c.to_str().unwrap(),
         "-c",
-        example,
+        &example,
         "-o",
         obj.to_str().unwrap(),
     ]);
