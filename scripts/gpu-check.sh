@@ -13,7 +13,8 @@
 #   scripts/gpu-check.sh bench   (there) the benchmark: Rust runtime and Python side by side, then
 #                                        the K-way merge against copy and chained in-place merges
 #   scripts/gpu-check.sh profile (there) K-way schedule candidates (round 2), Nsight Compute on the
-#                                        D = 512 outlier and the FP8 outputs, FP8 SASS counts
+#                                        D = 512 outlier, threshold T/2 against none, and the FP8
+#                                        outputs; FP8 SASS counts
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -113,8 +114,9 @@ bench)
 profile)
     # Questions the benchmark raised, answered with counters (docs/PERFORMANCE.md cites each log):
     # K-way schedules with more heads per block (checked on the quick subset, then timed); Nsight
-    # Compute on the D = 512 outlier shapes and on the FP8 outputs against bf16; the FP8 kernels'
-    # SASS instruction counts.
+    # Compute on the D = 512 outlier shapes, on T/2 against no threshold, and on the FP8 outputs
+    # against bf16; the FP8 kernels' SASS instruction counts. (The threshold set was added after
+    # run 18, the only run of this command so far.)
     OUT="${OUT:-.device/out}"; mkdir -p "$OUT"
     export PYTHONUNBUFFERED=1
     MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_EXTRA=.device/kway-candidates-2 MLA_GEN_GPU_REPORT="$OUT/candidates-quick.txt" \
@@ -124,8 +126,10 @@ profile)
         > "$OUT/candidates.log" 2>&1 || true
     cat "$OUT/candidates.log"
     metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum,sm__inst_executed.sum,sm__instruction_throughput.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,lts__t_sector_hit_rate.pct
-    ncu --clock-control none --metrics "$metrics" --kernel-name regex:merge_attn \
-        python3 python/bench/profile_cases.py outlier > "$OUT/ncu-outlier.txt" 2>&1 || true
+    for cases in outlier threshold; do
+        ncu --clock-control none --metrics "$metrics" --kernel-name regex:merge_attn \
+            python3 python/bench/profile_cases.py "$cases" > "$OUT/ncu-$cases.txt" 2>&1 || true
+    done
     MLA_GEN_KERNELS=.device/gpu-extra ncu --clock-control none --metrics "$metrics" --kernel-name regex:merge_attn \
         python3 python/bench/profile_cases.py fp8 > "$OUT/ncu-fp8.txt" 2>&1 || true
     grep -E "merge_attn|duration|dram__|inst|warps|hit|launched|rror" "$OUT"/ncu-*.txt
