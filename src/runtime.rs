@@ -575,31 +575,8 @@ impl Runtime {
         stream: &CudaStream,
         args: &MergeArgs,
     ) -> Result<(), RuntimeError> {
-        self.expect_family(kernel, "merge_attn_states", |f| {
-            f == Family::MergeAttnStates
-        })?;
         let checked = check(&kernel.meta, kernel.dtype, &kernel.slots, args)?;
         self.launch_checked(kernel, stream, checked)
-    }
-
-    /// Refuse a launch through the wrong entry point (a K-way kernel given pairwise arguments).
-    fn expect_family(
-        &self,
-        kernel: &LoadedKernel,
-        entry: &str,
-        ok: impl Fn(Family) -> bool,
-    ) -> Result<(), RuntimeError> {
-        if ok(kernel.meta.variant.family) {
-            Ok(())
-        } else {
-            Err(RuntimeError::InvalidArgument {
-                kernel: kernel.meta.name.clone(),
-                problem: format!(
-                    "this is a {} kernel; it cannot be launched with {entry} arguments",
-                    kernel.meta.variant.family.table()
-                ),
-            })
-        }
     }
 
     /// Validate `args` against a `merge_states` kernel and launch it on `stream`.
@@ -609,9 +586,6 @@ impl Runtime {
         stream: &CudaStream,
         args: &StatesArgs,
     ) -> Result<(), RuntimeError> {
-        self.expect_family(kernel, "merge_states", |f| {
-            matches!(f, Family::MergeStates { .. })
-        })?;
         let checked = check_states(&kernel.meta, kernel.dtype, &kernel.slots, args)?;
         self.launch_checked(kernel, stream, checked)
     }
@@ -623,9 +597,6 @@ impl Runtime {
         stream: &CudaStream,
         args: &MaskLseArgs,
     ) -> Result<(), RuntimeError> {
-        self.expect_family(kernel, "mask_empty_context_lse", |f| {
-            f == Family::MaskEmptyContextLse
-        })?;
         let checked = check_mask_lse(&kernel.meta, &kernel.slots, args)?;
         self.launch_checked(kernel, stream, checked)
     }
@@ -637,9 +608,6 @@ impl Runtime {
         stream: &CudaStream,
         args: &InPlaceArgs,
     ) -> Result<(), RuntimeError> {
-        self.expect_family(kernel, "merge_state_in_place", |f| {
-            matches!(f, Family::MergeStateInPlace { .. })
-        })?;
         let checked = check_in_place(&kernel.meta, kernel.dtype, &kernel.slots, args)?;
         self.launch_checked(kernel, stream, checked)
     }
@@ -986,6 +954,12 @@ pub(crate) fn check(
 ) -> Result<Option<LaunchValues>, RuntimeError> {
     let bad = refuse_for(k);
     let (t, h) = (a.num_tokens, a.num_heads);
+    if k.variant.family != Family::MergeAttnStates {
+        return Err(bad(format!(
+            "this is a {} kernel, not merge_attn_states",
+            k.variant.family.table()
+        )));
+    }
 
     let out_dtype = k.output_dtype().ok_or_else(|| {
         bad(format!(

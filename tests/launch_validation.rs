@@ -344,11 +344,16 @@ fn k_way_launches_are_checked_like_pairwise_ones() {
     let mut a = good_states();
     a.states.dtype = Dtype::F16;
     states_refused(fixed, &a, "states is f16, the kernel takes bf16");
-    // A pairwise kernel is not launched with K-way arguments.
+    // A pairwise kernel is not launched with K-way arguments, nor a K-way one with pairwise ones.
     states_refused(
         &kernel("merge_attn_states_bf16_d128_thr_lse"),
         &good_states(),
         "not merge_states",
+    );
+    refused(
+        fixed,
+        &good(),
+        "this is a merge_states kernel, not merge_attn_states",
     );
 }
 
