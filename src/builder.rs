@@ -384,95 +384,91 @@ pub fn rust_module(
         } else {
             rust_type.clone()
         };
-        let typed = |slices: &str, shape: &str, call: &str, doc: String| {
+        // Every family's function: `rt`, `stream`, then its own arguments, one runtime call.
+        let typed = |args: &str, call: &str, doc: String| {
             format!(
-                "\n/// `{name}`: {doc}\npub fn {name}(\n    rt: &mla_gen::runtime::Runtime,\n    stream: &mla_gen::cudarc::driver::CudaStream,\n    {slices},\n    {shape},\n) -> Result<(), mla_gen::runtime::RuntimeError> {{\n    rt.{call}\n}}\n",
+                "\n/// `{name}`: {doc}\npub fn {name}(\n    rt: &mla_gen::runtime::Runtime,\n    stream: &mla_gen::cudarc::driver::CudaStream,\n    {args}\n) -> Result<(), mla_gen::runtime::RuntimeError> {{\n    rt.{call}\n}}\n",
                 name = k.name
             )
         };
-        match k.family {
-            spec::Family::MergeAttnStates => {}
-            spec::Family::MergeStates { num_states } => {
-                s.push_str(&typed(
-                    &format!("slices: mla_gen::runtime::StatesSlices<'_, {rust_type}>"),
-                    "shape: mla_gen::runtime::StatesShape",
-                    &format!("launch_states_typed({:?}, stream, slices, shape)", k.name),
-                    format!(
-                        "merge {} states of {} rows of {}; output lse {}.",
-                        num_states.map_or("K (shape.num_states)".to_string(), |n| n.to_string()),
-                        k.dtype.name(),
-                        k.head_size,
-                        if k.output_lse {
-                            "yes"
-                        } else {
-                            "no (pass None)"
-                        }
+        let function = match k.family {
+            spec::Family::MergeAttnStates => {
+                let (thr_param, thr_value) = if k.prefix_threshold {
+                    (
+                        "\n    prefill_tokens_with_context: Option<usize>,",
+                        "prefill_tokens_with_context",
+                    )
+                } else {
+                    ("", "None")
+                };
+                // Per-token-group FP8 takes the scales' slice and strides beside the merge's.
+                let (scales_param, call, scales_arg) = match k.fp8_group {
+                    Some(_) => (
+                        "\n    scales: mla_gen::runtime::GroupScalesSlice<'_>,",
+                        "launch_group_fp8_typed",
+                        "scales, ",
                     ),
-                ));
-                continue;
-            }
-            spec::Family::MergeStateInPlace { mask } => {
-                s.push_str(&typed(
-                    &format!("slices: mla_gen::runtime::InPlaceSlices<'_, {rust_type}>"),
-                    "shape: mla_gen::runtime::InPlaceShape",
-                    &format!("launch_in_place_typed({:?}, stream, slices, shape)", k.name),
+                    None => ("", "launch_typed", ""),
+                };
+                let fp8 = match k.fp8_group {
+                    Some((g, ue8m0)) => format!(
+                        " into FP8 e4m3 codes, one float32 scale per {g} elements written to `scales`{}",
+                        if ue8m0 { " (powers of two: UE8M0)" } else { "" }
+                    ),
+                    None if k.fp8_output => {
+                        " into FP8 e4m3 codes (output_scale required)".to_string()
+                    }
+                    None => String::new(),
+                };
+                typed(
+                    &format!("slices: mla_gen::runtime::MergeSlices<'_, {slices_type}>,{scales_param}\n    shape: mla_gen::runtime::MergeShape,{thr_param}"),
+                    &format!("{call}({:?}, stream, slices, {scales_arg}shape, {thr_value})", k.name),
                     format!(
-                        "state := merge(state, other), {} rows of {}; lse {}; mask {}.",
+                        "{} rows of {}{fp8}; threshold {}; output lse {}; lse {}.",
                         k.dtype.name(),
                         k.head_size,
+                        if k.prefix_threshold { "yes" } else { "no" },
+                        if k.output_lse { "yes" } else { "no (pass None)" },
                         if k.head_major { "[H, T]" } else { "[T, H]" },
-                        if mask { "allowed" } else { "none (pass None)" }
                     ),
-                ));
-                continue;
+                )
             }
-            spec::Family::MaskEmptyContextLse => {
-                s.push_str(&typed(
-                    "lse: &mut mla_gen::cudarc::driver::CudaSlice<f32>,\n    start_locs: (&mla_gen::cudarc::driver::CudaSlice<i32>, &mla_gen::cudarc::driver::CudaSlice<i32>)",
-                    "num_tokens_heads: (usize, usize)",
-                    &format!("launch_mask_lse_typed({:?}, stream, lse, start_locs, num_tokens_heads)", k.name),
-                    format!(
-                        "lse := -inf for the tokens of requests with an empty context; lse {}; start_locs = (query_start_loc, context_start_loc), B + 1 each.",
-                        if k.head_major { "[H, T]" } else { "[T, H]" }
-                    ),
-                ));
-                continue;
-            }
-        }
-        let (thr_param, thr_value) = if k.prefix_threshold {
-            (
-                "\n    prefill_tokens_with_context: Option<usize>,",
-                "prefill_tokens_with_context",
-            )
-        } else {
-            ("", "None")
-        };
-        // Per-token-group FP8 takes the scales' slice and strides beside the merge's slices.
-        let (scales_param, call, scales_arg) = match k.fp8_group {
-            Some(_) => (
-                "\n    scales: mla_gen::runtime::GroupScalesSlice<'_>,",
-                "launch_group_fp8_typed",
-                "scales, ",
+            spec::Family::MergeStates { num_states } => typed(
+                &format!("slices: mla_gen::runtime::StatesSlices<'_, {rust_type}>,\n    shape: mla_gen::runtime::StatesShape,"),
+                &format!("launch_states_typed({:?}, stream, slices, shape)", k.name),
+                format!(
+                    "merge {} states of {} rows of {}; output lse {}.",
+                    num_states.map_or("K (shape.num_states)".to_string(), |n| n.to_string()),
+                    k.dtype.name(),
+                    k.head_size,
+                    if k.output_lse {
+                        "yes"
+                    } else {
+                        "no (pass None)"
+                    }
+                ),
             ),
-            None => ("", "launch_typed", ""),
-        };
-        let fp8 = match k.fp8_group {
-            Some((g, ue8m0)) => format!(
-                " into FP8 e4m3 codes, one float32 scale per {g} elements written to `scales`{}",
-                if ue8m0 { " (powers of two: UE8M0)" } else { "" }
+            spec::Family::MergeStateInPlace { mask } => typed(
+                &format!("slices: mla_gen::runtime::InPlaceSlices<'_, {rust_type}>,\n    shape: mla_gen::runtime::InPlaceShape,"),
+                &format!("launch_in_place_typed({:?}, stream, slices, shape)", k.name),
+                format!(
+                    "state := merge(state, other), {} rows of {}; lse {}; mask {}.",
+                    k.dtype.name(),
+                    k.head_size,
+                    if k.head_major { "[H, T]" } else { "[T, H]" },
+                    if mask { "allowed" } else { "none (pass None)" }
+                ),
             ),
-            None if k.fp8_output => " into FP8 e4m3 codes (output_scale required)".to_string(),
-            None => String::new(),
+            spec::Family::MaskEmptyContextLse => typed(
+                "lse: &mut mla_gen::cudarc::driver::CudaSlice<f32>,\n    start_locs: (&mla_gen::cudarc::driver::CudaSlice<i32>, &mla_gen::cudarc::driver::CudaSlice<i32>),\n    num_tokens_heads: (usize, usize),",
+                &format!("launch_mask_lse_typed({:?}, stream, lse, start_locs, num_tokens_heads)", k.name),
+                format!(
+                    "lse := -inf for the tokens of requests with an empty context; lse {}; start_locs = (query_start_loc, context_start_loc), B + 1 each.",
+                    if k.head_major { "[H, T]" } else { "[T, H]" }
+                ),
+            ),
         };
-        s.push_str(&format!(
-            "\n/// `{name}`: {dtype} rows of {d}{fp8}; threshold {thr}; output lse {lse}; lse {layout}.\npub fn {name}(\n    rt: &mla_gen::runtime::Runtime,\n    stream: &mla_gen::cudarc::driver::CudaStream,\n    slices: mla_gen::runtime::MergeSlices<'_, {slices_type}>,{scales_param}\n    shape: mla_gen::runtime::MergeShape,{thr_param}\n) -> Result<(), mla_gen::runtime::RuntimeError> {{\n    rt.{call}({name:?}, stream, slices, {scales_arg}shape, {thr_value})\n}}\n",
-            name = k.name,
-            dtype = k.dtype.name(),
-            d = k.head_size,
-            thr = if k.prefix_threshold { "yes" } else { "no" },
-            lse = if k.output_lse { "yes" } else { "no (pass None)" },
-            layout = if k.head_major { "[H, T]" } else { "[T, H]" },
-        ));
+        s.push_str(&function);
     }
     s
 }
