@@ -228,13 +228,16 @@ fn remaining_error_messages_say_what_is_wrong() {
     // A template folder missing a file, and one with a syntax error.
     let tpl = tmp.path().join("tpl");
     std::fs::create_dir(&tpl).unwrap();
-    let o = run(&[
-        "render",
-        "--templates",
-        tpl.to_str().unwrap(),
-        "--kernel",
-        "merge_attn_states_bf16_d128_thr_lse",
-    ]);
+    let render_with_tpl = || {
+        run(&[
+            "render",
+            "--templates",
+            tpl.to_str().unwrap(),
+            "--kernel",
+            "merge_attn_states_bf16_d128_thr_lse",
+        ])
+    };
+    let o = render_with_tpl();
     assert_eq!(o.status.code(), Some(1));
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -249,13 +252,7 @@ fn remaining_error_messages_say_what_is_wrong() {
         };
         std::fs::write(tpl.join(name), text).unwrap();
     }
-    let o = run(&[
-        "render",
-        "--templates",
-        tpl.to_str().unwrap(),
-        "--kernel",
-        "merge_attn_states_bf16_d128_thr_lse",
-    ]);
+    let o = render_with_tpl();
     assert_eq!(o.status.code(), Some(1));
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(
