@@ -64,18 +64,17 @@ run)
     tail -n 1 "$OUT/pytest-extra.log" | sed 's/^/pytest (FP8, K-way and in-place kernels): /' >> "$REPORT"
     echo "== example engine (build.rs bindings) and C example (C launcher)" | tee -a "$REPORT"
     (.device/bin/example-engine 2>&1 | tail -n 1 | sed 's/^/example engine: /' | tee -a "$REPORT") || status=1
-    if gcc -std=c11 -O2 -I/usr/local/cuda/include -I.device/c-example/c examples/c/merge.c \
-        .device/c-example/c/mla_kernels.c -L/usr/local/cuda/lib64/stubs -lcuda -lm -o "$OUT/c-example" 2> "$OUT/c-example-build.log"; then
-        ("$OUT/c-example" 2>&1 | tail -n 1 | sed 's/^/C example: /' | tee -a "$REPORT") || status=1
-    else
-        echo "C example: build failed (see c-example-build.log)" | tee -a "$REPORT"; status=1
-    fi
-    if gcc -std=c11 -O2 -I/usr/local/cuda/include -I.device/c-families/c examples/c/families.c \
-        .device/c-families/c/mla_kernels.c -L/usr/local/cuda/lib64/stubs -lcuda -lm -o "$OUT/c-families" 2> "$OUT/c-families-build.log"; then
-        ("$OUT/c-families" 2>&1 | tail -n 1 | sed 's/^/C example, other families: /' | tee -a "$REPORT") || status=1
-    else
-        echo "C example, other families: build failed (see c-families-build.log)" | tee -a "$REPORT"; status=1
-    fi
+    # A C example: build it against its generated launcher, run it, report its last line.
+    c_example() {  # source, launcher folder, binary name, label
+        if gcc -std=c11 -O2 -I/usr/local/cuda/include -I"$2/c" "$1" "$2/c/mla_kernels.c" \
+            -L/usr/local/cuda/lib64/stubs -lcuda -lm -o "$OUT/$3" 2> "$OUT/$3-build.log"; then
+            ("$OUT/$3" 2>&1 | tail -n 1 | sed "s/^/$4: /" | tee -a "$REPORT") || status=1
+        else
+            echo "$4: build failed (see $3-build.log)" | tee -a "$REPORT"; status=1
+        fi
+    }
+    c_example examples/c/merge.c .device/c-example c-example "C example"
+    c_example examples/c/families.c .device/c-families c-families "C example, other families"
     echo "== compute-sanitizer on the quick subset" | tee -a "$REPORT"
     for tool in memcheck initcheck racecheck; do
         if MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_REPORT=/dev/null compute-sanitizer --tool "$tool" --error-exitcode 99 \
