@@ -387,22 +387,6 @@ pub const GRID_RULE: &str =
 impl Launch {
     pub fn for_variant(v: &MergeVariant) -> Launch {
         let size = v.dtype.size_bytes();
-        // Widest power-of-two vector that divides the row: no partial vector at the row's end, so
-        // contiguous tensors of any head size are always aligned for it.
-        let mut vec_elems = MAX_VEC_BYTES / size;
-        while v.head_size % vec_elems != 0 {
-            vec_elems /= 2;
-        }
-        let vecs_per_row = v.head_size / vec_elems;
-        let vecs_per_thread = vecs_per_row.div_ceil(MAX_THREADS_PER_ROW);
-        let threads_per_row = vecs_per_row.div_ceil(vecs_per_thread);
-        let rows_per_block = tokens_per_block(threads_per_row, v.schedule.block_threads);
-        // Heads per block must divide the rows of a block; take the largest allowed that does.
-        let mut heads_per_block = v.schedule.heads_per_block.max(1);
-        while rows_per_block % heads_per_block != 0 {
-            heads_per_block /= 2;
-        }
-        let tokens_per_block = rows_per_block / heads_per_block;
         if v.family == Family::MaskEmptyContextLse {
             // One thread per token, looping over heads_per_block heads: the generic grid rule
             // holds (x over tokens, y over groups of heads) with block_threads tokens per block.
@@ -424,6 +408,22 @@ impl Launch {
                 grid_rule: GRID_RULE,
             };
         }
+        // Widest power-of-two vector that divides the row: no partial vector at the row's end, so
+        // contiguous tensors of any head size are always aligned for it.
+        let mut vec_elems = MAX_VEC_BYTES / size;
+        while v.head_size % vec_elems != 0 {
+            vec_elems /= 2;
+        }
+        let vecs_per_row = v.head_size / vec_elems;
+        let vecs_per_thread = vecs_per_row.div_ceil(MAX_THREADS_PER_ROW);
+        let threads_per_row = vecs_per_row.div_ceil(vecs_per_thread);
+        let rows_per_block = tokens_per_block(threads_per_row, v.schedule.block_threads);
+        // Heads per block must divide the rows of a block; take the largest allowed that does.
+        let mut heads_per_block = v.schedule.heads_per_block.max(1);
+        while rows_per_block % heads_per_block != 0 {
+            heads_per_block /= 2;
+        }
+        let tokens_per_block = rows_per_block / heads_per_block;
         Launch {
             vec_elems,
             vec_bytes: vec_elems * size,
