@@ -14,7 +14,7 @@
 #                                        the K-way merge against copy and chained in-place merges
 #   scripts/gpu-check.sh profile (there) K-way schedule candidates (round 2), Nsight Compute on the
 #                                        D = 512 outlier, threshold T/2 against none, and the FP8
-#                                        outputs; FP8 SASS counts
+#                                        outputs; FP8 SASS counts; the threshold sweep
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -115,7 +115,7 @@ profile)
     # K-way schedules with more heads per block (checked on the quick subset, then timed); Nsight
     # Compute on the D = 512 outlier shapes, on T/2 against no threshold, and on the FP8 outputs
     # against bf16; the FP8 kernels' SASS instruction counts. (The threshold set was added after
-    # run 18, the only run of this command so far.)
+    # run 18; run 20 ran it and the sweep by hand.)
     OUT="${OUT:-.device/out}"; mkdir -p "$OUT"
     export PYTHONUNBUFFERED=1
     MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_EXTRA=.device/kway-candidates-2 MLA_GEN_GPU_REPORT="$OUT/candidates-quick.txt" \
@@ -132,6 +132,8 @@ profile)
     MLA_GEN_KERNELS=.device/gpu-extra ncu --clock-control none --metrics "$metrics" --kernel-name regex:merge_attn \
         python3 python/bench/profile_cases.py fp8 > "$OUT/ncu-fp8.txt" 2>&1 || true
     grep -E "merge_attn|duration|dram__|inst|warps|hit|launched|rror" "$OUT"/ncu-*.txt
+    # Percent of copy at thresholds 0, T/4, T/2, 3T/4, T on the same tensors (where T/2 loses).
+    python3 python/bench/threshold_sweep.py --out "$OUT" | tee "$OUT/threshold-sweep.log"
     for k in merge_attn_states_bf16_d128_thr_lse merge_attn_states_bf16_d128_thr_lse_fp8 \
              merge_attn_states_bf16_d128_thr_lse_fp8g128_ue8m0 merge_attn_states_bf16_d128_thr_lse_fp8g128; do
         ptxas -arch=sm_90 ".device/gpu-extra/kernels/$k.compute_90.ptx" -o "/tmp/$k.cubin" &&
