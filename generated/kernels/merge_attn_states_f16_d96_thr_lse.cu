@@ -87,9 +87,19 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
     // computes any of them. The divisors here are compile-time constants: multiplies and shifts.
     const int lane = threadIdx.x % THREADS_PER_ROW;
     const int group = threadIdx.x / THREADS_PER_ROW;
-    const long long h = static_cast<long long>(blockIdx.y) * HEADS_PER_BLOCK + group % HEADS_PER_BLOCK;
+    // Blocks start in launch order, x fastest. Taken as is, the blocks resident at one moment
+    // would hold one head's rows a whole token stride apart; renumbered so that the head blocks
+    // of a token tile come first, they hold a contiguous stretch of [T, H, D] instead, as a copy
+    // does. (The renumbering is a bijection of the grid; grids past 2^32 blocks keep launch order.)
+    unsigned int tile = blockIdx.x, head_block = blockIdx.y;
+    if (static_cast<unsigned long long>(gridDim.x) * gridDim.y <= 0xffffffffull) {
+        const unsigned int launch_index = blockIdx.y * gridDim.x + blockIdx.x;
+        tile = launch_index / gridDim.y;
+        head_block = launch_index % gridDim.y;
+    }
+    const long long h = static_cast<long long>(head_block) * HEADS_PER_BLOCK + group % HEADS_PER_BLOCK;
     if (h >= num_heads) return;
-    const long long first_token = static_cast<long long>(blockIdx.x) * (TOKENS_PER_BLOCK * ROWS_PER_THREAD) +
+    const long long first_token = static_cast<long long>(tile) * (TOKENS_PER_BLOCK * ROWS_PER_THREAD) +
                                   group / HEADS_PER_BLOCK;
     const long long n = prefill_tokens_with_context;
 

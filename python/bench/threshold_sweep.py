@@ -24,8 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mla_gen  # noqa: E402
 from bench import make, merge_bytes, time_ms  # noqa: E402
 
-# (T, H, D): the two threshold shapes of profile_cases.py, a long-row one, a short-row one
-SHAPES = ((32768, 128, 128), (8192, 128, 96), (32768, 64, 512), (32768, 128, 64))
+# (T, H, D): the two threshold shapes of profile_cases.py, a long-row one, a short-row one, the
+# D = 512 outlier of the benchmark (a 128 KiB token stride), a few-heads one
+SHAPES = ((32768, 128, 128), (8192, 128, 96), (32768, 64, 512), (32768, 128, 64), (8192, 128, 512),
+          (32768, 16, 128))
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
