@@ -56,12 +56,18 @@ typedef elem_t out_t;  // output = input dtype
 // fastest: taken as is, the blocks resident at one moment would hold one head's rows, a whole
 // token stride apart. Renumbered so that the head blocks of a token tile come first, they hold
 // a contiguous stretch of the tensors, as a copy reads them (GPU run 22, pairwise merge: 84-98%
-// of copy bandwidth before, 93-103% after). The renumbering is a bijection of the grid; a grid
-// of more than 2^32 blocks keeps launch order.
+// of copy bandwidth before, 93-103% after). The renumbering is a bijection of the grid. It costs
+// a division, which a grid the GPU holds at once (about one block per SM per BLOCK_THREADS of
+// 2048 threads) does not win back (run 23: 2-4% slower at 5-10 us), so such a grid, and one of
+// more than 2^32 blocks, keeps launch order.
+template <int BLOCK_THREADS>
 __device__ __forceinline__ void place_block(unsigned int& tile, unsigned int& head_block) {
     tile = blockIdx.x;
     head_block = blockIdx.y;
-    if (static_cast<unsigned long long>(gridDim.x) * gridDim.y <= 0xffffffffull) {
+    const unsigned long long blocks = static_cast<unsigned long long>(gridDim.x) * gridDim.y;
+    unsigned int sm_ids;  // the number of SM identifiers, at least the number of SMs
+    asm("mov.u32 %0, %%nsmid;" : "=r"(sm_ids));
+    if (blocks > static_cast<unsigned long long>(sm_ids) * (2048 / BLOCK_THREADS) && blocks <= 0xffffffffull) {
         const unsigned int launch_index = blockIdx.y * gridDim.x + blockIdx.x;
         tile = launch_index / gridDim.y;
         head_block = launch_index % gridDim.y;
@@ -104,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
     const int lane = threadIdx.x % THREADS_PER_ROW;
     const int group = threadIdx.x / THREADS_PER_ROW;
     unsigned int tile, head_block;
-    place_block(tile, head_block);  // the head blocks of a token tile run together
+    place_block<BLOCK_THREADS>(tile, head_block);  // the head blocks of a token tile run together
     const long long h = static_cast<long long>(head_block) * HEADS_PER_BLOCK + group % HEADS_PER_BLOCK;
     if (h >= num_heads) return;
     const long long first_token = static_cast<long long>(tile) * (TOKENS_PER_BLOCK * ROWS_PER_THREAD) +
