@@ -55,10 +55,10 @@ typedef elem_t out_t;  // output = input dtype
 // This block's token tile (grid x) and head block (grid y). Blocks start in launch order, x
 // fastest: taken as is, the blocks resident at one moment would hold one head's rows, a whole
 // token stride apart. Renumbered so that the head blocks of a token tile come first, they hold
-// a contiguous stretch of the tensors, as a copy reads them (GPU run 22, pairwise merge: 84-98%
+// a contiguous stretch of the tensors, as a copy reads them (GPU run 22, pairwise merge: 84-99%
 // of copy bandwidth before, 93-103% after). The renumbering is a bijection of the grid. It costs
 // a division, which a grid the GPU holds at once (about one block per SM per BLOCK_THREADS of
-// 2048 threads) does not win back (run 23: 2-4% slower at 5-10 us), so such a grid, and one of
+// 2048 threads) does not win back (run 23: 2-4% slower at 5-14 us), so such a grid, and one of
 // more than 2^32 blocks, keeps launch order.
 template <int BLOCK_THREADS>
 __device__ __forceinline__ void place_block(unsigned int& tile, unsigned int& head_block) {
