@@ -46,17 +46,17 @@ typedef elem_t out_t;  // output = input dtype
 // token stride apart. Renumbered so that the head blocks of a token tile come first, they hold
 // a contiguous stretch of the tensors, as a copy reads them (GPU run 22, pairwise merge: 84-99%
 // of copy bandwidth before, 93-103% after). The renumbering is a bijection of the grid. It costs
-// a division, which a grid the GPU holds at once (about one block per SM per BLOCK_THREADS of
-// 2048 threads) does not win back (run 23: 2-4% slower at 5-14 us), so such a grid, and one of
-// more than 2^32 blocks, keeps launch order.
-template <int BLOCK_THREADS>
+// a division per warp, which a grid the GPU holds at once (up to 2048 / THREADS_PER_BLOCK blocks
+// per SM, the thread limit of sm_80 and sm_90) does not win back (run 23: 2-4% slower at
+// 5-14 us), so such a grid, and one of more than 2^32 blocks, keeps launch order.
+template <int THREADS_PER_BLOCK>
 __device__ __forceinline__ void place_block(unsigned int& tile, unsigned int& head_block) {
     tile = blockIdx.x;
     head_block = blockIdx.y;
     const unsigned long long blocks = static_cast<unsigned long long>(gridDim.x) * gridDim.y;
     unsigned int sm_ids;  // the number of SM identifiers, at least the number of SMs
     asm("mov.u32 %0, %%nsmid;" : "=r"(sm_ids));
-    if (blocks > static_cast<unsigned long long>(sm_ids) * (2048 / BLOCK_THREADS) && blocks <= 0xffffffffull) {
+    if (blocks > static_cast<unsigned long long>(sm_ids) * (2048 / THREADS_PER_BLOCK) && blocks <= 0xffffffffull) {
         const unsigned int launch_index = blockIdx.y * gridDim.x + blockIdx.x;
         tile = launch_index / gridDim.y;
         head_block = launch_index % gridDim.y;
