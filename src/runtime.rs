@@ -782,6 +782,16 @@ struct Rows<'a> {
     align: u32,
 }
 
+/// An output lse given to a kernel built without one would be silently left unwritten.
+fn check_output_lse_wanted(bad: Refuse, k: &KernelView, given: bool) -> Result<(), RuntimeError> {
+    if given && !k.variant.output_lse {
+        return Err(bad(
+            "output_lse given, but this kernel has no output_lse (spec: output_lse = true)".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn check_rows(bad: Refuse, k: &KernelView, r: &Rows) -> Result<(), RuntimeError> {
     let d = k.variant.head_size as usize;
     let vec = k.launch.vec_elems as usize;
@@ -1021,11 +1031,7 @@ pub(crate) fn check(
             ),
         ],
     )?;
-    if a.output_lse.is_some() && !k.variant.output_lse {
-        return Err(bad(
-            "output_lse given, but this kernel has no output_lse (spec: output_lse = true)".into(),
-        ));
-    }
+    check_output_lse_wanted(&bad, k, a.output_lse.is_some())?;
     let n = match (a.prefill_tokens_with_context, k.variant.prefix_threshold) {
         (Some(n), _) if n > t => {
             return Err(bad(format!("prefill_tokens_with_context = {n} exceeds num_tokens = {t}")))
@@ -1198,11 +1204,7 @@ fn check_states(
             ("output_lse", a.output_lse.as_ref(), Dtype::F32),
         ],
     )?;
-    if a.output_lse.is_some() && !k.variant.output_lse {
-        return Err(bad(
-            "output_lse given, but this kernel has no output_lse (spec: output_lse = true)".into(),
-        ));
-    }
+    check_output_lse_wanted(&bad, k, a.output_lse.is_some())?;
     if kk > i64::MAX as usize {
         return Err(bad("num_states does not fit in 64 bits".into()));
     }
@@ -1217,26 +1219,21 @@ fn check_states(
         ("H", h, sl.head_stride),
     ];
     let align = k.launch.vec_bytes;
-    check_rows(
-        &bad,
-        k,
-        &Rows {
-            name: "output",
-            buf: &a.output,
-            dims: &out_dims,
-            align,
-        },
-    )?;
-    check_rows(
-        &bad,
-        k,
-        &Rows {
-            name: "states",
-            buf: &a.states,
-            dims: &states_dims,
-            align,
-        },
-    )?;
+    for (name, buf, dims) in [
+        ("output", &a.output, &out_dims[..]),
+        ("states", &a.states, &states_dims[..]),
+    ] {
+        check_rows(
+            &bad,
+            k,
+            &Rows {
+                name,
+                buf,
+                dims,
+                align,
+            },
+        )?;
+    }
     check_rows_disjoint(&bad, k, "output", t, h, ol)?;
     let lse_numel = t
         .checked_mul(kk)
