@@ -18,10 +18,11 @@
 use std::path::{Path, PathBuf};
 
 use crate::dtype::Dtype;
-use crate::emit::{self, MANIFEST};
-use crate::render::{sha256_hex, Templates, TOOL_VERSION};
-use crate::spec::{self, LseLayout, Spec};
-use crate::{nvrtc, Error};
+use crate::gen::emit::{self, MANIFEST};
+use crate::gen::nvrtc;
+use crate::gen::render::{sha256_hex, Templates, TOOL_VERSION};
+use crate::gen::spec::{self, LseLayout, Spec};
+use crate::Error;
 
 /// Environment variable: when `1`, build no kernels (documentation builds, machines without
 /// NVRTC); the module still declares every function, and loading returns an error.
@@ -181,7 +182,7 @@ impl Builder {
                 println!("cargo:rerun-if-changed={}", p.display());
             }
             if let Some(d) = &self.templates {
-                for (name, _) in crate::render::EMBEDDED_TEMPLATES {
+                for (name, _) in crate::gen::render::EMBEDDED_TEMPLATES {
                     println!("cargo:rerun-if-changed={}", d.join(name).display());
                 }
             }

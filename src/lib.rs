@@ -1,10 +1,9 @@
 //! mla-gen: spec-driven, ahead-of-time CUDA for attention-state merges.
 //!
 //! Data flows one way, one module per stage:
-//! [`spec`] (parse, validate, expand) -> [`render`] (Tera -> CUDA) -> [`compile`] (NVRTC -> PTX,
-//! CUBIN) -> [`emit`] (files, manifest). [`abi`] describes each kernel's parameters and launch rule
-//! for all of them; [`mod@reference`] is the float64 semantics every kernel must match; `runtime`
-//! (feature `cuda`) loads and launches the artifacts.
+//! [`gen`]: spec -> variants -> ABI -> CUDA source -> NVRTC -> files and manifest;
+//! [`host`]: what loads and launches the artifacts (runtime, C launcher, benchmarks);
+//! [`builder`]: the build.rs API; [`mod@reference`]: the float64 semantics every kernel must match.
 
 // No panics reachable from user input: errors are typed and returned (tests may unwrap).
 #![cfg_attr(
@@ -12,17 +11,17 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
-pub mod abi;
-pub mod bindings;
 pub mod builder;
-pub mod compile;
-pub mod driver;
 pub mod dtype;
-pub mod emit;
-pub mod nvrtc;
+pub mod gen;
+pub mod host;
 pub mod reference;
-pub mod render;
-pub mod spec;
+
+// The stages under their short paths (`mla_gen::spec`, `mla_gen::runtime`, ...).
+pub use gen::{abi, compile, emit, nvrtc, render, spec, variant};
+#[cfg(feature = "cuda")]
+pub use host::{bench, runtime};
+pub use host::{bindings, driver};
 
 pub use builder::Builder;
 
@@ -30,11 +29,6 @@ pub use builder::Builder;
 #[cfg(feature = "cuda")]
 pub use cudarc;
 pub use half;
-
-#[cfg(feature = "cuda")]
-pub mod bench;
-#[cfg(feature = "cuda")]
-pub mod runtime;
 
 /// Any failure of a generation, from spec to files.
 #[derive(Debug, thiserror::Error)]

@@ -12,8 +12,8 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 use serde::Deserialize;
 
 use crate::dtype::Dtype;
+use crate::gen::spec::Family;
 use crate::reference::Layout;
-use crate::spec::Family;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -64,23 +64,23 @@ pub struct NvrtcView {
 pub struct VariantView {
     /// Absent in manifests from before other families: the pairwise merge.
     #[serde(default = "pairwise")]
-    pub family: crate::spec::Family,
+    pub family: crate::gen::spec::Family,
     pub dtype: String,
     /// "same" or "fp8_e4m3".
     #[serde(default = "same")]
     pub output: String,
     /// With output "fp8_e4m3_group": group size and UE8M0.
     #[serde(default)]
-    pub fp8_group: Option<crate::spec::Fp8Group>,
+    pub fp8_group: Option<crate::gen::spec::Fp8Group>,
     pub head_size: u32,
     pub prefix_threshold: bool,
     pub output_lse: bool,
     pub lse_layout: String,
-    pub schedule: crate::spec::Schedule,
+    pub schedule: crate::gen::spec::Schedule,
 }
 
-fn pairwise() -> crate::spec::Family {
-    crate::spec::Family::MergeAttnStates
+fn pairwise() -> crate::gen::spec::Family {
+    crate::gen::spec::Family::MergeAttnStates
 }
 
 fn same() -> String {
@@ -413,11 +413,11 @@ fn pick_artifact(k: &KernelView, cc: (i32, i32)) -> Option<(String, bool)> {
     let mut best_cubin: Option<(u32, &str)> = None;
     let mut best_ptx: Option<(u32, &str)> = None;
     for a in &k.archs {
-        let Ok(crate::spec::Arch {
+        let Ok(crate::gen::spec::Arch {
             major_minor: n,
             arch_specific: specific,
             real,
-        }) = crate::spec::Arch::parse(&a.arch)
+        }) = crate::gen::spec::Arch::parse(&a.arch)
         else {
             continue;
         };
@@ -443,7 +443,7 @@ fn pick_artifact(k: &KernelView, cc: (i32, i32)) -> Option<(String, bool)> {
 impl Runtime {
     /// Load every kernel of `dir/manifest.json` into `ctx`.
     pub fn load(ctx: Arc<CudaContext>, dir: &Path) -> Result<Runtime, RuntimeError> {
-        let path = dir.join(crate::emit::MANIFEST);
+        let path = dir.join(crate::gen::emit::MANIFEST);
         let text = std::fs::read(&path).map_err(|e| RuntimeError::Manifest {
             path: path.clone(),
             detail: e.to_string(),
@@ -489,7 +489,8 @@ impl Runtime {
                 detail: e.to_string(),
             })?;
         let cc = ctx.compute_capability().map_err(driver)?;
-        let driver_cuda = crate::driver::driver_cuda_version().map_err(RuntimeError::Driver)?;
+        let driver_cuda =
+            crate::host::driver::driver_cuda_version().map_err(RuntimeError::Driver)?;
         ctx.bind_to_thread().map_err(driver)?;
         let mut kernels = Vec::new();
         let mut by_name = HashMap::new();
@@ -755,10 +756,10 @@ fn launch_grid(
         return Err(bad("num_tokens or num_heads does not fit in 64 bits".into()));
     }
     let grid_y = h.div_ceil(k.launch.heads_per_block.max(1) as usize);
-    if grid_y > crate::abi::MAX_GRID_Y as usize {
+    if grid_y > crate::gen::abi::MAX_GRID_Y as usize {
         return Err(bad(format!(
             "num_heads = {h} needs {grid_y} block rows, over the grid's y limit {}",
-            crate::abi::MAX_GRID_Y
+            crate::gen::abi::MAX_GRID_Y
         )));
     }
     let tokens_per_block = u64::from(k.launch.tokens_per_block * k.launch.rows_per_thread.max(1));

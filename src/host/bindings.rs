@@ -3,25 +3,26 @@
 
 use serde::Serialize;
 
-use crate::emit::{FileSet, Manifest};
-use crate::render::{RenderError, TOOL_VERSION};
-use crate::spec::Family;
+use crate::gen::emit::{FileSet, Manifest};
+use crate::gen::render::{RenderError, TOOL_VERSION};
+use crate::gen::spec::Family;
 
 pub const C_DIR: &str = "c";
 
 const C_TEMPLATES: [(&str, &str); 2] = [
     (
         "mla_kernels.h.tera",
-        include_str!("../templates/c/mla_kernels.h.tera"),
+        include_str!("../../templates/c/mla_kernels.h.tera"),
     ),
     (
         "mla_kernels.c.tera",
-        include_str!("../templates/c/mla_kernels.c.tera"),
+        include_str!("../../templates/c/mla_kernels.c.tera"),
     ),
 ];
 
 /// Extra outputs `generate --emit` can add.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Emit {
     /// c/mla_kernels.h + c/mla_kernels.c: embedded images and checked C launchers.
     C,
@@ -69,7 +70,7 @@ struct CKernel<'a> {
     lse_layout: &'static str,
     prefix_threshold: bool,
     output_lse: bool,
-    launch: &'a crate::abi::Launch,
+    launch: &'a crate::gen::abi::Launch,
     params: Vec<CParam>,
     /// In load order: CUBINs (newest architecture first), then PTX (newest first).
     images: Vec<CImage>,
@@ -122,7 +123,7 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
     for k in &manifest.kernels {
         let mut images = Vec::new();
         for a in &k.archs {
-            let arch = crate::spec::Arch::parse(&a.arch).map_err(err)?;
+            let arch = crate::gen::spec::Arch::parse(&a.arch).map_err(err)?;
             let cc = arch.major_minor;
             let (cubin_cond, ptx_cond) = if arch.arch_specific {
                 (format!("cc == {cc}"), format!("cc == {cc}"))
@@ -184,7 +185,7 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
             head_size: k.variant.head_size,
             elem_bytes: k.variant.dtype.size_bytes(),
             out_elem_bytes: k.variant.output.dtype(k.variant.dtype).size_bytes(),
-            fp8: k.variant.output == crate::spec::OutputKind::Fp8E4m3,
+            fp8: k.variant.output == crate::gen::spec::OutputKind::Fp8E4m3,
             group_size: k.variant.fp8_group.map_or(0, |g| g.group_size),
             ue8m0: k.variant.fp8_group.is_some_and(|g| g.ue8m0),
             lse_layout: k.variant.lse_layout.name(),

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::abi::{self, Launch, Param};
-use crate::compile::{CompiledKernel, Resources};
-use crate::nvrtc::{self, Nvrtc};
-use crate::render::{sha256_hex, Templates, TOOL_VERSION};
-use crate::spec::{MergeVariant, Spec};
+use crate::gen::abi::{self, Launch, Param};
+use crate::gen::compile::{CompiledKernel, Resources};
+use crate::gen::nvrtc::{self, Nvrtc};
+use crate::gen::render::{sha256_hex, Templates, TOOL_VERSION};
+use crate::gen::spec::{MergeVariant, Spec};
 
 pub const MANIFEST: &str = "manifest.json";
 pub const KERNEL_DIR: &str = "kernels";

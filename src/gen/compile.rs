@@ -7,9 +7,9 @@ use std::io::IsTerminal;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::nvrtc::{self, Nvrtc, NvrtcError};
-use crate::render::{RenderError, Templates};
-use crate::spec::{Arch, MergeVariant, Spec};
+use crate::gen::nvrtc::{self, Nvrtc, NvrtcError};
+use crate::gen::render::{RenderError, Templates};
+use crate::gen::spec::{Arch, MergeVariant, Spec};
 
 /// Options every compilation gets, before the architecture.
 pub const BASE_OPTIONS: [&str; 1] = ["-std=c++17"];

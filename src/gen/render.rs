@@ -6,30 +6,31 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::abi::{self, Launch, Param};
-use crate::spec::{Family, MergeVariant};
+use crate::gen::abi::{self, Launch, Param};
+pub use crate::gen::sha256_hex;
+use crate::gen::variant::{Family, MergeVariant};
 
 /// Templates compiled into the binary: (name, text). Their bytes feed every artifact's hash.
 pub const EMBEDDED_TEMPLATES: [(&str, &str); 5] = [
     (
         "prelude.cu.tera",
-        include_str!("../templates/prelude.cu.tera"),
+        include_str!("../../templates/prelude.cu.tera"),
     ),
     (
         "merge_attn_states.cu.tera",
-        include_str!("../templates/merge_attn_states.cu.tera"),
+        include_str!("../../templates/merge_attn_states.cu.tera"),
     ),
     (
         "merge_states.cu.tera",
-        include_str!("../templates/merge_states.cu.tera"),
+        include_str!("../../templates/merge_states.cu.tera"),
     ),
     (
         "merge_state_in_place.cu.tera",
-        include_str!("../templates/merge_state_in_place.cu.tera"),
+        include_str!("../../templates/merge_state_in_place.cu.tera"),
     ),
     (
         "mask_empty_context_lse.cu.tera",
-        include_str!("../templates/mask_empty_context_lse.cu.tera"),
+        include_str!("../../templates/mask_empty_context_lse.cu.tera"),
     ),
 ];
 
@@ -208,8 +209,4 @@ fn tidy(text: &str) -> String {
 
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 
 use crate::dtype::Dtype;
+use crate::host::runtime::{DeviceBuffer, LoadedKernel, MergeArgs, Runtime, RuntimeError};
 use crate::reference::Layout;
-use crate::runtime::{DeviceBuffer, LoadedKernel, MergeArgs, Runtime, RuntimeError};
 
 /// Bytes a merge moves: rows with context read two rows and write one (and three lse), rows
 /// without context read and write one row (and two lse).
@@ -173,7 +173,7 @@ fn buffers_for<'a>(
 /// `bench` and `tune` time the pairwise merge; the K-way and in-place merges are timed by
 /// python/bench/bench.py.
 fn is_pairwise(k: &LoadedKernel) -> bool {
-    k.meta.variant.family == crate::spec::Family::MergeAttnStates
+    k.meta.variant.family == crate::gen::spec::Family::MergeAttnStates
 }
 
 fn max_head_size(rt: &Runtime) -> usize {
@@ -395,7 +395,7 @@ pub fn bench(
         let start = std::time::Instant::now();
         for _ in 0..500 {
             let args = std::hint::black_box(&args);
-            std::hint::black_box(crate::runtime::check(&k.meta, dtype, &slots, args)?);
+            std::hint::black_box(crate::host::runtime::check(&k.meta, dtype, &slots, args)?);
         }
         checks.push(start.elapsed().as_secs_f64() * 1e6 / 500.0);
     }

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::dtype::Dtype;
-use crate::spec::{Family, LseLayout, MergeVariant};
+use crate::gen::variant::{Family, LseLayout, MergeVariant};
 
 /// Widest access per thread: 16 bytes (one `ld.global.v4.b32`).
 pub const MAX_VEC_BYTES: u32 = 16;
@@ -287,7 +287,7 @@ fn pair_params(v: &MergeVariant) -> Vec<Param> {
         ),
         pointer("suffix_lse", Dtype::F32, false, false, lse_doc),
     ]);
-    if v.output == crate::spec::OutputKind::Fp8E4m3 {
+    if v.output == crate::gen::variant::OutputKind::Fp8E4m3 {
         p.push(pointer(
             "output_scale",
             Dtype::F32,
@@ -490,7 +490,7 @@ fn tokens_per_block(threads_per_row: u32, target: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::OutputKind;
+    use crate::gen::variant::OutputKind;
 
     fn variant(dtype: Dtype, head_size: u32) -> MergeVariant {
         MergeVariant {
@@ -502,7 +502,7 @@ mod tests {
             output: OutputKind::Same,
             fp8_group: None,
             lse_layout: LseLayout::HeadMajor,
-            schedule: crate::spec::FALLBACK_SCHEDULE,
+            schedule: crate::gen::variant::FALLBACK_SCHEDULE,
             explicit_schedule: false,
         }
     }

@@ -1,0 +1,19 @@
+//! Generation, one stage a module, data flowing one way:
+//! [`spec`] (parse, validate, expand into [`variant`]s) -> [`abi`] (each kernel's argument
+//! contract and launch rule) -> [`render`] (Tera -> CUDA) -> [`compile`] ([`nvrtc`] -> PTX,
+//! CUBIN) -> [`emit`] (files, manifest). No stage knows the ones after it.
+
+pub mod abi;
+pub mod compile;
+pub mod emit;
+pub mod nvrtc;
+pub mod render;
+pub mod spec;
+pub mod variant;
+
+use sha2::{Digest, Sha256};
+
+/// Lower-case hex sha256 of `bytes` (file hashes, cache keys, the spec's hash).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    render::hex(&Sha256::digest(bytes))
+}

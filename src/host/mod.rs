@@ -1,0 +1,10 @@
+//! The hosts' side: what loads and launches generated kernels. The C launcher emitter
+//! ([`bindings`]) needs no GPU; the runtime and benchmarks need feature `cuda`.
+
+pub mod bindings;
+pub mod driver;
+
+#[cfg(feature = "cuda")]
+pub mod bench;
+#[cfg(feature = "cuda")]
+pub mod runtime;
