@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     F32,
@@ -12,6 +13,10 @@ pub enum Dtype {
     /// FP8 e4m3 (OCP "e4m3fn"), stored as its 8-bit code: an output type only.
     #[serde(rename = "fp8_e4m3")]
     Fp8E4m3,
+    /// int32 (request start locations).
+    I32,
+    /// One byte (per-token masks).
+    U8,
 }
 
 pub struct DtypeInfo {
@@ -29,7 +34,7 @@ pub struct DtypeInfo {
     pub input: bool,
 }
 
-pub const DTYPES: [DtypeInfo; 4] = [
+pub const DTYPES: [DtypeInfo; 6] = [
     DtypeInfo {
         dtype: Dtype::F32,
         name: "f32",
@@ -63,6 +68,24 @@ pub const DTYPES: [DtypeInfo; 4] = [
         c_type: "mla_fp8_e4m3",
         rust_type: "u8",
         torch_name: "float8_e4m3fn",
+        size_bytes: 1,
+        input: false,
+    },
+    DtypeInfo {
+        dtype: Dtype::I32,
+        name: "i32",
+        c_type: "int",
+        rust_type: "i32",
+        torch_name: "int32",
+        size_bytes: 4,
+        input: false,
+    },
+    DtypeInfo {
+        dtype: Dtype::U8,
+        name: "u8",
+        c_type: "unsigned char",
+        rust_type: "u8",
+        torch_name: "uint8",
         size_bytes: 1,
         input: false,
     },
@@ -101,7 +124,14 @@ mod tests {
 
     #[test]
     fn every_dtype_round_trips_through_its_name() {
-        for d in [Dtype::F32, Dtype::F16, Dtype::Bf16, Dtype::Fp8E4m3] {
+        for d in [
+            Dtype::F32,
+            Dtype::F16,
+            Dtype::Bf16,
+            Dtype::Fp8E4m3,
+            Dtype::I32,
+            Dtype::U8,
+        ] {
             assert_eq!(Dtype::from_name(d.name()), Some(d));
         }
         assert_eq!(Dtype::input_from_name("fp8_e4m3"), None);

@@ -12,6 +12,7 @@
 )]
 
 pub mod builder;
+pub mod contract;
 pub mod dtype;
 pub mod gen;
 pub mod host;

@@ -212,6 +212,8 @@ pub fn round_to(dtype: Dtype, x: f64) -> f64 {
         Dtype::F16 => f64::from(half::f16::from_f64(x)),
         Dtype::Bf16 => f64::from(half::bf16::from_f64(x)),
         Dtype::Fp8E4m3 => fp8::e4m3_to_f64(fp8::e4m3_from_f32(x as f32)),
+        // Index and mask types: integers, no merge rounds into them.
+        Dtype::I32 | Dtype::U8 => x.round_ties_even(),
     }
 }
 
@@ -237,6 +239,7 @@ pub fn ulp(dtype: Dtype, x: f64) -> f64 {
             let (lo, hi) = if c >= 0x7e { (0x7d, 0x7e) } else { (c, c + 1) };
             fp8::e4m3_to_f64(hi) - fp8::e4m3_to_f64(lo)
         }
+        Dtype::I32 | Dtype::U8 => 1.0,
     }
 }
 
@@ -248,6 +251,7 @@ pub fn tolerance(dtype: Dtype) -> f64 {
         Dtype::Bf16 => 8e-3,
         // Judged by e4m3 steps, not relative error: see fp8_element_matches.
         Dtype::Fp8E4m3 => 0.0,
+        Dtype::I32 | Dtype::U8 => 0.0,
     }
 }
 

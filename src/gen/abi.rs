@@ -2,10 +2,14 @@
 //! description of the kernel ABI: the template renders the signature from `params`, the manifest
 //! records it, and the runtime and bindings launch by it.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
+use crate::contract::{Bounds, Dim, GridAxis, LaunchRule, Tensor};
+pub use crate::contract::{Contract, Param, ParamKind, Role};
 use crate::dtype::Dtype;
-use crate::gen::variant::{Family, LseLayout, MergeVariant};
+use crate::gen::variant::{Family, LseLayout, MergeVariant, OutputKind};
 
 /// Widest access per thread: 16 bytes (one `ld.global.v4.b32`).
 pub const MAX_VEC_BYTES: u32 = 16;
@@ -14,345 +18,420 @@ pub const MAX_THREADS_PER_ROW: u32 = 128;
 /// CUDA's limit on gridDim.y, which counts heads: launchers refuse more heads.
 pub const MAX_GRID_Y: u32 = 65535;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ParamKind {
-    /// Device pointer to `elem` values.
-    Pointer,
-    /// 64-bit signed integer passed by value.
-    I64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Param {
-    pub name: &'static str,
-    /// Spelling in the generated CUDA signature.
-    pub c_type: String,
-    pub kind: ParamKind,
-    /// Element type behind a pointer ("f32" for lse arrays).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub elem: Option<&'static str>,
-    /// The kernel writes through it.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub written: bool,
-    /// Null is allowed and means "skip".
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub nullable: bool,
-    pub doc: &'static str,
-}
-
-fn pointer(
-    name: &'static str,
-    elem: Dtype,
-    written: bool,
-    nullable: bool,
-    doc: &'static str,
-) -> Param {
-    let c_elem = elem.info().c_type;
-    Param {
-        name,
-        c_type: if written {
-            format!("{c_elem}* __restrict__")
-        } else {
-            format!("const {c_elem}* __restrict__")
-        },
-        kind: ParamKind::Pointer,
-        elem: Some(elem.name()),
-        written,
-        nullable,
-        doc,
-    }
-}
-
-/// A pointer the kernel both reads and writes (an in-place state): no `__restrict__`, since the
-/// same thread reads each element before it writes it.
-fn in_out(name: &'static str, elem: Dtype, doc: &'static str) -> Param {
-    Param {
-        name,
-        c_type: format!("{}*", elem.info().c_type),
-        kind: ParamKind::Pointer,
-        elem: Some(elem.name()),
-        written: true,
-        nullable: false,
-        doc,
-    }
-}
-
-fn int64(name: &'static str, doc: &'static str) -> Param {
-    Param {
-        name,
-        c_type: "long long".to_string(),
-        kind: ParamKind::I64,
-        elem: None,
-        written: false,
-        nullable: false,
-        doc,
-    }
-}
-
-/// The ordered parameter list of a kernel.
+/// A kernel's parameters in signature order, each with what a caller must satisfy.
 pub fn params(v: &MergeVariant) -> Vec<Param> {
-    match v.family {
-        Family::MergeAttnStates => pair_params(v),
-        Family::MergeStates { num_states } => states_params(v, num_states.is_none()),
-        Family::MergeStateInPlace { mask } => in_place_params(v, mask),
-        Family::MaskEmptyContextLse => mask_lse_params(v),
-    }
+    contract(v).params
 }
 
-/// A read-only int32 array (request boundaries).
-fn int32_array(name: &'static str, doc: &'static str) -> Param {
-    Param {
-        name,
-        c_type: "const int* __restrict__".to_string(),
-        kind: ParamKind::Pointer,
-        elem: Some("i32"),
-        written: false,
-        nullable: false,
-        doc,
-    }
-}
-
-fn mask_lse_params(v: &MergeVariant) -> Vec<Param> {
-    let lse_doc = match v.lse_layout {
-        LseLayout::HeadMajor => {
-            "[H, T] float32 lse, element (h, t) at h*T + t; set to -inf in place"
-        }
-        LseLayout::TokenMajor => {
-            "[T, H] float32 lse, element (h, t) at t*H + h; set to -inf in place"
-        }
+/// The whole argument contract of a kernel: parameters, constants and launch rule.
+pub fn contract(v: &MergeVariant) -> Contract {
+    let launch = Launch::for_variant(v);
+    let b = Build { v, l: &launch };
+    let mut constants = BTreeMap::new();
+    let params = match v.family {
+        Family::MergeAttnStates => b.pairwise(&mut constants),
+        Family::MergeStates { num_states } => b.k_way(num_states, &mut constants),
+        Family::MergeStateInPlace { mask } => b.in_place(mask, &mut constants),
+        Family::MaskEmptyContextLse => b.mask_lse(),
     };
-    vec![
-        pointer("lse", Dtype::F32, true, false, lse_doc),
-        int32_array(
-            "query_start_loc",
-            "[B + 1] int32: the tokens of request b are query_start_loc[b] .. query_start_loc[b+1]",
-        ),
-        int32_array(
-            "context_start_loc",
-            "[B + 1] int32: request b's context is empty when context_start_loc[b+1] == context_start_loc[b]",
-        ),
-        int64("num_requests", "B"),
-        int64("num_tokens", "T"),
-        int64("num_heads", "H"),
+    Contract {
+        params,
+        constants,
+        launch: LaunchRule {
+            block_threads: launch.block_threads,
+            shared_mem_bytes: launch.shared_mem_bytes,
+            grid_x: launch.grid_x,
+            grid_y: launch.grid_y,
+        },
+    }
+}
+
+/// Builds one variant's parameters; each family below reads as its signature.
+struct Build<'a> {
+    v: &'a MergeVariant,
+    l: &'a Launch,
+}
+
+fn dim(label: &str, size: impl Into<String>, stride: impl Into<String>) -> Dim {
+    Dim {
+        label: label.into(),
+        size: size.into(),
+        stride: stride.into(),
+    }
+}
+
+fn c_pointer(elem: &str, role: Role) -> String {
+    match role {
+        Role::Read => format!("const {elem}* __restrict__"),
+        Role::Write => format!("{elem}* __restrict__"),
+        // The same thread reads each element before it writes it: no __restrict__ promise.
+        Role::ReadWrite | Role::Value => format!("{elem}*"),
+    }
+}
+
+impl Build<'_> {
+    /// A pointer to `elem` values covering `dims`.
+    fn pointer(
+        &self,
+        name: &str,
+        elem: Dtype,
+        role: Role,
+        dims: Vec<Dim>,
+        align_bytes: u32,
+        doc: &str,
+    ) -> Param {
+        // Strides the caller chooses must keep every vector access aligned.
+        let stride_multiple = if align_bytes > elem.size_bytes() {
+            self.l.vec_elems
+        } else {
+            1
+        };
+        Param {
+            name: name.into(),
+            c_type: c_pointer(elem.info().c_type, role),
+            kind: ParamKind::Pointer,
+            role,
+            elem: Some(elem.name().into()),
+            elem_bytes: elem.size_bytes(),
+            nullable: false,
+            tensor: Some(Tensor {
+                dims,
+                align_bytes,
+                stride_multiple,
+                distinct: role.writes(),
+            }),
+            bounds: None,
+            doc: doc.into(),
+        }
+    }
+
+    /// Rows `[T, H, D]` of `name` with its own token and head strides.
+    fn rows(&self, name: &str, strides: &str, elem: Dtype, role: Role, doc: &str) -> Param {
+        let align = if elem == self.v.dtype {
+            self.l.vec_bytes
+        } else {
+            self.l.out_vec_bytes
+        };
+        let dims = vec![
+            dim("T", "num_tokens", format!("{strides}_token_stride")),
+            dim("H", "num_heads", format!("{strides}_head_stride")),
+            dim("D", "head_size", "1"),
+        ];
+        self.pointer(name, elem, role, dims, align, doc)
+    }
+
+    /// A float32 lse `[T, H]` in the variant's layout.
+    fn lse(&self, name: &str, role: Role, doc: &str) -> Param {
+        let dims = match self.v.lse_layout {
+            LseLayout::HeadMajor => vec![
+                dim("H", "num_heads", "num_tokens"),
+                dim("T", "num_tokens", "1"),
+            ],
+            LseLayout::TokenMajor => vec![
+                dim("T", "num_tokens", "num_heads"),
+                dim("H", "num_heads", "1"),
+            ],
+        };
+        self.pointer(name, Dtype::F32, role, dims, 4, doc)
+    }
+
+    fn pairwise(&self, constants: &mut BTreeMap<String, String>) -> Vec<Param> {
+        let v = self.v;
+        constants.insert("head_size".into(), v.head_size.to_string());
+        let out = v.output.dtype(v.dtype);
+        let mut p = vec![self.rows(
+            "output",
+            "output",
+            out,
+            Role::Write,
+            "[T, H, D] merged output",
+        )];
+        if v.output_lse {
+            p.push(nullable(self.lse(
+                "output_lse",
+                Role::Write,
+                "merged log-sum-exp, same layout as the inputs' lse; null = not written",
+            )));
+        }
+        p.extend([
+            self.rows(
+                "prefix_output",
+                "prefix",
+                v.dtype,
+                Role::Read,
+                "[T, H, D] prefix partial output",
+            ),
+            self.lse("prefix_lse", Role::Read, "float32 lse of the prefix"),
+            self.rows(
+                "suffix_output",
+                "suffix",
+                v.dtype,
+                Role::Read,
+                "[T, H, D] suffix partial output",
+            ),
+            self.lse("suffix_lse", Role::Read, "float32 lse of the suffix"),
+        ]);
+        if v.output == OutputKind::Fp8E4m3 {
+            p.push(self.pointer(
+                "output_scale",
+                Dtype::F32,
+                Role::Read,
+                Vec::new(),
+                4,
+                "one float32: out = saturate(value / scale) in e4m3",
+            ));
+        }
+        if let Some(g) = v.fp8_group {
+            let groups = format!("num_heads*{}", v.head_size / g.group_size);
+            p.push(self.pointer(
+                "output_scales",
+                Dtype::F32,
+                Role::Write,
+                vec![
+                    dim("T", "num_tokens", "scale_token_stride"),
+                    dim("G", groups, "scale_group_stride"),
+                ],
+                4,
+                "one float32 per group, (t, h*D/G + g) at t*scale_token_stride + (h*D/G + g)*scale_group_stride",
+            ));
+        }
+        p.extend(sizes());
+        p.extend(strides("output", "output"));
+        p.extend(strides("prefix", "prefix_output"));
+        p.extend(strides("suffix", "suffix_output"));
+        if v.fp8_group.is_some() {
+            p.push(stride(
+                "scale_token_stride",
+                "elements between tokens of output_scales",
+            ));
+            p.push(stride(
+                "scale_group_stride",
+                "elements between groups of output_scales",
+            ));
+        }
+        let threshold = "prefill_tokens_with_context";
+        if v.prefix_threshold {
+            p.push(int(
+                threshold,
+                "0",
+                Some("num_tokens"),
+                Some("num_tokens"),
+                "n in 0..=T: tokens t >= n copy the suffix (no context)",
+            ));
+        } else {
+            // Built without the threshold: every token has context.
+            constants.insert(threshold.into(), "num_tokens".into());
+        }
+        p
+    }
+
+    fn k_way(
+        &self,
+        num_states: Option<u32>,
+        constants: &mut BTreeMap<String, String>,
+    ) -> Vec<Param> {
+        let v = self.v;
+        constants.insert("head_size".into(), v.head_size.to_string());
+        let k = match num_states {
+            Some(k) => {
+                constants.insert("num_states".into(), k.to_string());
+                k.to_string()
+            }
+            None => "num_states".to_string(),
+        };
+        let mut p = vec![self.rows(
+            "output",
+            "output",
+            v.dtype,
+            Role::Write,
+            "[T, H, D] merged output",
+        )];
+        if v.output_lse {
+            p.push(nullable(self.pointer(
+                "output_lse",
+                Dtype::F32,
+                Role::Write,
+                vec![
+                    dim("T", "num_tokens", "num_heads"),
+                    dim("H", "num_heads", "1"),
+                ],
+                4,
+                "[T, H] float32 merged log-sum-exp, dense; null = not written",
+            )));
+        }
+        p.push(self.pointer(
+            "states",
+            v.dtype,
+            Role::Read,
+            vec![
+                dim("T", "num_tokens", "states_token_stride"),
+                dim("K", k.clone(), "states_state_stride"),
+                dim("H", "num_heads", "states_head_stride"),
+                dim("D", "head_size", "1"),
+            ],
+            self.l.vec_bytes,
+            "[T, K, H, D] partial outputs",
+        ));
+        p.push(self.pointer(
+            "states_lse",
+            Dtype::F32,
+            Role::Read,
+            vec![
+                dim("T", "num_tokens", format!("{k}*num_heads")),
+                dim("K", k.clone(), "num_heads"),
+                dim("H", "num_heads", "1"),
+            ],
+            4,
+            "[T, K, H] float32, dense",
+        ));
+        if num_states.is_none() {
+            p.push(int(
+                "num_states",
+                "1",
+                None,
+                None,
+                "K >= 1: states per token",
+            ));
+        }
+        p.extend(sizes());
+        p.extend(strides("output", "output"));
+        p.push(stride(
+            "states_token_stride",
+            "elements between tokens of states",
+        ));
+        p.push(stride(
+            "states_state_stride",
+            "elements between the K states of a token",
+        ));
+        p.push(stride(
+            "states_head_stride",
+            "elements between heads of states",
+        ));
+        p
+    }
+
+    fn in_place(&self, mask: bool, constants: &mut BTreeMap<String, String>) -> Vec<Param> {
+        let v = self.v;
+        constants.insert("head_size".into(), v.head_size.to_string());
+        let mut p = vec![
+            self.rows(
+                "state",
+                "state",
+                v.dtype,
+                Role::ReadWrite,
+                "[T, H, D] read, then overwritten with merge(state, other)",
+            ),
+            self.lse(
+                "state_lse",
+                Role::ReadWrite,
+                "the state's lse, read, then overwritten with the merged lse",
+            ),
+            self.rows(
+                "other",
+                "other",
+                v.dtype,
+                Role::Read,
+                "[T, H, D] the state merged in",
+            ),
+            self.lse("other_lse", Role::Read, "float32 lse of other"),
+        ];
+        if mask {
+            p.push(nullable(self.pointer(
+                "mask",
+                Dtype::U8,
+                Role::Read,
+                vec![dim("T", "num_tokens", "1")],
+                1,
+                "[T] bytes: tokens whose byte is 0 are left untouched; null = merge every token",
+            )));
+        }
+        p.extend(sizes());
+        p.extend(strides("state", "state"));
+        p.extend(strides("other", "other"));
+        p
+    }
+
+    fn mask_lse(&self) -> Vec<Param> {
+        let starts = |name: &str, doc: &str| {
+            self.pointer(
+                name,
+                Dtype::I32,
+                Role::Read,
+                vec![dim("B+1", "num_requests+1", "1")],
+                4,
+                doc,
+            )
+        };
+        let mut p = vec![
+            self.lse("lse", Role::Write, "float32 lse, set to -inf in place for the tokens of requests with an empty context"),
+            starts(
+                "query_start_loc",
+                "[B + 1] int32: the tokens of request b are query_start_loc[b] .. query_start_loc[b+1]",
+            ),
+            starts(
+                "context_start_loc",
+                "[B + 1] int32: request b's context is empty when context_start_loc[b+1] == context_start_loc[b]",
+            ),
+            // B + 1 start locations must be indexable by int32.
+            int("num_requests", "0", Some("2147483646"), None, "B"),
+        ];
+        p.extend(sizes());
+        p
+    }
+}
+
+fn nullable(mut p: Param) -> Param {
+    p.nullable = true;
+    p
+}
+
+fn int(name: &str, min: &str, max: Option<&str>, default: Option<&str>, doc: &str) -> Param {
+    Param {
+        name: name.into(),
+        c_type: "long long".into(),
+        kind: ParamKind::I64,
+        role: Role::Value,
+        elem: None,
+        elem_bytes: 0,
+        nullable: false,
+        tensor: None,
+        bounds: Some(Bounds {
+            min: min.into(),
+            max: max.map(Into::into),
+            default: default.map(Into::into),
+        }),
+        doc: doc.into(),
+    }
+}
+
+fn stride(name: &str, doc: &str) -> Param {
+    int(name, "0", None, None, doc)
+}
+
+fn sizes() -> [Param; 2] {
+    [
+        int("num_tokens", "0", None, None, "T"),
+        int("num_heads", "0", None, None, "H"),
     ]
 }
 
-fn states_params(v: &MergeVariant, runtime_k: bool) -> Vec<Param> {
-    let mut p = vec![pointer(
-        "output",
-        v.dtype,
-        true,
-        false,
-        "[T, H, D] merged output, strides output_token_stride / output_head_stride",
-    )];
-    if v.output_lse {
-        p.push(pointer(
-            "output_lse",
-            Dtype::F32,
-            true,
-            true,
-            "[T, H] float32 merged log-sum-exp, element (t, h) at t*H + h; null = not written",
-        ));
-    }
-    p.extend([
-        pointer(
-            "states",
-            v.dtype,
-            false,
-            false,
-            "[T, K, H, D] partial outputs, strides states_token/state/head_stride",
+/// The token and head strides of a `[T, H, D]` tensor (`prefix` -> `prefix_token_stride`).
+fn strides(prefix: &str, tensor: &str) -> [Param; 2] {
+    [
+        stride(
+            &format!("{prefix}_token_stride"),
+            &format!("elements between tokens of {tensor}"),
         ),
-        pointer(
-            "states_lse",
-            Dtype::F32,
-            false,
-            false,
-            "[T, K, H] float32, element (t, k, h) at (t*K + k)*H + h",
+        stride(
+            &format!("{prefix}_head_stride"),
+            &format!("elements between heads of {tensor} (>= D)"),
         ),
-    ]);
-    if runtime_k {
-        p.push(int64("num_states", "K >= 1: states per token"));
-    }
-    p.extend([
-        int64("num_tokens", "T"),
-        int64("num_heads", "H"),
-        int64("output_token_stride", "elements between tokens of output"),
-        int64(
-            "output_head_stride",
-            "elements between heads of output (>= D)",
-        ),
-        int64("states_token_stride", "elements between tokens of states"),
-        int64(
-            "states_state_stride",
-            "elements between the K states of a token",
-        ),
-        int64(
-            "states_head_stride",
-            "elements between heads of states (>= D)",
-        ),
-    ]);
-    p
-}
-
-fn in_place_params(v: &MergeVariant, mask: bool) -> Vec<Param> {
-    let lse_doc = match v.lse_layout {
-        LseLayout::HeadMajor => "[H, T] float32, element (h, t) at h*T + t",
-        LseLayout::TokenMajor => "[T, H] float32, element (h, t) at t*H + h",
-    };
-    let mut p = vec![
-        in_out(
-            "state",
-            v.dtype,
-            "[T, H, D] read, then overwritten with merge(state, other)",
-        ),
-        in_out(
-            "state_lse",
-            Dtype::F32,
-            "the state's lse, read, then overwritten with the merged lse",
-        ),
-        pointer(
-            "other",
-            v.dtype,
-            false,
-            false,
-            "[T, H, D] the state merged in",
-        ),
-        pointer("other_lse", Dtype::F32, false, false, lse_doc),
-    ];
-    if mask {
-        p.push(Param {
-            name: "mask",
-            c_type: "const unsigned char* __restrict__".to_string(),
-            kind: ParamKind::Pointer,
-            elem: Some("u8"),
-            written: false,
-            nullable: true,
-            doc: "[T] bytes: tokens whose byte is 0 are left untouched; null = merge every token",
-        });
-    }
-    p.extend([
-        int64("num_tokens", "T"),
-        int64("num_heads", "H"),
-        int64("state_token_stride", "elements between tokens of state"),
-        int64(
-            "state_head_stride",
-            "elements between heads of state (>= D)",
-        ),
-        int64("other_token_stride", "elements between tokens of other"),
-        int64(
-            "other_head_stride",
-            "elements between heads of other (>= D)",
-        ),
-    ]);
-    p
-}
-
-fn pair_params(v: &MergeVariant) -> Vec<Param> {
-    let lse_doc = match v.lse_layout {
-        LseLayout::HeadMajor => "[H, T] float32, element (h, t) at h*T + t",
-        LseLayout::TokenMajor => "[T, H] float32, element (h, t) at t*H + h",
-    };
-    let mut p = vec![pointer(
-        "output",
-        v.output.dtype(v.dtype),
-        true,
-        false,
-        "[T, H, D] merged output, strides output_token_stride / output_head_stride",
-    )];
-    if v.output_lse {
-        p.push(pointer(
-            "output_lse",
-            Dtype::F32,
-            true,
-            true,
-            "merged log-sum-exp, same layout as the inputs' lse; null = not written",
-        ));
-    }
-    p.extend([
-        pointer(
-            "prefix_output",
-            v.dtype,
-            false,
-            false,
-            "[T, H, D] prefix partial output",
-        ),
-        pointer("prefix_lse", Dtype::F32, false, false, lse_doc),
-        pointer(
-            "suffix_output",
-            v.dtype,
-            false,
-            false,
-            "[T, H, D] suffix partial output",
-        ),
-        pointer("suffix_lse", Dtype::F32, false, false, lse_doc),
-    ]);
-    if v.output == crate::gen::variant::OutputKind::Fp8E4m3 {
-        p.push(pointer(
-            "output_scale",
-            Dtype::F32,
-            false,
-            false,
-            "one float32: out = saturate(value / scale) in e4m3",
-        ));
-    }
-    if v.fp8_group.is_some() {
-        p.push(pointer(
-            "output_scales",
-            Dtype::F32,
-            true,
-            false,
-            "written: one float32 per group, (t, h*D/G + g) at t*scale_token_stride + (h*D/G + g)*scale_group_stride",
-        ));
-    }
-    p.extend([
-        int64("num_tokens", "T"),
-        int64("num_heads", "H"),
-        int64("output_token_stride", "elements between tokens of output"),
-        int64(
-            "output_head_stride",
-            "elements between heads of output (>= D)",
-        ),
-        int64(
-            "prefix_token_stride",
-            "elements between tokens of prefix_output",
-        ),
-        int64(
-            "prefix_head_stride",
-            "elements between heads of prefix_output (>= D)",
-        ),
-        int64(
-            "suffix_token_stride",
-            "elements between tokens of suffix_output",
-        ),
-        int64(
-            "suffix_head_stride",
-            "elements between heads of suffix_output (>= D)",
-        ),
-    ]);
-    if v.fp8_group.is_some() {
-        p.extend([
-            int64(
-                "scale_token_stride",
-                "elements between tokens of output_scales",
-            ),
-            int64(
-                "scale_group_stride",
-                "elements between groups of output_scales",
-            ),
-        ]);
-    }
-    if v.prefix_threshold {
-        p.push(int64(
-            "prefill_tokens_with_context",
-            "n in 0..=T: tokens t >= n copy the suffix (no context)",
-        ));
-    }
-    p
+    ]
 }
 
 /// How a variant's threads map onto rows, and the launch rule that follows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Launch {
     /// Elements per vector access.
     pub vec_elems: u32,
@@ -379,6 +458,24 @@ pub struct Launch {
     pub shared_mem_bytes: u32,
     /// Human-readable grid rule; `grid()` computes it.
     pub grid_rule: &'static str,
+    /// The grid rule as data: `ceil(dim / per_block)` per axis.
+    pub grid_x: GridAxis,
+    pub grid_y: GridAxis,
+}
+
+fn grid_axes(tokens_per_launch_block: u32, heads_per_block: u32) -> (GridAxis, GridAxis) {
+    (
+        GridAxis {
+            dim: "num_tokens".into(),
+            per_block: tokens_per_launch_block,
+            limit: i32::MAX as u32,
+        },
+        GridAxis {
+            dim: "num_heads".into(),
+            per_block: heads_per_block,
+            limit: MAX_GRID_Y,
+        },
+    )
 }
 
 pub const GRID_RULE: &str =
@@ -390,7 +487,10 @@ impl Launch {
         if v.family == Family::MaskEmptyContextLse {
             // One thread per token, looping over heads_per_block heads: the generic grid rule
             // holds (x over tokens, y over groups of heads) with block_threads tokens per block.
+            let (grid_x, grid_y) = grid_axes(v.schedule.block_threads, v.schedule.heads_per_block);
             return Launch {
+                grid_x,
+                grid_y,
                 tokens_per_block: v.schedule.block_threads,
                 block_threads: v.schedule.block_threads,
                 heads_per_block: v.schedule.heads_per_block,
@@ -424,7 +524,16 @@ impl Launch {
             heads_per_block /= 2;
         }
         let tokens_per_block = rows_per_block / heads_per_block;
+        // A K-way merge keeps its K rows in flight instead of several tokens' rows.
+        let rows_per_thread = if matches!(v.family, Family::MergeStates { .. }) {
+            1
+        } else {
+            v.schedule.rows_per_thread
+        };
+        let (grid_x, grid_y) = grid_axes(tokens_per_block * rows_per_thread, heads_per_block);
         Launch {
+            grid_x,
+            grid_y,
             vec_elems,
             vec_bytes: vec_elems * size,
             vec_words: vec_elems * size / 4,
@@ -436,12 +545,7 @@ impl Launch {
             tokens_per_block,
             block_threads: threads_per_row * rows_per_block,
             heads_per_block,
-            // A K-way merge keeps its K rows in flight instead of several tokens' rows.
-            rows_per_thread: if matches!(v.family, Family::MergeStates { .. }) {
-                1
-            } else {
-                v.schedule.rows_per_thread
-            },
+            rows_per_thread,
             min_blocks_per_sm: v.schedule.min_blocks_per_sm,
             shared_mem_bytes: 0,
             grid_rule: GRID_RULE,
@@ -490,7 +594,6 @@ fn tokens_per_block(threads_per_row: u32, target: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gen::variant::OutputKind;
 
     fn variant(dtype: Dtype, head_size: u32) -> MergeVariant {
         MergeVariant {
@@ -562,12 +665,14 @@ mod tests {
     #[test]
     fn params_follow_the_options() {
         let mut v = variant(Dtype::Bf16, 128);
-        let names: Vec<_> = params(&v).iter().map(|p| p.name).collect();
+        let all = params(&v);
+        let names: Vec<_> = all.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names[..2], ["output", "output_lse"]);
         assert_eq!(names.last(), Some(&"prefill_tokens_with_context"));
         v.output_lse = false;
         v.prefix_threshold = false;
-        let names: Vec<_> = params(&v).iter().map(|p| p.name).collect();
+        let all = params(&v);
+        let names: Vec<_> = all.iter().map(|p| p.name.as_str()).collect();
         assert!(!names.contains(&"output_lse"));
         assert!(!names.contains(&"prefill_tokens_with_context"));
         assert_eq!(names.len(), 5 + 8);

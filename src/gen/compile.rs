@@ -16,6 +16,7 @@ pub const BASE_OPTIONS: [&str; 1] = ["-std=c++17"];
 
 /// Registers, spills and memory of one kernel on one real architecture (from ptxas -v).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Resources {
     pub registers: u32,
     pub spill_store_bytes: u32,

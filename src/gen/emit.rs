@@ -15,7 +15,7 @@ use crate::gen::spec::{MergeVariant, Spec};
 
 pub const MANIFEST: &str = "manifest.json";
 pub const KERNEL_DIR: &str = "kernels";
-pub const SCHEMA_VERSION: u32 = 1;
+pub use crate::contract::SCHEMA_VERSION;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmitError {
@@ -46,6 +46,7 @@ pub(crate) fn io_err<'a>(
 // ---- manifest ----
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Manifest {
     pub schema_version: u32,
     pub generator: Generator,
@@ -56,12 +57,14 @@ pub struct Manifest {
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Generator {
     pub name: &'static str,
     pub version: &'static str,
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct NvrtcInfo {
     /// major.minor from nvrtcVersion.
     pub version: String,
@@ -74,6 +77,7 @@ pub struct NvrtcInfo {
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SpecInfo {
     pub source: String,
     pub sha256: String,
@@ -81,6 +85,7 @@ pub struct SpecInfo {
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct FileRef {
     pub file: String,
     pub bytes: usize,
@@ -88,6 +93,7 @@ pub struct FileRef {
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ArchEntry {
     pub arch: String,
     pub nvrtc_options: Vec<String>,
@@ -99,6 +105,7 @@ pub struct ArchEntry {
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct KernelEntry {
     pub name: String,
     pub family: &'static str,
@@ -107,7 +114,10 @@ pub struct KernelEntry {
     /// NVRTC versions, options and archs.
     pub inputs_sha256: String,
     pub short_hash: String,
+    /// Every parameter with what a caller must satisfy (docs/MANIFEST.md).
     pub params: Vec<Param>,
+    /// Names fixed at generation that a caller may pass and must match.
+    pub constants: BTreeMap<String, String>,
     pub launch: Launch,
     pub source: FileRef,
     pub archs: Vec<ArchEntry>,
@@ -184,13 +194,15 @@ pub fn plan(
                 }
             })
             .collect();
+        let contract = abi::contract(&k.variant);
         entries.push(KernelEntry {
             name: k.name.clone(),
             family: k.variant.family.table(),
             variant: k.variant.clone(),
             short_hash: inputs_sha256[..12].to_string(),
             inputs_sha256,
-            params: abi::params(&k.variant),
+            params: contract.params,
+            constants: contract.constants,
             launch: Launch::for_variant(&k.variant),
             source,
             archs,

@@ -11,6 +11,7 @@ use crate::dtype::Dtype;
 pub const MIN_ARCH: u32 = 80;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum OutputKind {
     /// Output dtype = input dtype.
@@ -48,6 +49,7 @@ impl OutputKind {
 
 /// Per-token-group FP8 output: the group size and whether scales are powers of two (UE8M0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Fp8Group {
     pub group_size: u32,
     pub ue8m0: bool,
@@ -56,6 +58,7 @@ pub struct Fp8Group {
 pub const GROUP_SIZES_ALLOWED: [u32; 4] = [16, 32, 64, 128];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum LseLayout {
     /// `[H, T]`: element (h, t) at `h * T + t` (vLLM's layout).
@@ -151,6 +154,7 @@ impl fmt::Display for Arch {
 
 /// How a kernel's threads walk its rows: a performance choice that never changes results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Schedule {
     /// Rows each thread handles, all their loads issued before the first is used (1, 2, 4, 8).
     pub rows_per_thread: u32,
@@ -246,6 +250,7 @@ pub fn tuned_schedule(dtype: Dtype, head_size: u32) -> Schedule {
 
 /// Which merge a kernel performs (docs/SEMANTICS.md has each one's rules).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Family {
     /// `output = merge(prefix, suffix)`, with the prefix-token threshold (vLLM's kernel).
@@ -281,6 +286,7 @@ pub const MAX_NUM_STATES: u32 = 16;
 
 /// One kernel to generate: every choice fixed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct MergeVariant {
     pub family: Family,
     pub dtype: Dtype,

@@ -52,6 +52,8 @@ fn random_bytes(dtype: Dtype, n_elems: usize, seed: u64) -> Vec<u8> {
             Dtype::F16 => out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
             Dtype::Bf16 => out.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
             Dtype::Fp8E4m3 => out.push(crate::reference::fp8::e4m3_from_f32(v)),
+            Dtype::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+            Dtype::U8 => out.push(v as u8),
         }
     }
     out

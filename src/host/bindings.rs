@@ -42,7 +42,7 @@ struct CImage {
 
 #[derive(Serialize)]
 struct CParam {
-    name: &'static str,
+    name: String,
     /// The local that holds its value for cuLaunchKernel.
     c_local: String,
 }
@@ -87,7 +87,7 @@ fn c_bytes(bytes: &[u8]) -> String {
         .join("\n")
 }
 
-fn c_local(name: &'static str) -> String {
+fn c_local(name: &str) -> String {
     match name {
         "states" | "other" => format!("const void* {name} = a->{name}"),
         "state" => "void* state = a->state".into(),
@@ -196,8 +196,8 @@ pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, Rende
                 .params
                 .iter()
                 .map(|p| CParam {
-                    name: p.name,
-                    c_local: c_local(p.name),
+                    name: p.name.clone(),
+                    c_local: c_local(&p.name),
                 })
                 .collect(),
             images,

@@ -2,6 +2,7 @@
 //! ([`bindings`]) needs no GPU; the runtime and benchmarks need feature `cuda`.
 
 pub mod bindings;
+pub mod check;
 pub mod driver;
 
 #[cfg(feature = "cuda")]

@@ -1,0 +1,550 @@
+//! The one argument check, driven by a kernel's [`Contract`] from the manifest. The C launcher
+//! and the Python package implement the same steps in the same order with the same messages
+//! (docs/MANIFEST.md, "The check"); `tests/bad_args.json` holds the refusals all three must give.
+//!
+//! Needs no GPU and no driver: a [`Plan`] is built once per kernel (names resolved to indexes),
+//! then [`Plan::check`] takes the arguments by name and returns the parameter values in
+//! signature order and the grid, or the first rule they break.
+
+use crate::contract::{Contract, Expr, ParamKind, Role};
+
+/// The most parameters a kernel may have (the launch keeps its values on the stack).
+pub const MAX_PARAMS: usize = 32;
+
+/// One argument of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arg<'a> {
+    /// A device buffer: address, length in elements and, where the host knows it, the
+    /// element type's manifest name (`bf16`, `f32`, `u8`, ...).
+    Buffer {
+        ptr: u64,
+        len: u64,
+        elem: Option<&'a str>,
+    },
+    /// An integer passed by value (sizes, strides, the threshold).
+    Int(i64),
+    /// No buffer (a null pointer): allowed for nullable parameters and for names the kernel
+    /// does not take.
+    Null,
+}
+
+/// What a passing check returns: parameter values in signature order (pointers as addresses)
+/// and the launch shape; `grid` is `None` when there is nothing to launch (T = 0 or H = 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checked {
+    values: [u64; MAX_PARAMS],
+    len: usize,
+    pub grid: Option<[u32; 3]>,
+    pub block_threads: u32,
+    pub shared_mem_bytes: u32,
+}
+
+impl Checked {
+    /// The parameter values in the kernel's order, each 8 bytes (cuLaunchKernel's array
+    /// points at these).
+    pub fn values(&self) -> &[u64] {
+        &self.values[..self.len]
+    }
+    pub fn values_mut(&mut self) -> &mut [u64] {
+        &mut self.values[..self.len]
+    }
+}
+
+/// An argument the kernel cannot take: the kernel's name and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kernel}: {problem}")]
+pub struct Refusal {
+    pub kernel: String,
+    pub problem: String,
+}
+
+/// An expression with names resolved: `mul * product(values[factors]) + add`.
+#[derive(Debug, Clone)]
+struct Resolved {
+    text: String,
+    mul: i64,
+    factors: Vec<usize>,
+    add: i64,
+}
+
+impl Resolved {
+    fn eval(&self, values: &[i64]) -> Option<i64> {
+        let mut v = self.mul;
+        for &f in &self.factors {
+            v = v.checked_mul(values[f])?;
+        }
+        v.checked_add(self.add)
+    }
+    /// `num_tokens = 512`, or `0` for a plain number.
+    fn show(&self, values: &[i64]) -> String {
+        match self.eval(values) {
+            Some(v) if self.factors.is_empty() => v.to_string(),
+            Some(v) => format!("{} = {v}", self.text),
+            None => self.text.clone(),
+        }
+    }
+    /// The single parameter this expression is (a stride the caller gives), if any.
+    fn param(&self) -> Option<usize> {
+        (self.mul == 1 && self.add == 0 && self.factors.len() == 1).then(|| self.factors[0])
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Dim {
+    label: String,
+    size: Resolved,
+    stride: Resolved,
+}
+
+#[derive(Debug, Clone)]
+struct TensorPlan {
+    dims: Vec<Dim>,
+    align_bytes: u64,
+    stride_multiple: i64,
+    distinct: bool,
+}
+
+#[derive(Debug, Clone)]
+struct ParamPlan {
+    name: String,
+    kind: ParamKind,
+    role: Role,
+    elem: Option<String>,
+    elem_bytes: u64,
+    nullable: bool,
+    tensor: Option<TensorPlan>,
+    min: Option<Resolved>,
+    max: Option<Resolved>,
+    default: Option<Resolved>,
+}
+
+#[derive(Debug, Clone)]
+struct Axis {
+    dim: usize,
+    per_block: u64,
+    limit: u64,
+    name: &'static str,
+}
+
+/// A kernel's contract with every name resolved, ready to check launches.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    kernel: String,
+    params: Vec<ParamPlan>,
+    constants: Vec<(String, Resolved)>,
+    axes: [Axis; 2],
+    block_threads: u32,
+    shared_mem_bytes: u32,
+}
+
+impl Plan {
+    /// Resolve `contract`'s names; an error names what the manifest gets wrong.
+    pub fn new(kernel: &str, contract: &Contract) -> Result<Plan, String> {
+        let params = &contract.params;
+        if params.len() > MAX_PARAMS {
+            return Err(format!(
+                "{kernel}: {} parameters, at most {MAX_PARAMS} are supported",
+                params.len()
+            ));
+        }
+        let index = |name: &str| params.iter().position(|p| p.name == name);
+        // A name is a parameter or a constant; a constant stands for its expression.
+        let resolve = |text: &str| -> Result<Resolved, String> {
+            let e = Expr::parse(text).map_err(|e| format!("{kernel}: {e}"))?;
+            let mut r = Resolved {
+                text: text.to_string(),
+                mul: e.mul,
+                factors: Vec::new(),
+                add: e.add,
+            };
+            for f in &e.factors {
+                if let Some(i) = index(f) {
+                    r.factors.push(i);
+                    continue;
+                }
+                let c = contract
+                    .constants
+                    .get(f)
+                    .ok_or_else(|| format!("{kernel}: `{text}` names `{f}`, which is neither a parameter nor a constant"))?;
+                let c = Expr::parse(c).map_err(|e| format!("{kernel}: {e}"))?;
+                if c.add != 0 {
+                    return Err(format!(
+                        "{kernel}: constant `{f}` = `{c:?}` cannot be a factor"
+                    ));
+                }
+                r.mul = r.mul.checked_mul(c.mul).ok_or("constant overflows")?;
+                for g in &c.factors {
+                    r.factors.push(index(g).ok_or_else(|| {
+                        format!("{kernel}: constant `{f}` names `{g}`, which is not a parameter")
+                    })?);
+                }
+            }
+            Ok(r)
+        };
+        let mut plans = Vec::with_capacity(params.len());
+        for p in params {
+            if p.tensor.as_ref().is_some_and(|t| t.dims.len() > 8) {
+                return Err(format!("{kernel}: {} has more than 8 dimensions", p.name));
+            }
+            let tensor = match &p.tensor {
+                Some(t) => Some(TensorPlan {
+                    dims: t
+                        .dims
+                        .iter()
+                        .map(|d| {
+                            Ok(Dim {
+                                label: d.label.clone(),
+                                size: resolve(&d.size)?,
+                                stride: resolve(&d.stride)?,
+                            })
+                        })
+                        .collect::<Result<_, String>>()?,
+                    align_bytes: u64::from(t.align_bytes.max(1)),
+                    stride_multiple: i64::from(t.stride_multiple.max(1)),
+                    distinct: t.distinct,
+                }),
+                None => None,
+            };
+            let bound = |e: Option<&String>| e.map(|t| resolve(t)).transpose();
+            let b = p.bounds.as_ref();
+            plans.push(ParamPlan {
+                name: p.name.clone(),
+                kind: p.kind,
+                role: p.role,
+                elem: p.elem.clone(),
+                elem_bytes: u64::from(p.elem_bytes.max(1)),
+                nullable: p.nullable,
+                tensor,
+                min: bound(b.map(|b| &b.min))?,
+                max: bound(b.and_then(|b| b.max.as_ref()))?,
+                default: bound(b.and_then(|b| b.default.as_ref()))?,
+            });
+        }
+        let constants = contract
+            .constants
+            .iter()
+            .map(|(name, text)| Ok((name.clone(), resolve(text)?)))
+            .collect::<Result<_, String>>()?;
+        let axis = |a: &crate::contract::GridAxis, name| -> Result<Axis, String> {
+            Ok(Axis {
+                dim: index(&a.dim).ok_or_else(|| {
+                    format!(
+                        "{kernel}: the grid counts `{}`, which is not a parameter",
+                        a.dim
+                    )
+                })?,
+                per_block: u64::from(a.per_block.max(1)),
+                limit: u64::from(a.limit),
+                name,
+            })
+        };
+        Ok(Plan {
+            kernel: kernel.to_string(),
+            params: plans,
+            constants,
+            axes: [
+                axis(&contract.launch.grid_x, "x")?,
+                axis(&contract.launch.grid_y, "y")?,
+            ],
+            block_threads: contract.launch.block_threads,
+            shared_mem_bytes: contract.launch.shared_mem_bytes,
+        })
+    }
+
+    pub fn kernel(&self) -> &str {
+        &self.kernel
+    }
+
+    /// The parameter names in signature order.
+    pub fn param_names(&self) -> impl Iterator<Item = &str> {
+        self.params.iter().map(|p| p.name.as_str())
+    }
+
+    fn refuse(&self, problem: String) -> Refusal {
+        Refusal {
+            kernel: self.kernel.clone(),
+            problem,
+        }
+    }
+
+    /// Check one launch's arguments, given by name in any order (docs/MANIFEST.md, "The
+    /// check", steps 1-8).
+    pub fn check(&self, args: &[(&str, Arg)]) -> Result<Checked, Refusal> {
+        let n = self.params.len();
+        let mut given: [Option<Arg>; MAX_PARAMS] = [None; MAX_PARAMS];
+        // 1. Bind each argument to a parameter or a constant.
+        for &(name, arg) in args {
+            match self.params.iter().position(|p| p.name == name) {
+                Some(i) if given[i].is_some() => {
+                    return Err(self.refuse(format!("{name} is given twice")))
+                }
+                Some(i) => given[i] = Some(arg),
+                None if arg == Arg::Null => {}
+                None if self.constants.iter().any(|(c, _)| c == name) => {
+                    if !matches!(arg, Arg::Int(_)) {
+                        return Err(self.refuse(format!("{name} must be an integer")));
+                    }
+                }
+                None => {
+                    return Err(
+                        self.refuse(format!("{name} given, but this kernel takes no {name}"))
+                    )
+                }
+            }
+        }
+        // 2. Every parameter present, of the right kind and element type.
+        let mut ints = [0i64; MAX_PARAMS];
+        let mut ptrs = [0u64; MAX_PARAMS];
+        let mut lens = [0u64; MAX_PARAMS];
+        let mut defaulted = [false; MAX_PARAMS];
+        for (i, p) in self.params.iter().enumerate() {
+            match (p.kind, given[i]) {
+                (ParamKind::Pointer, None | Some(Arg::Null)) if p.nullable => {}
+                (ParamKind::Pointer, None) => {
+                    return Err(self.refuse(format!("{} is required", p.name)))
+                }
+                (ParamKind::Pointer, Some(Arg::Null)) => {
+                    return Err(self.refuse(format!("{} is a null pointer", p.name)))
+                }
+                (ParamKind::Pointer, Some(Arg::Buffer { ptr: 0, .. })) if p.nullable => {}
+                (ParamKind::Pointer, Some(Arg::Buffer { ptr: 0, .. })) => {
+                    return Err(self.refuse(format!("{} is a null pointer", p.name)))
+                }
+                (ParamKind::Pointer, Some(Arg::Buffer { ptr, len, elem })) => {
+                    if let (Some(got), Some(want)) = (elem, p.elem.as_deref()) {
+                        if !elem_matches(got, want) {
+                            return Err(self
+                                .refuse(format!("{} is {got}, the kernel takes {want}", p.name)));
+                        }
+                    }
+                    ptrs[i] = ptr;
+                    lens[i] = len;
+                }
+                (ParamKind::Pointer, Some(Arg::Int(_))) => {
+                    return Err(self.refuse(format!("{} must be a buffer", p.name)))
+                }
+                (ParamKind::I64, Some(Arg::Int(v))) => ints[i] = v,
+                (ParamKind::I64, None) if p.default.is_some() => defaulted[i] = true,
+                (ParamKind::I64, None) => {
+                    return Err(self.refuse(format!("{} is required", p.name)))
+                }
+                (ParamKind::I64, Some(_)) => {
+                    return Err(self.refuse(format!("{} must be an integer", p.name)))
+                }
+            }
+        }
+        // 3. Defaults, from the values given.
+        for (i, p) in self.params.iter().enumerate() {
+            if defaulted[i] {
+                let d = p.default.as_ref().and_then(|d| d.eval(&ints[..n]));
+                ints[i] =
+                    d.ok_or_else(|| self.refuse(format!("{}: its default overflows", p.name)))?;
+            }
+        }
+        let ints = &ints[..n];
+        // 4. Ranges of the integers.
+        for (i, p) in self.params.iter().enumerate() {
+            let v = ints[i];
+            if let Some(min) = &p.min {
+                if min.eval(ints).is_some_and(|m| v < m) {
+                    return Err(self.refuse(format!(
+                        "{} = {v} is below its minimum {}",
+                        p.name,
+                        min.show(ints)
+                    )));
+                }
+            }
+            if let Some(max) = &p.max {
+                if max.eval(ints).is_some_and(|m| v > m) {
+                    return Err(self.refuse(format!(
+                        "{} = {v} exceeds its maximum {}",
+                        p.name,
+                        max.show(ints)
+                    )));
+                }
+            }
+        }
+        // 5. Constants passed must match the kernel's.
+        for &(name, arg) in args {
+            if let (Some((_, c)), Arg::Int(v)) =
+                (self.constants.iter().find(|(c, _)| c == name), arg)
+            {
+                if c.eval(ints) != Some(v) {
+                    return Err(self.refuse(format!(
+                        "{name} = {v}, but this kernel is built for {name} = {}",
+                        c.show(ints)
+                    )));
+                }
+            }
+        }
+        // 6. The grid, from the launch rule.
+        let mut grid = [1u32; 3];
+        let mut empty = false;
+        for (g, a) in grid.iter_mut().zip(&self.axes) {
+            let count = ints[a.dim] as u64; // >= 0 after step 4
+            let blocks = count.div_ceil(a.per_block);
+            if blocks > a.limit {
+                return Err(self.refuse(format!(
+                    "{} = {count} needs {blocks} blocks in grid {}, over CUDA's limit {}",
+                    self.params[a.dim].name, a.name, a.limit
+                )));
+            }
+            empty |= blocks == 0;
+            *g = blocks as u32;
+        }
+        let mut checked = Checked {
+            values: [0; MAX_PARAMS],
+            len: n,
+            grid: (!empty).then_some(grid),
+            block_threads: self.block_threads,
+            shared_mem_bytes: self.shared_mem_bytes,
+        };
+        for (i, p) in self.params.iter().enumerate() {
+            checked.values[i] = match p.kind {
+                ParamKind::Pointer => ptrs[i],
+                ParamKind::I64 => ints[i] as u64,
+            };
+        }
+        if empty {
+            return Ok(checked); // nothing is read or written
+        }
+        // 7. Each tensor: alignment, strides, extent, distinct elements.
+        let mut hulls = [(0u64, 0u64); MAX_PARAMS];
+        for (i, p) in self.params.iter().enumerate() {
+            let Some(t) = &p.tensor else { continue };
+            if ptrs[i] == 0 {
+                continue; // a nullable buffer left out
+            }
+            let extent = self.check_tensor(p, t, ptrs[i], lens[i], ints)?;
+            hulls[i] = (
+                ptrs[i],
+                ptrs[i].saturating_add(extent.saturating_mul(p.elem_bytes)),
+            );
+        }
+        // 8. A buffer the kernel writes shares memory with no other argument.
+        for i in 0..n {
+            for j in i + 1..n {
+                let (a, b) = (&self.params[i], &self.params[j]);
+                if !(a.role.writes() || b.role.writes()) {
+                    continue;
+                }
+                let ((a0, a1), (b0, b1)) = (hulls[i], hulls[j]);
+                if a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1 {
+                    let writer = if a.role.writes() { &a.name } else { &b.name };
+                    return Err(self.refuse(format!(
+                        "{} overlaps {}: the kernel writes {writer}, which may share memory with no other argument",
+                        a.name, b.name
+                    )));
+                }
+            }
+        }
+        Ok(checked)
+    }
+
+    /// Step 7 for one tensor; its extent in elements.
+    fn check_tensor(
+        &self,
+        p: &ParamPlan,
+        t: &TensorPlan,
+        ptr: u64,
+        len: u64,
+        ints: &[i64],
+    ) -> Result<u64, Refusal> {
+        if ptr % t.align_bytes != 0 {
+            return Err(self.refuse(format!(
+                "{}: pointer {ptr:#x} is not aligned to {} bytes",
+                p.name, t.align_bytes
+            )));
+        }
+        for d in &t.dims {
+            if let Some(s) = d.stride.param() {
+                if t.stride_multiple > 1 && ints[s] % t.stride_multiple != 0 {
+                    return Err(self.refuse(format!(
+                        "{}: {} = {} is not a multiple of {} elements (the kernel's {}-byte access)",
+                        p.name, self.params[s].name, ints[s], t.stride_multiple, t.align_bytes
+                    )));
+                }
+            }
+        }
+        let mut dims = [(0i64, 0i64); 8];
+        for (slot, d) in dims.iter_mut().zip(&t.dims) {
+            let size = d.size.eval(ints);
+            let stride = d.stride.eval(ints);
+            let (Some(size), Some(stride)) = (size, stride) else {
+                return Err(self.refuse(format!(
+                    "{}: {} overflows 64 bits",
+                    p.name,
+                    shape(t, ints)
+                )));
+            };
+            *slot = (size, stride);
+        }
+        let dims = &dims[..t.dims.len()];
+        if dims.iter().any(|&(size, _)| size == 0) {
+            return Ok(0);
+        }
+        let extent = dims.iter().try_fold(1i64, |acc, &(size, stride)| {
+            (size - 1)
+                .checked_mul(stride)
+                .and_then(|x| x.checked_add(acc))
+        });
+        let Some(extent) = extent else {
+            return Err(self.refuse(format!("{}: {} overflows 64 bits", p.name, shape(t, ints))));
+        };
+        if extent as u64 > len {
+            return Err(self.refuse(format!(
+                "{}: {} needs {extent} elements, it has {len}",
+                p.name,
+                shape(t, ints)
+            )));
+        }
+        if t.distinct {
+            // Innermost (smallest stride) first: each dimension must step past everything
+            // the dimensions inside it cover.
+            let mut order = [(0i64, 0i64); 8];
+            let mut k = 0;
+            for &(size, stride) in dims.iter().filter(|&&(size, _)| size > 1) {
+                order[k] = (stride, size);
+                k += 1;
+            }
+            let order = &mut order[..k];
+            order.sort_by_key(|&(stride, _)| stride);
+            let mut span = 1i64;
+            for &(stride, size) in order.iter() {
+                if stride < span {
+                    return Err(self.refuse(format!(
+                        "{}: {} maps two elements to one address",
+                        p.name,
+                        shape(t, ints)
+                    )));
+                }
+                span += (size - 1) * stride;
+            }
+        }
+        Ok(extent as u64)
+    }
+}
+
+/// `[T=4, H=2, D=128] with strides (256, 128, 1)` for messages.
+fn shape(t: &TensorPlan, ints: &[i64]) -> String {
+    let show = |e: &Resolved| {
+        e.eval(ints)
+            .map_or_else(|| e.text.clone(), |v| v.to_string())
+    };
+    let dims: Vec<String> = t
+        .dims
+        .iter()
+        .map(|d| format!("{}={}", d.label, show(&d.size)))
+        .collect();
+    let strides: Vec<String> = t.dims.iter().map(|d| show(&d.stride)).collect();
+    format!(
+        "[{}] with strides ({})",
+        dims.join(", "),
+        strides.join(", ")
+    )
+}
+
+/// FP8 codes may come as plain bytes.
+fn elem_matches(got: &str, want: &str) -> bool {
+    got == want || (want == "fp8_e4m3" && got == "u8")
+}
