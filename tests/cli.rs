@@ -372,3 +372,72 @@ fn arch_override_from_flag_and_environment() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("older than sm_80"), "{}", stderr(&o));
 }
+
+#[test]
+fn schema_json_is_fresh_and_machine_outputs_parse() {
+    let o = mla_gen(&["schema"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let committed = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/manifest.schema.json"
+    ))
+    .unwrap();
+    assert!(
+        committed == stdout(&o),
+        "docs/manifest.schema.json is stale: `mla-gen schema > docs/manifest.schema.json`"
+    );
+    let list = mla_gen(&["list", "--json"], &[]);
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&list)).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 27);
+    assert!(rows[0]["params"][0]["tensor"]["dims"].is_array());
+    let completions = mla_gen(&["completions", "bash"], &[]);
+    assert!(stdout(&completions).contains("mla-gen"));
+}
+
+#[test]
+fn check_exits_1_when_stale_and_2_when_it_cannot_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let out_s = out.to_str().unwrap();
+    assert!(mla_gen(&["generate", "--out", out_s, "-q"], &[])
+        .status
+        .success());
+    let fresh = mla_gen(&["check", "--out", out_s, "--json"], &[]);
+    assert_eq!(fresh.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&fresh)).unwrap();
+    assert_eq!(v["fresh"], true);
+    std::fs::write(out.join("kernels/extra.txt"), "x").unwrap();
+    let stale = mla_gen(&["check", "--out", out_s, "--json"], &[]);
+    assert_eq!(stale.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&stale)).unwrap();
+    assert_eq!(v["extra"][0], "kernels/extra.txt");
+    let missing_spec = mla_gen(&["check", "no-such-spec.toml", "--out", out_s], &[]);
+    assert_eq!(
+        missing_spec.status.code(),
+        Some(2),
+        "{}",
+        stderr(&missing_spec)
+    );
+    let no_nvrtc = mla_gen(
+        &["check", "--out", out_s],
+        &[("MLA_GEN_NVRTC", "/nonexistent")],
+    );
+    assert_eq!(no_nvrtc.status.code(), Some(2), "{}", stderr(&no_nvrtc));
+}
+
+#[test]
+fn out_dot_says_why_it_cannot_replace_the_current_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_mla-gen"))
+        .args(["generate", "--out", "."])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("Run from its parent"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing written"
+    );
+}

@@ -10,9 +10,12 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use mla_gen::emit::{self, WriteOutcome};
+use mla_gen::nvrtc;
 use mla_gen::render::Templates;
 use mla_gen::spec::{self, Spec};
-use mla_gen::{driver, nvrtc};
+
+mod doctor;
+mod report;
 
 const ABOUT: &str =
     "Spec-driven, ahead-of-time CUDA for attention-state merges (merge_attn_states).
@@ -34,8 +37,12 @@ const AFTER_HELP: &str = "Examples:
   mla-gen generate my.toml --out kernels --arch sm_90
   mla-gen list my.toml                  # kernel names, one per line
   mla-gen render --kernel merge_attn_states_bf16_d128_thr_lse
-  mla-gen check                         # exit 1 if generated/ is stale
+  mla-gen check                         # exit 1 if generated/ is stale, 2 if it cannot check
   mla-gen doctor                        # where NVRTC is, which PTX it emits
+  mla-gen completions bash > ~/.local/share/bash-completion/completions/mla-gen
+
+Exit codes: 0 success; 1 failure (check: the folder is stale); 2 usage errors, and for check,
+anything that kept it from comparing.
 
 Environment:
   MLA_GEN_NVRTC   libnvrtc.so file or folder to use (nothing else is tried)
@@ -97,6 +104,9 @@ enum Command {
     List {
         #[command(flatten)]
         spec: SpecArgs,
+        /// One JSON object per kernel (name, family, variant, parameters) instead of names.
+        #[arg(long)]
+        json: bool,
     },
     /// Print one kernel's CUDA source (no compilation).
     Render {
@@ -106,8 +116,8 @@ enum Command {
         #[arg(long, short)]
         kernel: String,
     },
-    /// Exit 0 when a folder matches a fresh generation; else exit 1 naming each stale, missing or
-    /// extra file.
+    /// Exit 0 when a folder matches a fresh generation, 1 naming each stale, missing or extra
+    /// file, 2 when the check could not run (bad spec, no NVRTC, unreadable folder).
     Check {
         #[command(flatten)]
         spec: SpecArgs,
@@ -119,6 +129,9 @@ enum Command {
         /// The bindings the folder was generated with (as for generate).
         #[arg(long, value_enum)]
         emit: Vec<mla_gen::bindings::Emit>,
+        /// The verdict as JSON on stdout: {"fresh", "stale", "missing", "extra"}.
+        #[arg(long)]
+        json: bool,
     },
     /// Compile and show registers, spills, stack and shared memory per kernel and architecture.
     Inspect {
@@ -160,7 +173,18 @@ enum Command {
     },
     /// Where NVRTC was found, its version, the PTX ISA it emits, the oldest driver that can JIT
     /// that PTX, and whether a GPU driver is present.
-    Doctor,
+    Doctor {
+        /// The findings as one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the JSON Schema of manifest.json (docs/manifest.schema.json is this output).
+    Schema,
+    /// Print a shell completion script: `mla-gen completions bash > /etc/bash_completion.d/mla-gen`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// A failure to report: message, exit code.
@@ -229,12 +253,24 @@ fn check(
     out: &Path,
     jobs: usize,
     extra: &[mla_gen::bindings::Emit],
+    json: bool,
 ) -> Result<(), Failure> {
-    let spec = load_spec(args)?;
-    let templates = load_templates(args)?;
-    let (files, manifest) = mla_gen::generate_files_with(&spec, &templates, jobs, true, extra)?;
-    let actual = emit::read_tree(out)?;
+    // Anything that stops the comparison itself exits 2, so that 1 always means "stale".
+    let cannot = |Failure(msg, _): Failure| Failure(msg, 2);
+    let spec = load_spec(args).map_err(cannot)?;
+    let templates = load_templates(args).map_err(cannot)?;
+    let (files, manifest) = mla_gen::generate_files_with(&spec, &templates, jobs, true, extra)
+        .map_err(|e| Failure(e.to_string(), 2))?;
+    let actual = emit::read_tree(out).map_err(|e| Failure(e.to_string(), 2))?;
     let d = emit::diff(&files, &actual);
+    if json {
+        report::check_json(&d)?;
+        return if d.is_clean() {
+            Ok(())
+        } else {
+            Err(Failure(format!("{} is out of date", out.display()), 1))
+        };
+    }
     if d.is_clean() {
         eprintln!("{}: up to date ({} files)", out.display(), files.len());
         return Ok(());
@@ -333,88 +369,6 @@ fn inspect(args: &SpecArgs, json: bool, jobs: usize) -> Result<(), Failure> {
     Ok(())
 }
 
-fn doctor() -> Result<(), Failure> {
-    println!("mla-gen {}", mla_gen::render::TOOL_VERSION);
-    println!("NVRTC search order:");
-    for c in nvrtc::candidates() {
-        match &c.found {
-            Some(p) => println!("  found    {}  ({})", p.display(), c.place),
-            None => println!("  -        {}", c.place),
-        }
-    }
-    let n = match nvrtc::load() {
-        Ok(n) => n,
-        Err(e) => return Err(Failure(e.to_string(), 1)),
-    };
-    println!("NVRTC loaded: {}", n.path);
-    println!("  version: {}", n.version());
-    println!(
-        "  targets: {}",
-        n.supported_archs
-            .iter()
-            .map(|a| format!("sm_{a}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let probe = "extern \"C\" __global__ void mla_gen_probe(float* x) { x[threadIdx.x] = 1.0f; }";
-    let arch = n
-        .supported_archs
-        .iter()
-        .copied()
-        .find(|&a| a >= 80)
-        .unwrap_or(80);
-    let compiled = n.compile(
-        "probe.cu",
-        probe,
-        &[format!("--gpu-architecture=compute_{arch}")],
-        true,
-        false,
-    )?;
-    let isa = match compiled {
-        Ok(c) => {
-            let ptx = c.ptx.unwrap_or_default();
-            println!(
-                "  release: {}",
-                nvrtc::ptx_toolkit_release(&ptx).unwrap_or_else(|| "?".into())
-            );
-            nvrtc::ptx_isa(&ptx).unwrap_or_else(|| "?".into())
-        }
-        Err(f) => {
-            return Err(Failure(
-                format!("NVRTC cannot compile a probe: {}\n{}", f.message, f.log),
-                1,
-            ))
-        }
-    };
-    let needed = nvrtc::oldest_driver_for_isa(&isa);
-    match &needed {
-        Some((cuda, branch)) if !branch.is_empty() => println!(
-            "  PTX ISA: {isa} (JIT needs a CUDA {cuda} driver or newer, {branch}+); CUBIN needs no JIT"
-        ),
-        Some((cuda, _)) => {
-            println!("  PTX ISA: {isa} (JIT needs a CUDA {cuda} driver or newer); CUBIN needs no JIT")
-        }
-        None => println!("  PTX ISA: {isa}"),
-    }
-    match driver::driver_cuda_version() {
-        Ok((maj, min)) => {
-            let verdict = needed
-                .as_ref()
-                .and_then(|(cuda, _)| driver::driver_can_jit((maj, min), cuda))
-                .map_or("", |ok| {
-                    if ok {
-                        ": can JIT this PTX"
-                    } else {
-                        ": CANNOT JIT this PTX (use CUBIN, or the pinned NVRTC)"
-                    }
-                });
-            println!("GPU driver: CUDA {maj}.{min}{verdict}");
-        }
-        Err(why) => println!("GPU driver: none ({why}); generation does not need one"),
-    }
-    Ok(())
-}
-
 #[cfg(feature = "cuda")]
 mod gpu {
     use super::Failure;
@@ -510,12 +464,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             emit,
             quiet,
         } => generate(&spec, &out, jobs.jobs, quiet, &emit),
-        Command::List { spec } => {
-            for name in load_spec(&spec)?.kernel_names() {
-                println!("{name}");
-            }
-            Ok(())
-        }
+        Command::List { spec, json } => report::list(&load_spec(&spec)?, json),
         Command::Render { spec, kernel } => {
             let s = load_spec(&spec)?;
             let templates = load_templates(&spec)?;
@@ -558,9 +507,21 @@ fn run(cli: Cli) -> Result<(), Failure> {
             out,
             jobs,
             emit,
-        } => check(&spec, &out, jobs.jobs, &emit),
+            json,
+        } => check(&spec, &out, jobs.jobs, &emit, json),
         Command::Inspect { spec, json, jobs } => inspect(&spec, json, jobs.jobs),
-        Command::Doctor => doctor(),
+        Command::Doctor { json } => doctor::doctor(json),
+        Command::Schema => report::schema(),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "mla-gen",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
         Command::Tune {
             candidates,
             out,

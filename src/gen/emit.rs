@@ -27,6 +27,8 @@ pub enum EmitError {
     },
     #[error("{path} is not empty and holds no {MANIFEST}, so it is not an mla-gen output folder; refusing to replace it. Choose an empty or new folder with --out.")]
     NotOurs { path: PathBuf },
+    #[error("{path} is the folder this command runs in (or holds it): it is replaced as a whole, which would leave the shell in a deleted folder. Run from its parent, e.g. `cd .. && mla-gen generate --out <name>`.")]
+    InsideOutput { path: PathBuf },
     #[error("cannot serialize the manifest: {0}")]
     Json(#[from] serde_json::Error),
 }
@@ -367,6 +369,24 @@ fn remove_stale_staging(parent: &Path, out: &Path) {
 /// folders are swapped in one rename. On any error, or if the process is killed, `out` is left as
 /// it was. Concurrent calls for folders of one parent run one after the other.
 pub fn write(out: &Path, files: &FileSet) -> Result<WriteOutcome, EmitError> {
+    // `.`, `..` or a path through them: the folder by its real name, so that its parent is where
+    // the staging folder goes.
+    let resolved;
+    let out = match std::fs::canonicalize(out) {
+        Ok(real) if real.is_dir() => {
+            let here = std::env::current_dir()
+                .ok()
+                .and_then(|d| d.canonicalize().ok());
+            if here.is_some_and(|h| h.starts_with(&real)) {
+                return Err(EmitError::InsideOutput {
+                    path: out.to_path_buf(),
+                });
+            }
+            resolved = real;
+            resolved.as_path()
+        }
+        _ => out,
+    };
     let parent = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

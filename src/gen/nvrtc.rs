@@ -114,6 +114,11 @@ fn python_site_dirs() -> Vec<PathBuf> {
     }
     if let Some(home) = std::env::var_os("HOME") {
         dirs.extend(glob_python_dirs(&Path::new(&home).join(".local/lib")));
+        // Where scripts/install-nvrtc.sh puts NVRTC when the system Python is externally
+        // managed (PEP 668).
+        dirs.extend(glob_python_dirs(
+            &Path::new(&home).join(".local/share/mla-gen/nvrtc-venv/lib"),
+        ));
     }
     dirs.extend(glob_python_dirs(Path::new("/usr/local/lib")));
     dirs.extend(glob_python_dirs(Path::new("/usr/lib")));
