@@ -39,8 +39,10 @@ fn generate_then_check_then_detect_every_kind_of_drift() {
     let o = mla_gen(&["generate", "--out", &out_s], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let tree = read_tree(&out).unwrap();
-    // 27 kernels x (source + 2 PTX + 2 CUBIN) + manifest.
-    assert_eq!(tree.len(), 27 * 5 + 1);
+    // 27 kernels x (source + 4 PTX + 4 CUBIN: sm_80, sm_90, sm_100, sm_120) + manifest.
+    assert_eq!(tree.len(), 27 * 9 + 1);
+    assert!(tree.contains_key("kernels/merge_attn_states_bf16_d128_thr_lse.sm_100.cubin"));
+    assert!(tree.contains_key("kernels/merge_attn_states_bf16_d128_thr_lse.sm_120.cubin"));
     assert!(tree.contains_key("kernels/merge_attn_states_bf16_d576_thr_lse.sm_90.cubin"));
     let manifest: serde_json::Value = serde_json::from_slice(&tree["manifest.json"]).unwrap();
     assert_eq!(manifest["kernels"].as_array().unwrap().len(), 27);

@@ -30,7 +30,7 @@ per-token mask) and [[mask_empty_context_lse]]. Every key is documented in the R
 reference; `mla-gen list SPEC` shows what a spec expands to.
 
 Without a SPEC argument, the embedded default spec is used: the 27 kernels vLLM needs
-(f16/bf16/f32 x head sizes 64..576) for sm_80 and sm_90.";
+(f16/bf16/f32 x head sizes 64..576) for sm_80, sm_90, sm_100 and sm_120.";
 
 const AFTER_HELP: &str = "Examples:
   mla-gen generate                      # embedded default spec -> generated/
