@@ -816,7 +816,7 @@ mod tests {
         assert_eq!(s.variants.len(), 27);
         assert_eq!(
             s.archs.iter().map(Arch::name).collect::<Vec<_>>(),
-            ["sm_80", "sm_90"]
+            ["sm_80", "sm_90", "sm_100", "sm_120"]
         );
         assert!(s
             .variants
