@@ -12,6 +12,10 @@
 #                                        times them and writes $OUT/tuned.toml (copy it to specs/)
 #   scripts/gpu-check.sh bench   (there) the benchmark: Rust runtime and Python side by side, then
 #                                        the K-way merge against copy and chained in-place merges
+#   scripts/gpu-check.sh compare (there) same-run speed of the kernels against those of the base
+#                                        templates (BASE, built by `build`): mla-gen bench on both
+#                                        folders in alternation, base/new/base/new, then
+#                                        python/bench/compare_runs.py (slower beyond noise?)
 #   scripts/gpu-check.sh profile (there) K-way schedule candidates (round 2), Nsight Compute on the
 #                                        D = 512 outlier, threshold T/2 against none, and the FP8
 #                                        outputs; FP8 SASS counts; the threshold sweep
@@ -38,6 +42,15 @@ for l in sys.stdin:
     .device/bin/mla-gen generate tests/gpu-extra.toml --out .device/gpu-extra --quiet
     .device/bin/mla-gen generate specs/tune.toml --out .device/tune-candidates --quiet
     .device/bin/mla-gen generate specs/kway-candidates-2.toml --out .device/kway-candidates-2 --quiet
+    # The same kernels from the base templates (before the current change), for `compare`.
+    base="${BASE:-6e08646}"
+    mkdir -p .device/base-templates/c
+    for f in $(git ls-tree -r --name-only "$base" templates); do
+        git show "$base:$f" > ".device/base-templates/${f#templates/}"
+    done
+    .device/bin/mla-gen generate --templates .device/base-templates --arch sm_90 --out .device/base-default --quiet
+    .device/bin/mla-gen generate --arch sm_90 --out .device/new-default --quiet
+    echo "base templates: $base" > .device/base.txt
     # The FP8 conversion both ways: the integer algorithm (compute_80 PTX) and the instruction (sm_90).
     .device/bin/mla-gen generate tests/gpu-fp8.toml --arch compute_80 --out .device/fp8-integer --quiet
     .device/bin/mla-gen generate tests/gpu-fp8.toml --arch sm_90 --out .device/fp8-instruction --quiet
@@ -110,6 +123,16 @@ bench)
     MLA_GEN_KERNELS=.device/gpu-extra PYTHONUNBUFFERED=1 python3 python/bench/bench_families.py --out "$OUT" 2>&1 |
         tee "$OUT/bench-families.log"
     ;;
+compare)
+    OUT="${OUT:-.device/out}"; mkdir -p "$OUT"
+    cat .device/base.txt
+    for round in 1 2; do
+        .device/bin/mla-gen bench --kernels .device/base-default --json "$OUT/cmp-base-$round.json" > "$OUT/cmp-base-$round.log"
+        .device/bin/mla-gen bench --kernels .device/new-default --json "$OUT/cmp-new-$round.json" > "$OUT/cmp-new-$round.log"
+    done
+    python3 python/bench/compare_runs.py "$OUT/cmp-base-1.json" "$OUT/cmp-new-1.json" \
+        "$OUT/cmp-base-2.json" "$OUT/cmp-new-2.json" --json "$OUT/compare.json" | tee "$OUT/compare.txt"
+    ;;
 profile)
     # Questions the benchmark raised, answered with counters (docs/PERFORMANCE.md cites each log):
     # K-way schedules with more heads per block (checked on the quick subset, then timed); Nsight
@@ -142,5 +165,5 @@ profile)
     done
     ;;
 *)
-    echo "usage: scripts/gpu-check.sh build|run|tune|bench|profile   (see the comment at the top)" >&2; exit 2 ;;
+    echo "usage: scripts/gpu-check.sh build|run|tune|bench|compare|profile   (see the comment at the top)" >&2; exit 2 ;;
 esac
