@@ -328,18 +328,9 @@ impl ParentLock {
             .write(true)
             .open(&path)
             .map_err(io_err(&path, "cannot create the lock file"))?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::io::AsRawFd;
-            // SAFETY: a valid open descriptor; flock has no other preconditions.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-                return Err(EmitError::Io {
-                    path,
-                    what: "cannot lock",
-                    source: io::Error::last_os_error(),
-                });
-            }
-        }
+        // An exclusive advisory lock on every OS std supports (flock on Unix, LockFileEx on
+        // Windows); released when the file closes.
+        file.lock().map_err(io_err(&path, "cannot lock"))?;
         Ok(ParentLock { _file: file })
     }
 }
