@@ -170,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
         // FlashAttention-2 reports an empty sequence as +inf, FA3 as -inf: both mean "no keys".
         const float p = (p_lse[r] == INF) ? -INF : p_lse[r];
         const float s = (s_lse[r] == INF) ? -INF : s_lse[r];
-        const float m = (p > s) ? p : s;  // not fmaxf: a NaN must propagate, not be dropped
+        const float m = (p > s || p != p) ? p : s;  // a NaN on either side propagates, also beside -inf (fmaxf drops it)
 
         if (m == -INF) {
             // No keys on either side: the prefix row, and lse -inf. Never NaN.
