@@ -104,8 +104,15 @@ pub fn merge_row(prefix_lse: f32, suffix_lse: f32, has_context: bool) -> RowMerg
     };
     let p = no_keys(f64::from(prefix_lse));
     let s = no_keys(f64::from(suffix_lse));
-    // Not f64::max: a NaN must propagate.
-    let m = if p > s { p } else { s };
+    // Not f64::max, nor `p > s ? p : s` alone: a NaN on either side makes m NaN, also beside an
+    // empty side (-inf), so that the row and its lse are NaN rather than a copy of the prefix.
+    let m = if p.is_nan() || s.is_nan() {
+        f64::NAN
+    } else if p > s {
+        p
+    } else {
+        s
+    };
     if m == f64::NEG_INFINITY {
         return RowMerge::CopyPrefix;
     }
@@ -431,6 +438,19 @@ mod tests {
             let (v, _) = k.value_and_magnitude(&[1.5, -2.0]);
             assert!((v - pair.value(1.5, -2.0)).abs() < 1e-15, "({p}, {s})");
         }
+        // NaN, beside an empty state too: both give a NaN row and lse.
+        for (p, s) in [
+            (f32::NAN, -INF),
+            (f32::NAN, INF),
+            (-INF, f32::NAN),
+            (0.0, f32::NAN),
+        ] {
+            let pair = merge_row(p, s, true);
+            let k = merge_states_row(&[p, s]);
+            assert!(pair.lse().is_nan() && k.lse().is_nan(), "({p}, {s})");
+            assert!(pair.value(1.5, -2.0).is_nan(), "({p}, {s})");
+            assert!(k.value_and_magnitude(&[1.5, -2.0]).0.is_nan(), "({p}, {s})");
+        }
     }
 
     #[test]
@@ -530,6 +550,40 @@ mod tests {
         assert!(merge_row(f32::NAN, 0.0, true).value(1.0, 1.0).is_nan());
         assert!(merge_row(0.0, f32::NAN, true).lse().is_nan());
         assert!(merge_row(0.0, 0.0, true).value(f64::NAN, 1.0).is_nan());
+    }
+
+    #[test]
+    fn nan_lse_beside_an_empty_side_propagates() {
+        // A NaN lse on one side and no keys (+inf or -inf) on the other: not a row without keys
+        // (that would copy the prefix with lse -inf) but a NaN row with a NaN lse.
+        for (p, s) in [
+            (f32::NAN, INF),
+            (f32::NAN, -INF),
+            (INF, f32::NAN),
+            (-INF, f32::NAN),
+            (f32::NAN, f32::NAN),
+        ] {
+            let r = merge_row(p, s, true);
+            assert!(matches!(r, RowMerge::Blend { .. }), "({p}, {s}) gave {r:?}");
+            assert!(r.lse().is_nan(), "({p}, {s})");
+            assert!(r.value(3.0, 5.0).is_nan(), "({p}, {s})");
+            // The FP8 outputs: the NaN code.
+            assert!(fp8_element_matches(&r, 3.0, 5.0, 1.0, fp8::E4M3_NAN));
+            assert!(!fp8_element_matches(
+                &r,
+                3.0,
+                5.0,
+                1.0,
+                fp8::e4m3_from_f32(3.0)
+            ));
+        }
+        // Past the threshold the suffix is copied as given, whatever the prefix lse.
+        assert_eq!(
+            merge_row(f32::NAN, -INF, false),
+            RowMerge::CopySuffix {
+                lse: f64::NEG_INFINITY
+            }
+        );
     }
 
     #[test]

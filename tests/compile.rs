@@ -14,7 +14,7 @@ fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
     assert_eq!(kernels.len(), 27);
     for k in &kernels {
         let names: Vec<String> = k.archs.iter().map(|a| a.arch.name()).collect();
-        assert_eq!(names, ["sm_80", "sm_90"], "{}", k.name);
+        assert_eq!(names, ["sm_80", "sm_90", "sm_100", "sm_120"], "{}", k.name);
         let launch = Launch::for_variant(&k.variant);
         for a in &k.archs {
             let ptx = String::from_utf8(a.ptx.clone()).expect("PTX is text");
@@ -103,10 +103,9 @@ fn compile_errors_name_the_kernel_options_and_source_line() {
     std::fs::create_dir_all(&dir).unwrap();
     for (name, text) in mla_gen::render::EMBEDDED_TEMPLATES {
         let text = if name == "merge_attn_states.cu.tera" {
-            text.replace(
-                "const float sum = a + b;",
-                "const float sum = a + b + undefined_symbol;",
-            )
+            let line = "if (h >= num_heads) return;";
+            assert!(text.contains(line), "the test's anchor left {name}");
+            text.replace(line, "if (h >= num_heads + undefined_symbol) return;")
         } else {
             text.to_string()
         };

@@ -15,8 +15,17 @@
 // Requires: input pointers aligned to 16 bytes, output to 16, strides multiples of 8 elements,
 //           head strides >= 112.
 
-// ---- prelude: element type, conversions, vector access (no toolkit headers needed) ----
+// ---- prelude: shared by every kernel; no toolkit headers needed ----
+#define INF __int_as_float(0x7f800000)  // +infinity, without math headers
 
+// Where lse element (t, h) lives: [H, T] (head-major, vLLM) or [T, H] (token-major).
+constexpr bool HEAD_MAJOR_LSE = true;
+
+__device__ __forceinline__ long long lse_index(long long t, long long h, long long num_tokens, long long num_heads) {
+    return HEAD_MAJOR_LSE ? h * num_tokens + t : t * num_heads + h;
+}
+
+// ---- element type and conversions ----
 // bfloat16 as raw bits; arithmetic happens in float32.
 struct mla_bf16 { unsigned short bits; };
 typedef mla_bf16 elem_t;
@@ -31,11 +40,29 @@ __device__ __forceinline__ mla_bf16 from_float(float x) {
     return r;
 }
 
-#define INF __int_as_float(0x7f800000)  // +infinity, without math headers
+// ---- schedule: a row is one (token, head), HEAD_SIZE contiguous elements ----
+constexpr int HEAD_SIZE = 112;
+constexpr int VEC = 8;                 // elements per access
+constexpr int VECS_PER_ROW = HEAD_SIZE / VEC;
+constexpr int THREADS_PER_ROW = 14;
+constexpr int VECS_PER_THREAD = 1;
+constexpr int HEADS_PER_BLOCK = 8;    // adjacent heads of the same tokens
+constexpr int TOKENS_PER_BLOCK = 4;  // tokens per pass of the block
+constexpr int ROWS_PER_THREAD = 1;     // passes, with all their loads in flight
+constexpr int BLOCK_THREADS = THREADS_PER_ROW * HEADS_PER_BLOCK * TOKENS_PER_BLOCK;
+// A bare __launch_bounds__(BLOCK_THREADS) lets ptxas trade registers for occupancy until it spills.
+constexpr int MIN_BLOCKS_PER_SM = 1;
 
+// Vector v of a row (v = lane + k * THREADS_PER_ROW) lies inside it: always, when the row's
+// vectors divide evenly among its threads (the test then folds away).
+__device__ __forceinline__ bool vec_in_row(int v) {
+    return VECS_PER_ROW % THREADS_PER_ROW == 0 || v < VECS_PER_ROW;
+}
+
+// ---- vector access ----
 // VEC elements moved as one 16-byte access, spelled out in PTX so its width never
 // depends on the optimizer (a plain struct copy of 4 floats became 4 scalar stores).
-union Pack { elem_t v[8]; unsigned int w[4]; };
+union Pack { elem_t v[VEC]; unsigned int w[4]; };
 
 __device__ __forceinline__ Pack load_pack(const elem_t* p) {
     Pack x;
@@ -72,17 +99,71 @@ __device__ __forceinline__ void place_block(unsigned int& tile, unsigned int& he
     }
 }
 
-constexpr int HEAD_SIZE = 112;
-constexpr int VEC = 8;                 // elements per access
-constexpr int VECS_PER_ROW = HEAD_SIZE / VEC;
-constexpr int THREADS_PER_ROW = 14;
-constexpr int VECS_PER_THREAD = 1;
-constexpr int HEADS_PER_BLOCK = 8;    // adjacent heads of the same tokens
-constexpr int TOKENS_PER_BLOCK = 4;  // tokens per pass of the block
-constexpr int ROWS_PER_THREAD = 1;     // passes, with all their loads in flight
-constexpr int BLOCK_THREADS = THREADS_PER_ROW * HEADS_PER_BLOCK * TOKENS_PER_BLOCK;
-// A bare __launch_bounds__(BLOCK_THREADS) lets ptxas trade registers for occupancy until it spills.
-constexpr int MIN_BLOCKS_PER_SM = 1;
+// ---- the merge rule (docs/SEMANTICS.md), written once ----
+// FlashAttention-2 reports an empty sequence as +inf, FA3 as -inf: both mean "no keys".
+__device__ __forceinline__ float normalize_lse(float lse) { return lse == INF ? -INF : lse; }
+
+// The larger of a and b, NaN when either is NaN: fmaxf, and a > b ? a : b with a NaN a, would
+// drop it, and a NaN lse must reach the row and its lse, also beside an empty side.
+__device__ __forceinline__ float max_keep_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+
+// Neither side has keys: m = max(p, s) is -inf (a NaN on either side makes m NaN, not -inf).
+// Kernels that branch per row test this first, then take merge_weights for the blend: a branch on
+// merge_weights' copy_prefix after the call costs a second test per row (NVVM does not thread it).
+__device__ __forceinline__ bool no_keys(float prefix_lse, float suffix_lse) {
+    return max_keep_nan(normalize_lse(prefix_lse), normalize_lse(suffix_lse)) == -INF;
+}
+
+// How one row merges: out = prefix * prefix_scale + suffix * suffix_scale, or, with copy_prefix
+// (no keys on either side), the prefix row as is; lse() is the merged lse.
+struct MergeWeights {
+    float prefix_scale, suffix_scale;
+    // lse() = log(sum) + m, taken where it is written, after the row's stores: computed before
+    // them, ptxas gave the bf16 FP8 kernels 38 registers instead of 32.
+    float sum, m;
+    bool copy_prefix;
+
+    // Scale first, then multiply: the weights are in [0, 1], the outputs never go through exp().
+    __device__ __forceinline__ float blend(float prefix, float suffix) const {
+        return prefix * prefix_scale + suffix * suffix_scale;
+    }
+    __device__ __forceinline__ float lse() const { return copy_prefix ? -INF : logf(sum) + m; }
+};
+
+// The rule for a row with context, from its two lse values: +inf read as -inf, m the NaN-keeping
+// max; m = -inf copies the prefix (lse -inf, never NaN), else a = exp(p - m), b = exp(s - m).
+__device__ __forceinline__ MergeWeights merge_weights(float prefix_lse, float suffix_lse) {
+    const float p = normalize_lse(prefix_lse);
+    const float s = normalize_lse(suffix_lse);
+    const float m = max_keep_nan(p, s);
+    if (m == -INF) return MergeWeights{0.0f, 0.0f, 0.0f, -INF, true};
+    const float a = expf(p - m);
+    const float b = expf(s - m);
+    const float sum = a + b;
+    return MergeWeights{a / sum, b / sum, sum, m, false};
+}
+
+// The FP8 outputs keep launch order: they are issue-bound, and renumbering the blocks (a division
+// per warp, place_block) made them 5-6% slower (GPU run 23).
+constexpr bool PLACE_BLOCKS = true;
+// Group FP8 picks each element by selects instead of branching per row: with a branch per row
+// kind, each inlining the group reduction, ptxas took 38 registers instead of 32.
+constexpr bool GROUP_FP8 = false;
+
+// RowWriter: how a row's vectors reach the output, a copied input vector or merged float32 values.
+// Output = input dtype: a copy moves the vector's bits as they are; merged values round to
+// nearest even.
+struct RowWriter {
+    __device__ __forceinline__ void copy(out_t* row, long long, long long, int v, const Pack& x) const {
+        store_pack(row + v * VEC, x);
+    }
+    __device__ __forceinline__ void values(out_t* row, long long, long long, int v, const float (&x)[VEC]) const {
+        Pack o;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o.v[e] = from_float(x[e]);
+        store_pack(row + v * VEC, o);
+    }
+};
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) merge_attn_states_bf16_d112_thr_lse(
     mla_bf16* __restrict__ output,
@@ -107,13 +188,15 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
     // computes any of them. The divisors here are compile-time constants: multiplies and shifts.
     const int lane = threadIdx.x % THREADS_PER_ROW;
     const int group = threadIdx.x / THREADS_PER_ROW;
-    unsigned int tile, head_block;
-    place_block<BLOCK_THREADS>(tile, head_block);  // the head blocks of a token tile run together
+    unsigned int tile = blockIdx.x, head_block = blockIdx.y;
+    if (PLACE_BLOCKS) place_block<BLOCK_THREADS>(tile, head_block);  // the head blocks of a token tile run together
     const long long h = static_cast<long long>(head_block) * HEADS_PER_BLOCK + group % HEADS_PER_BLOCK;
     if (h >= num_heads) return;
     const long long first_token = static_cast<long long>(tile) * (TOKENS_PER_BLOCK * ROWS_PER_THREAD) +
                                   group / HEADS_PER_BLOCK;
     const long long n = prefill_tokens_with_context;
+    float* const lse_out = output_lse;  // null: not written
+    const RowWriter out{};
 
     Pack prefix[ROWS_PER_THREAD][VECS_PER_THREAD], suffix[ROWS_PER_THREAD][VECS_PER_THREAD];
     float p_lse[ROWS_PER_THREAD], s_lse[ROWS_PER_THREAD];
@@ -123,87 +206,100 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
     for (int r = 0; r < ROWS_PER_THREAD; ++r) {
         const long long t = first_token + r * TOKENS_PER_BLOCK;
         if (t >= num_tokens) continue;
-        const long long lse_at = h * num_tokens + t;
+        const long long lse_at = lse_index(t, h, num_tokens, num_heads);
         const elem_t* suffix_row = suffix_output + t * suffix_token_stride + h * suffix_head_stride;
         const elem_t* prefix_row = prefix_output + t * prefix_token_stride + h * prefix_head_stride;
         s_lse[r] = suffix_lse[lse_at];
 #pragma unroll
         for (int k = 0; k < VECS_PER_THREAD; ++k) {
             const int v = lane + k * THREADS_PER_ROW;
-            if (VECS_PER_ROW % THREADS_PER_ROW == 0 || v < VECS_PER_ROW) {
-                suffix[r][k] = load_pack(suffix_row + v * VEC);
-            }
+            if (vec_in_row(v)) suffix[r][k] = load_pack(suffix_row + v * VEC);
         }
         if (t < n) {
             p_lse[r] = prefix_lse[lse_at];
 #pragma unroll
             for (int k = 0; k < VECS_PER_THREAD; ++k) {
                 const int v = lane + k * THREADS_PER_ROW;
-                if (VECS_PER_ROW % THREADS_PER_ROW == 0 || v < VECS_PER_ROW) {
-                    prefix[r][k] = load_pack(prefix_row + v * VEC);
-                }
+                if (vec_in_row(v)) prefix[r][k] = load_pack(prefix_row + v * VEC);
             }
         }
     }
 
-    // Phase 2: merge and store.
+    // Phase 2: merge and store, row by row.
 #pragma unroll
     for (int r = 0; r < ROWS_PER_THREAD; ++r) {
         const long long t = first_token + r * TOKENS_PER_BLOCK;
-        if (t >= num_tokens) continue;
-        const long long lse_at = h * num_tokens + t;
+        if (t >= num_tokens) continue;  // the whole row skips (group FP8: its group lanes stay together)
+        const long long lse_at = lse_index(t, h, num_tokens, num_heads);
         out_t* out_row = output + t * output_token_stride + h * output_head_stride;
+
+        if (GROUP_FP8) {
+            // Each element selected from the row's rule: past the threshold the suffix as is, no
+            // keys on either side the prefix, else the blend (no_keys first, as below).
+            const bool copy_suffix = t >= n;
+            bool copy_prefix = false;
+            MergeWeights w{};
+            float lse = s_lse[r];  // past the threshold: as given
+            if (!copy_suffix) {
+                if (no_keys(p_lse[r], s_lse[r])) {
+                    copy_prefix = true;
+                    lse = -INF;
+                } else {
+                    w = merge_weights(p_lse[r], s_lse[r]);
+                    lse = w.lse();
+                }
+            }
+            if (lse_out != nullptr && lane == 0) lse_out[lse_at] = lse;
+#pragma unroll
+            for (int k = 0; k < VECS_PER_THREAD; ++k) {
+                const int v = lane + k * THREADS_PER_ROW;
+                if (!vec_in_row(v)) continue;
+                float value[VEC];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    value[e] = copy_suffix ? to_float(suffix[r][k].v[e])
+                             : copy_prefix ? to_float(prefix[r][k].v[e])
+                                             : w.blend(to_float(prefix[r][k].v[e]), to_float(suffix[r][k].v[e]));
+                }
+                out.values(out_row, t, h, v, value);
+            }
+            continue;
+        }
 
         if (t >= n) {
             // No context: the suffix row as is, and its lse as given.
 #pragma unroll
             for (int k = 0; k < VECS_PER_THREAD; ++k) {
                 const int v = lane + k * THREADS_PER_ROW;
-                if (VECS_PER_ROW % THREADS_PER_ROW == 0 || v < VECS_PER_ROW) {
-                    store_pack(out_row + v * VEC, suffix[r][k]);
-                }
+                if (vec_in_row(v)) out.copy(out_row, t, h, v, suffix[r][k]);
             }
-            if (output_lse != nullptr && lane == 0) output_lse[lse_at] = s_lse[r];
+            if (lse_out != nullptr && lane == 0) lse_out[lse_at] = s_lse[r];
             continue;
         }
 
-        // FlashAttention-2 reports an empty sequence as +inf, FA3 as -inf: both mean "no keys".
-        const float p = (p_lse[r] == INF) ? -INF : p_lse[r];
-        const float s = (s_lse[r] == INF) ? -INF : s_lse[r];
-        const float m = (p > s) ? p : s;  // not fmaxf: a NaN must propagate, not be dropped
-
-        if (m == -INF) {
+        if (no_keys(p_lse[r], s_lse[r])) {
             // No keys on either side: the prefix row, and lse -inf. Never NaN.
 #pragma unroll
             for (int k = 0; k < VECS_PER_THREAD; ++k) {
                 const int v = lane + k * THREADS_PER_ROW;
-                if (VECS_PER_ROW % THREADS_PER_ROW == 0 || v < VECS_PER_ROW) {
-                    store_pack(out_row + v * VEC, prefix[r][k]);
-                }
+                if (vec_in_row(v)) out.copy(out_row, t, h, v, prefix[r][k]);
             }
-            if (output_lse != nullptr && lane == 0) output_lse[lse_at] = -INF;
+            if (lse_out != nullptr && lane == 0) lse_out[lse_at] = -INF;
             continue;
         }
 
-        // Scale first, then multiply: the weights are in [0, 1], the outputs never go through exp().
-        const float a = expf(p - m);
-        const float b = expf(s - m);
-        const float sum = a + b;
-        const float prefix_scale = a / sum;
-        const float suffix_scale = b / sum;
+        const MergeWeights w = merge_weights(p_lse[r], s_lse[r]);
 #pragma unroll
         for (int k = 0; k < VECS_PER_THREAD; ++k) {
             const int v = lane + k * THREADS_PER_ROW;
-            if (VECS_PER_ROW % THREADS_PER_ROW == 0 || v < VECS_PER_ROW) {
-                Pack merged;
+            if (!vec_in_row(v)) continue;
+            float merged[VEC];
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    merged.v[e] = from_float(to_float(prefix[r][k].v[e]) * prefix_scale +
-                                             to_float(suffix[r][k].v[e]) * suffix_scale);
-                }
-                store_pack(out_row + v * VEC, merged);
+            for (int e = 0; e < VEC; ++e) {
+                merged[e] = w.blend(to_float(prefix[r][k].v[e]), to_float(suffix[r][k].v[e]));
             }
+            out.values(out_row, t, h, v, merged);
         }
-        if (output_lse != nullptr && lane == 0) output_lse[lse_at] = logf(sum) + m;
+        if (lse_out != nullptr && lane == 0) lse_out[lse_at] = w.lse();
     }
 }

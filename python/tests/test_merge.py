@@ -28,7 +28,7 @@ def reference(prefix, plse, suffix, slse, n=None, has_context=None):
     inf = math.inf
     p2 = torch.where(p == inf, -inf, p)
     s2 = torch.where(s == inf, -inf, s)
-    m = torch.where(p2 > s2, p2, s2)  # NaN in s propagates through m; NaN in p through a
+    m = torch.where((p2 > s2) | p2.isnan(), p2, s2)  # a NaN on either side makes m NaN
     empty = m == -inf
     m_safe = torch.where(empty, torch.zeros_like(m), m)
     a = torch.exp(p2 - m_safe)
