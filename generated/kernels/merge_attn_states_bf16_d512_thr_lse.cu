@@ -25,6 +25,22 @@ __device__ __forceinline__ long long lse_index(long long t, long long h, long lo
     return HEAD_MAJOR_LSE ? h * num_tokens + t : t * num_heads + h;
 }
 
+// Does token t belong to a request whose context is empty? Request b holds the tokens
+// query_start_loc[b] .. query_start_loc[b+1] and has an empty context when
+// context_start_loc[b+1] == context_start_loc[b]; tokens outside every request do not. One
+// binary search over the B + 1 boundaries; whatever they hold, only t's own answer changes.
+__device__ __forceinline__ bool in_empty_context(const int* query_start_loc, const int* context_start_loc,
+                                                 long long num_requests, long long t) {
+    if (num_requests <= 0) return false;
+    long long lo = 0, hi = num_requests - 1;  // the last request starting at or before t
+    while (lo < hi) {
+        const long long mid = (lo + hi + 1) / 2;
+        if (query_start_loc[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    return query_start_loc[lo] <= t && t < query_start_loc[lo + 1] &&
+           context_start_loc[lo + 1] == context_start_loc[lo];
+}
+
 // ---- element type and conversions ----
 // bfloat16 as raw bits; arithmetic happens in float32.
 struct mla_bf16 { unsigned short bits; };

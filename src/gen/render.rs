@@ -154,6 +154,9 @@ struct Context {
     lse_layout: &'static str,
     launch: Launch,
     params: Vec<Param>,
+    /// Every option of the variant as the manifest writes it (`variant.mask_empty_context`): an
+    /// option a template reads needs no new field here.
+    variant: MergeVariant,
 }
 
 impl Context {
@@ -179,6 +182,7 @@ impl Context {
             lse_layout: v.lse_layout.name(),
             launch: Launch::for_variant(v),
             params: abi::params(v),
+            variant: v.clone(),
         }
     }
 }
