@@ -50,7 +50,8 @@ fn check(text: &str) {
     }
 }
 
-const KEYS: [&str; 17] = [
+const KEYS: [&str; 18] = [
+    "mask_empty_context",
     "group_size",
     "ue8m0",
     "num_states",

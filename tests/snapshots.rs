@@ -17,6 +17,7 @@ fn variant(dtype: Dtype, head_size: u32, prefix_threshold: bool, output_lse: boo
         lse_layout: LseLayout::HeadMajor,
         schedule: spec::FALLBACK_SCHEDULE,
         explicit_schedule: false,
+        mask_empty_context: false,
     }
 }
 
@@ -140,6 +141,19 @@ fn k_way_and_in_place_merges() {
             "mask_empty_context_lse_tm",
         ]
     );
+    for v in &spec.variants {
+        insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", v).unwrap());
+    }
+}
+
+#[test]
+fn fused_empty_context_mask() {
+    let spec = spec::parse(
+        "snapshot.toml",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nmask_empty_context = true\nlse_layout = [\"head_major\", \"token_major\"]\n",
+    )
+    .unwrap();
+    let t = Templates::embedded().unwrap();
     for v in &spec.variants {
         insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", v).unwrap());
     }

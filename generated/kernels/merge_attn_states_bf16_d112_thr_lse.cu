@@ -162,6 +162,9 @@ __device__ __forceinline__ MergeWeights merge_weights(float prefix_lse, float su
 // The FP8 outputs keep launch order: they are issue-bound, and renumbering the blocks (a division
 // per warp, place_block) made them 5-6% slower (GPU run 23).
 constexpr bool PLACE_BLOCKS = true;
+// The empty-context lse mask fused in: the rows of requests without context merge as if
+// mask_empty_context_lse had set their prefix_lse to -inf first (bit for bit the same result).
+constexpr bool MASK_EMPTY_CONTEXT = false;
 // Group FP8 picks each element by selects instead of branching per row: with a branch per row
 // kind, each inlining the group reduction, ptxas took 38 registers instead of 32.
 constexpr bool GROUP_FP8 = false;
@@ -212,6 +215,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
                                   group / HEADS_PER_BLOCK;
     const long long n = prefill_tokens_with_context;
     float* const lse_out = output_lse;  // null: not written
+    const int* const query_starts = nullptr;  // no fused mask: never read
+    const int* const context_starts = nullptr;
+    const long long requests = 0;
     const RowWriter out{};
 
     Pack prefix[ROWS_PER_THREAD][VECS_PER_THREAD], suffix[ROWS_PER_THREAD][VECS_PER_THREAD];
@@ -248,6 +254,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
         if (t >= num_tokens) continue;  // the whole row skips (group FP8: its group lanes stay together)
         const long long lse_at = lse_index(t, h, num_tokens, num_heads);
         out_t* out_row = output + t * output_token_stride + h * output_head_stride;
+        // After the loads are in flight: the request search reads only the start locations.
+        if (MASK_EMPTY_CONTEXT && t < n && in_empty_context(query_starts, context_starts, requests, t)) {
+            p_lse[r] = -INF;
+        }
 
         if (GROUP_FP8) {
             // Each element selected from the row's rule: past the threshold the suffix as is, no

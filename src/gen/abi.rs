@@ -195,6 +195,9 @@ impl Build<'_> {
                 "one float32 per group, (t, h*D/G + g) at t*scale_token_stride + (h*D/G + g)*scale_group_stride",
             ));
         }
+        if v.mask_empty_context {
+            p.extend(self.start_locations());
+        }
         p.extend(sizes());
         p.extend(strides("output", "output"));
         p.extend(strides("prefix", "prefix_output"));
@@ -221,6 +224,9 @@ impl Build<'_> {
         } else {
             // Built without the threshold: every token has context.
             constants.insert(threshold.into(), "num_tokens".into());
+        }
+        if v.mask_empty_context {
+            p.push(num_requests());
         }
         p
     }
@@ -352,6 +358,19 @@ impl Build<'_> {
     }
 
     fn mask_lse(&self) -> Vec<Param> {
+        let mut p = vec![self.lse(
+            "lse",
+            Role::Write,
+            "float32 lse, set to -inf in place for the tokens of requests with an empty context",
+        )];
+        p.extend(self.start_locations());
+        p.push(num_requests());
+        p.extend(sizes());
+        p
+    }
+
+    /// The requests' query and context start locations (the empty-context mask's inputs).
+    fn start_locations(&self) -> [Param; 2] {
         let starts = |name: &str, doc: &str| {
             self.pointer(
                 name,
@@ -362,8 +381,7 @@ impl Build<'_> {
                 doc,
             )
         };
-        let mut p = vec![
-            self.lse("lse", Role::Write, "float32 lse, set to -inf in place for the tokens of requests with an empty context"),
+        [
             starts(
                 "query_start_loc",
                 "[B + 1] int32: the tokens of request b are query_start_loc[b] .. query_start_loc[b+1]",
@@ -372,12 +390,13 @@ impl Build<'_> {
                 "context_start_loc",
                 "[B + 1] int32: request b's context is empty when context_start_loc[b+1] == context_start_loc[b]",
             ),
-            // B + 1 start locations must be indexable by int32.
-            int("num_requests", "0", Some("2147483646"), None, "B"),
-        ];
-        p.extend(sizes());
-        p
+        ]
     }
+}
+
+/// B, the number of requests; B + 1 start locations must be indexable by int32.
+fn num_requests() -> Param {
+    int("num_requests", "0", Some("2147483646"), None, "B")
 }
 
 fn nullable(mut p: Param) -> Param {
@@ -607,6 +626,7 @@ mod tests {
             lse_layout: LseLayout::HeadMajor,
             schedule: crate::gen::variant::FALLBACK_SCHEDULE,
             explicit_schedule: false,
+            mask_empty_context: false,
         }
     }
 

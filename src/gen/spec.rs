@@ -134,6 +134,8 @@ struct RawMerge {
     group_size: Option<Spanned<toml::Value>>,
     /// output = "fp8_e4m3_group" only: scales rounded up to powers of two.
     ue8m0: Option<Spanned<toml::Value>>,
+    /// merge_attn_states only: the empty-context lse mask fused into the merge.
+    mask_empty_context: Option<Spanned<toml::Value>>,
 }
 
 impl RawMerge {
@@ -146,7 +148,7 @@ impl RawMerge {
         use Table::*;
         // (key, its value, the tables it belongs to, why elsewhere it is refused)
         const MERGES: &[Table] = &[Pairwise, KWay, InPlace];
-        let keys: [KeyRule; 14] = [
+        let keys: [KeyRule; 15] = [
             (
                 "group_size",
                 &self.group_size,
@@ -200,6 +202,12 @@ impl RawMerge {
                 &self.mask,
                 &[InPlace],
                 "a mask belongs to [[merge_state_in_place]]",
+            ),
+            (
+                "mask_empty_context",
+                &self.mask_empty_context,
+                &[Pairwise],
+                "the fused empty-context mask belongs to [[merge_attn_states]] (a separate [[mask_empty_context_lse]] serves the others)",
             ),
             (
                 "prefix_threshold",
@@ -491,6 +499,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             table == Table::Pairwise,
         )?;
         let lses = opt_list("output_lse", &f.output_lse, table != Table::MaskLse)?;
+        let ctx_masks = opt_list("mask_empty_context", &f.mask_empty_context, false)?;
         let outputs = match &f.output {
             Some(v) => ctx.list("output", v, |x| one_of(&OutputKind::ALL, x))?,
             None => vec![OutputKind::Same],
@@ -598,6 +607,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             dtypes.len(),
             heads.len(),
             thresholds.len(),
+            ctx_masks.len(),
             lses.len(),
             output_choices.len(),
             layouts.len(),
@@ -636,7 +646,11 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                         Family::MaskEmptyContextLse => MASK_SCHEDULE,
                         _ => tuned_schedule(dtype, head_size),
                     };
-                    for &prefix_threshold in &thresholds {
+                    // The threshold and the fused context mask: both decide which prefix rows count.
+                    let prefix_choices = thresholds
+                        .iter()
+                        .flat_map(|&t| ctx_masks.iter().map(move |&c| (t, c)));
+                    for (prefix_threshold, mask_empty_context) in prefix_choices {
                         for &output_lse in &lses {
                             for &(output, fp8_group) in &output_choices {
                                 for &lse_layout in &layouts {
@@ -662,6 +676,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                                                 || m.is_some()
                                                 || b.is_some()
                                                 || hb.is_some(),
+                                            mask_empty_context,
                                         });
                                     }
                                 }
@@ -808,6 +823,43 @@ mod tests {
             Ok(_) => panic!("accepted:\n{text}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn the_fused_context_mask_is_a_pairwise_key() {
+        let s = parse(
+            "t.toml",
+            "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nmask_empty_context = [false, true]\n",
+        )
+        .unwrap();
+        let names = s.kernel_names();
+        assert_eq!(
+            names,
+            [
+                "merge_attn_states_bf16_d128_thr_lse",
+                "merge_attn_states_bf16_d128_thr_lse_ctxmask"
+            ]
+        );
+        let p = crate::gen::abi::params(&s.variants[1]);
+        let names: Vec<&str> = p.iter().map(|p| p.name.as_str()).collect();
+        assert!(names.contains(&"query_start_loc") && names.contains(&"context_start_loc"));
+        assert_eq!(names.last(), Some(&"num_requests"));
+        for table in [
+            "merge_states",
+            "merge_state_in_place",
+            "mask_empty_context_lse",
+        ] {
+            let text = format!("[[{table}]]\nmask_empty_context = true\n");
+            let e = parse("t.toml", &text).unwrap_err().to_string();
+            assert!(e.contains("`mask_empty_context` is not a key of"), "{e}");
+        }
+        let e = parse(
+            "t.toml",
+            "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nmask_empty_context = 1\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("t.toml:4:"), "{e}");
     }
 
     #[test]

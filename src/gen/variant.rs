@@ -301,6 +301,11 @@ pub struct MergeVariant {
     pub schedule: Schedule,
     /// The spec chose the schedule (it then shows in the name); else it is the tuned one.
     pub explicit_schedule: bool,
+    /// Pairwise merge only: also take the requests' query and context start locations and read
+    /// `prefix_lse` as -inf for every token of a request with an empty context (the
+    /// `mask_empty_context_lse` kernel fused in; docs/SEMANTICS.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mask_empty_context: bool,
 }
 
 impl MergeVariant {
@@ -344,6 +349,9 @@ impl MergeVariant {
             && !matches!(self.family, Family::MergeStates { .. })
         {
             name.push_str("_tm");
+        }
+        if self.mask_empty_context {
+            name.push_str("_ctxmask");
         }
         if self.output == OutputKind::Fp8E4m3 {
             name.push_str("_fp8");
