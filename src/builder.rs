@@ -1,7 +1,8 @@
 //! The build-time API: a `build.rs` turns a spec into kernels in `OUT_DIR` and a Rust module to
-//! `include!`, with the images embedded and one typed launch function per kernel. Needs NVRTC, no
-//! nvcc and no GPU. Unchanged inputs (spec, templates, tool and NVRTC versions, archs) reuse the
-//! previous output and compile nothing.
+//! `include!`, with the images embedded, `load(ctx)` returning one resolved handle per kernel, one
+//! typed launch method per kernel and a run-time `dispatch` (the module's text:
+//! [`crate::host::rust_module`]). Needs NVRTC, no nvcc and no GPU. Unchanged inputs (spec,
+//! templates, tool and NVRTC versions, archs) reuse the previous output and compile nothing.
 //!
 //! In `build.rs`'s `main`:
 //!
@@ -13,19 +14,20 @@
 //! assert!(built.module.ends_with("mla_gen_kernels.rs"));
 //! ```
 //!
-//! and in the crate: `mod kernels { include!(concat!(env!("OUT_DIR"), "/mla_gen_kernels.rs")); }`.
+//! and in the crate: `mod kernels { include!(concat!(env!("OUT_DIR"), "/mla_gen_kernels.rs")); }`,
+//! then `let k = kernels::load(ctx)?;` and `k.<kernel name>(&stream, ...)`.
 
 use std::path::{Path, PathBuf};
 
-use crate::dtype::Dtype;
 use crate::gen::emit::{self, MANIFEST};
 use crate::gen::nvrtc;
 use crate::gen::render::{sha256_hex, Templates, TOOL_VERSION};
-use crate::gen::spec::{self, LseLayout, Spec};
+use crate::gen::spec::{self, Spec};
+pub use crate::host::rust_module::{rust_module, BindingKernel};
 use crate::Error;
 
 /// Environment variable: when `1`, build no kernels (documentation builds, machines without
-/// NVRTC); the module still declares every function, and loading returns an error.
+/// NVRTC); the module still declares every method, and loading returns an error.
 pub const ENV_SKIP: &str = "MLA_GEN_SKIP_COMPILE";
 /// The module file written to the output folder.
 pub const MODULE_FILE: &str = "mla_gen_kernels.rs";
@@ -273,203 +275,4 @@ fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     }
     std::fs::write(path, bytes).map_err(emit::io_err(path, "cannot write"))?;
     Ok(())
-}
-
-/// What a typed binding needs to know of a kernel (read from the manifest).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BindingKernel {
-    pub name: String,
-    /// Which launch the binding calls.
-    pub family: spec::Family,
-    pub dtype: Dtype,
-    pub head_size: u32,
-    pub prefix_threshold: bool,
-    pub output_lse: bool,
-    pub head_major: bool,
-    /// Writes FP8 e4m3 codes (`u8`) with a per-tensor scale.
-    pub fp8_output: bool,
-    /// Writes FP8 e4m3 codes (`u8`) with per-token-group scales: (group size, UE8M0).
-    pub fp8_group: Option<(u32, bool)>,
-}
-
-impl BindingKernel {
-    fn from_variant(v: &spec::MergeVariant) -> BindingKernel {
-        BindingKernel {
-            name: v.kernel_name(),
-            family: v.family,
-            dtype: v.dtype,
-            head_size: v.head_size,
-            prefix_threshold: v.prefix_threshold,
-            output_lse: v.output_lse,
-            head_major: v.lse_layout == LseLayout::HeadMajor,
-            fp8_output: v.output == spec::OutputKind::Fp8E4m3,
-            fp8_group: v.fp8_group.map(|g| (g.group_size, g.ue8m0)),
-        }
-    }
-
-    /// From a manifest's JSON: its `merge_attn_states` kernels; kernels it cannot read are left
-    /// out.
-    pub fn from_manifest(manifest: &serde_json::Value) -> Vec<BindingKernel> {
-        manifest["kernels"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|k| {
-                let v = &k["variant"];
-                let group = &v["fp8_group"];
-                let fp8_group = if group.is_null() {
-                    None
-                } else {
-                    Some((
-                        u32::try_from(group["group_size"].as_u64()?).ok()?,
-                        group["ue8m0"].as_bool()?,
-                    ))
-                };
-                Some(BindingKernel {
-                    name: k["name"].as_str()?.to_string(),
-                    family: serde_json::from_value(v["family"].clone()).ok()?,
-                    dtype: Dtype::from_name(v["dtype"].as_str()?)?,
-                    head_size: u32::try_from(v["head_size"].as_u64()?).ok()?,
-                    prefix_threshold: v["prefix_threshold"].as_bool()?,
-                    output_lse: v["output_lse"].as_bool()?,
-                    head_major: v["lse_layout"].as_str()? == "head_major",
-                    fp8_output: v["output"].as_str() == Some("fp8_e4m3"),
-                    fp8_group,
-                })
-            })
-            .collect()
-    }
-}
-
-/// The module text. `embedded`: the kernel folder and its image files; `None` builds the
-/// skip-mode module (no images; `load` returns an error).
-pub fn rust_module(
-    kernels: &[BindingKernel],
-    source: &str,
-    embedded: Option<(&Path, &[String])>,
-) -> String {
-    let mut s = format!(
-        "// Generated by mla-gen {TOOL_VERSION} from {source} (mla_gen::Builder). Do not edit; include! it.\n\
-         // Each function launches one kernel after the runtime's argument checks; see the manifest.\n\n"
-    );
-    match embedded {
-        Some((dir, files)) => {
-            s.push_str(&format!(
-                "/// The manifest these bindings were derived from: the kernels' ABI and launch rules.\npub const MANIFEST: &str = include_str!({:?});\n\n",
-                dir.join(MANIFEST).display().to_string()
-            ));
-            s.push_str("/// Kernel images, by their path in the manifest.\npub const FILES: &[(&str, &[u8])] = &[\n");
-            for f in files {
-                s.push_str(&format!(
-                    "    ({f:?}, include_bytes!({:?})),\n",
-                    dir.join(f).display().to_string()
-                ));
-            }
-            s.push_str("];\n\n");
-        }
-        None => s.push_str(&format!(
-            "/// Built with {ENV_SKIP}=1: no kernels are embedded.\npub const MANIFEST: &str = \"\";\npub const FILES: &[(&str, &[u8])] = &[];\n\n"
-        )),
-    }
-    s.push_str(
-        "/// Load every kernel into `ctx`: the CUBIN for the device's architecture, else PTX.\n\
-         pub fn load(\n    ctx: std::sync::Arc<mla_gen::cudarc::driver::CudaContext>,\n) -> Result<mla_gen::runtime::Runtime, mla_gen::runtime::RuntimeError> {\n    mla_gen::runtime::Runtime::from_embedded(ctx, MANIFEST, FILES)\n}\n",
-    );
-    for k in kernels {
-        let rust_type = match k.dtype {
-            Dtype::F32 => "f32".to_string(),
-            _ => format!("mla_gen::{}", k.dtype.info().rust_type),
-        };
-        let slices_type = if k.fp8_output || k.fp8_group.is_some() {
-            format!("{rust_type}, u8")
-        } else {
-            rust_type.clone()
-        };
-        // Every family's function: `rt`, `stream`, then its own arguments, one runtime call.
-        let typed = |args: &str, call: &str, doc: String| {
-            format!(
-                "\n/// `{name}`: {doc}\npub fn {name}(\n    rt: &mla_gen::runtime::Runtime,\n    stream: &mla_gen::cudarc::driver::CudaStream,\n    {args}\n) -> Result<(), mla_gen::runtime::RuntimeError> {{\n    rt.{call}\n}}\n",
-                name = k.name
-            )
-        };
-        let function = match k.family {
-            spec::Family::MergeAttnStates => {
-                let (thr_param, thr_value) = if k.prefix_threshold {
-                    (
-                        "\n    prefill_tokens_with_context: Option<usize>,",
-                        "prefill_tokens_with_context",
-                    )
-                } else {
-                    ("", "None")
-                };
-                // Per-token-group FP8 takes the scales' slice and strides beside the merge's.
-                let (scales_param, call, scales_arg) = match k.fp8_group {
-                    Some(_) => (
-                        "\n    scales: mla_gen::runtime::GroupScalesSlice<'_>,",
-                        "launch_group_fp8_typed",
-                        "scales, ",
-                    ),
-                    None => ("", "launch_typed", ""),
-                };
-                let fp8 = match k.fp8_group {
-                    Some((g, ue8m0)) => format!(
-                        " into FP8 e4m3 codes, one float32 scale per {g} elements written to `scales`{}",
-                        if ue8m0 { " (powers of two: UE8M0)" } else { "" }
-                    ),
-                    None if k.fp8_output => {
-                        " into FP8 e4m3 codes (output_scale required)".to_string()
-                    }
-                    None => String::new(),
-                };
-                typed(
-                    &format!("slices: mla_gen::runtime::MergeSlices<'_, {slices_type}>,{scales_param}\n    shape: mla_gen::runtime::MergeShape,{thr_param}"),
-                    &format!("{call}({:?}, stream, slices, {scales_arg}shape, {thr_value})", k.name),
-                    format!(
-                        "{} rows of {}{fp8}; threshold {}; output lse {}; lse {}.",
-                        k.dtype.name(),
-                        k.head_size,
-                        if k.prefix_threshold { "yes" } else { "no" },
-                        if k.output_lse { "yes" } else { "no (pass None)" },
-                        if k.head_major { "[H, T]" } else { "[T, H]" },
-                    ),
-                )
-            }
-            spec::Family::MergeStates { num_states } => typed(
-                &format!("slices: mla_gen::runtime::StatesSlices<'_, {rust_type}>,\n    shape: mla_gen::runtime::StatesShape,"),
-                &format!("launch_states_typed({:?}, stream, slices, shape)", k.name),
-                format!(
-                    "merge {} states of {} rows of {}; output lse {}.",
-                    num_states.map_or("K (shape.num_states)".to_string(), |n| n.to_string()),
-                    k.dtype.name(),
-                    k.head_size,
-                    if k.output_lse {
-                        "yes"
-                    } else {
-                        "no (pass None)"
-                    }
-                ),
-            ),
-            spec::Family::MergeStateInPlace { mask } => typed(
-                &format!("slices: mla_gen::runtime::InPlaceSlices<'_, {rust_type}>,\n    shape: mla_gen::runtime::InPlaceShape,"),
-                &format!("launch_in_place_typed({:?}, stream, slices, shape)", k.name),
-                format!(
-                    "state := merge(state, other), {} rows of {}; lse {}; mask {}.",
-                    k.dtype.name(),
-                    k.head_size,
-                    if k.head_major { "[H, T]" } else { "[T, H]" },
-                    if mask { "allowed" } else { "none (pass None)" }
-                ),
-            ),
-            spec::Family::MaskEmptyContextLse => typed(
-                "lse: &mut mla_gen::cudarc::driver::CudaSlice<f32>,\n    start_locs: (&mla_gen::cudarc::driver::CudaSlice<i32>, &mla_gen::cudarc::driver::CudaSlice<i32>),\n    num_tokens_heads: (usize, usize),",
-                &format!("launch_mask_lse_typed({:?}, stream, lse, start_locs, num_tokens_heads)", k.name),
-                format!(
-                    "lse := -inf for the tokens of requests with an empty context; lse {}; start_locs = (query_start_loc, context_start_loc), B + 1 each.",
-                    if k.head_major { "[H, T]" } else { "[T, H]" }
-                ),
-            ),
-        };
-        s.push_str(&function);
-    }
-    s
 }

@@ -21,7 +21,17 @@ fn a_second_build_with_nothing_changed_compiles_nothing() {
     assert_eq!(first.kernels, 2);
     let module = std::fs::read_to_string(&first.module).unwrap();
     assert!(module.contains("pub fn merge_attn_states_bf16_d128_thr_lse("));
-    assert!(module.contains("MergeSlices<'_, mla_gen::half::bf16>"));
+    assert!(module
+        .contains("prefix_output: &impl mla_gen::cudarc::driver::DevicePtr<mla_gen::half::bf16>,"));
+    assert!(
+        module.contains("output_lse: Option<&mut dyn mla_gen::cudarc::driver::DevicePtrMut<f32>>,")
+    );
+    // One handle per kernel, resolved once by `load`; `dispatch` picks one at run time.
+    assert!(module.contains(
+        "pub merge_attn_states_f32_d128_thr_lse: std::sync::Arc<mla_gen::runtime::Kernel>,"
+    ));
+    assert!(module.contains("merge_attn_states_f32_d128_thr_lse: runtime.require(\"merge_attn_states_f32_d128_thr_lse\")?,"));
+    assert!(module.contains("K::MergeAttnStates { dtype: D::F32, head_size: 128, output: O::Same, fp8_group: None, prefix_threshold: true, output_lse: true, lse_layout: L::HeadMajor } => Some(self.merge_attn_states_f32_d128_thr_lse.as_ref()),"));
     assert!(module.contains("pub fn merge_attn_states_f32_d128_thr_lse("));
     assert!(module.contains("kernels/merge_attn_states_f32_d128_thr_lse.sm_90.cubin"));
     let stamp = std::fs::metadata(&first.module)
@@ -97,17 +107,23 @@ fn group_fp8_kernels_get_a_typed_function_taking_the_scales() {
         .unwrap();
     let module = std::fs::read_to_string(&built.module).unwrap();
     let group = module
-        .split("\npub fn ")
+        .split("\n    pub fn ")
         .find(|f| f.starts_with("merge_attn_states_f16_d128_thr_lse_fp8g32_ue8m0("))
         .expect("a function for the group-FP8 kernel");
-    assert!(group.contains("MergeSlices<'_, mla_gen::half::f16, u8>"));
-    assert!(group.contains("scales: mla_gen::runtime::GroupScalesSlice<'_>"));
-    assert!(group.contains("rt.launch_group_fp8_typed("));
+    assert!(group.contains("output: &mut impl mla_gen::cudarc::driver::DevicePtrMut<u8>,"));
+    assert!(group
+        .contains("prefix_output: &impl mla_gen::cudarc::driver::DevicePtr<mla_gen::half::f16>,"));
+    assert!(group.contains("output_scales: &mut impl mla_gen::cudarc::driver::DevicePtrMut<f32>,"));
+    assert!(group.contains("output_scales_layout: mla_gen::runtime::ScaleLayout,"));
+    assert!(group.contains("prefill_tokens_with_context: Option<usize>,"));
+    assert!(!group.contains("output_scale:"));
     let per_tensor = module
-        .split("\npub fn ")
+        .split("\n    pub fn ")
         .find(|f| f.starts_with("merge_attn_states_f16_d128_thr_lse_fp8("))
+        .and_then(|f| f.split("l.run()").next())
         .expect("a function for the per-tensor FP8 kernel");
-    assert!(!per_tensor.contains("GroupScalesSlice") && per_tensor.contains("rt.launch_typed("));
+    assert!(per_tensor.contains("output_scale: &impl mla_gen::cudarc::driver::DevicePtr<f32>,"));
+    assert!(!per_tensor.contains("ScaleLayout") && !per_tensor.contains("output_scales"));
 }
 
 #[test]

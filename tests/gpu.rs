@@ -17,8 +17,8 @@ use rayon::prelude::*;
 use mla_gen::dtype::Dtype;
 use mla_gen::reference::{self, lse_index, Layout, RowMerge, StatesMerge};
 use mla_gen::runtime::{
-    self, DeviceBuffer, GroupScales, InPlaceArgs, IndexBuffer, LoadedKernel, MaskBuffer,
-    MaskLseArgs, MergeArgs, Runtime, StatesArgs, StatesLayout,
+    self, DeviceBuffer, GroupScales, InPlaceArgs, Kernel, MaskLseArgs, MergeArgs, Runtime,
+    StatesArgs, StatesLayout,
 };
 use mla_gen::spec::Family;
 
@@ -55,6 +55,18 @@ fn dir_of(var: Option<&str>) -> Option<PathBuf> {
             })
         }
     }
+}
+
+/// Elements per vector access: every stride a tensor takes must be a multiple of it (the
+/// contract's `stride_multiple`, equal for all of a kernel's row tensors).
+fn vec_elems(k: &Kernel) -> usize {
+    k.meta
+        .params
+        .iter()
+        .filter_map(|p| p.tensor.as_ref())
+        .map(|t| t.stride_multiple as usize)
+        .max()
+        .unwrap_or(1)
 }
 
 fn report(line: &str) {
@@ -339,8 +351,7 @@ fn padded_layouts(d: usize, h: usize, vec: usize) -> Layouts {
 
 #[allow(clippy::too_many_arguments)]
 fn run_case(
-    rt: &Runtime,
-    k: &LoadedKernel,
+    k: &Kernel,
     stream: &Arc<CudaStream>,
     t: usize,
     h: usize,
@@ -351,7 +362,7 @@ fn run_case(
 ) -> Result<u64, String> {
     let dtype = k.meta.dtype().unwrap();
     let d = k.meta.variant.head_size as usize;
-    let vec = k.meta.launch.vec_elems as usize;
+    let vec = vec_elems(k);
     let (pl, sl, ol) = layouts.unwrap_or_else(|| padded_layouts(d, h, vec));
     let prefix = random_tensor(dtype, t, h, d, pl, seed ^ 0x1111);
     let suffix = random_tensor(dtype, t, h, d, sl, seed ^ 0x2222);
@@ -423,8 +434,9 @@ fn run_case(
         suffix_layout: sl,
         prefill_tokens_with_context: threshold,
     };
-    rt.launch_merge(k, stream, &args)
-        .map_err(|e| e.to_string())?;
+    // SAFETY: every buffer is one of this case's allocations above, with its length; they live
+    // until after the synchronize below.
+    unsafe { k.launch(stream, &args.args()) }.map_err(|e| e.to_string())?;
     stream.synchronize().map_err(|e| format!("{e:?}"))?;
     let out = download_bits(stream, out_dtype, o_hold.as_ref());
     let out_lse: Vec<u32> = stream.clone_dtoh(&ol_dev).unwrap();
@@ -525,8 +537,7 @@ fn random_lse_value(rng: &mut Rng) -> f32 {
 /// A K-way merge case: K states [T, K, H, D] in padded strides, lse [T, K, H] with the suite's
 /// specials and ~3% of rows without keys in any state.
 fn run_states_case(
-    rt: &Runtime,
-    k: &LoadedKernel,
+    k: &Kernel,
     stream: &Arc<CudaStream>,
     (t, h, kk): (usize, usize, usize),
     with_lse: bool,
@@ -534,7 +545,7 @@ fn run_states_case(
 ) -> Result<u64, String> {
     let dtype = k.meta.dtype().unwrap();
     let d = k.meta.variant.head_size as usize;
-    let vec = k.meta.launch.vec_elems as usize;
+    let vec = vec_elems(k);
     let round = |x: usize| x.div_ceil(vec) * vec;
     let head_stride = round(d + d / 2);
     let sl = StatesLayout {
@@ -615,8 +626,8 @@ fn run_states_case(
         output_layout: ol,
         states_layout: sl,
     };
-    rt.launch_states(k, stream, &args)
-        .map_err(|e| e.to_string())?;
+    // SAFETY: as in run_case: this case's allocations, alive until the synchronize.
+    unsafe { k.launch(stream, &args.args()) }.map_err(|e| e.to_string())?;
     stream.synchronize().map_err(|e| format!("{e:?}"))?;
     let out = download_bits(stream, dtype, o_hold.as_ref());
     let out_lse: Vec<u32> = stream.clone_dtoh(&ol_dev).unwrap();
@@ -655,8 +666,7 @@ fn run_states_case(
 /// An in-place case: state (padded) := merge(state, other), with an optional mask of ~30% zeros.
 /// Masked tokens and rows without keys must keep their exact bits; padding its poison.
 fn run_in_place_case(
-    rt: &Runtime,
-    k: &LoadedKernel,
+    k: &Kernel,
     stream: &Arc<CudaStream>,
     (t, h): (usize, usize),
     with_mask: bool,
@@ -664,7 +674,7 @@ fn run_in_place_case(
 ) -> Result<u64, String> {
     let dtype = k.meta.dtype().unwrap();
     let d = k.meta.variant.head_size as usize;
-    let vec = k.meta.launch.vec_elems as usize;
+    let vec = vec_elems(k);
     let (state_l, other_l, _) = padded_layouts(d, h, vec);
     let state = random_tensor(dtype, t, h, d, state_l, seed ^ 0x1111);
     let other = random_tensor(dtype, t, h, d, other_l, seed ^ 0x2222);
@@ -686,17 +696,18 @@ fn run_in_place_case(
         state_lse: f32buf(raw(&stl_dev, stream)),
         other: ot_buf,
         other_lse: f32buf(raw(&otl_dev, stream)),
-        mask: with_mask.then(|| MaskBuffer {
+        mask: with_mask.then(|| DeviceBuffer {
             ptr: raw(&mask_dev, stream),
             len: t,
+            dtype: Dtype::U8,
         }),
         num_tokens: t,
         num_heads: h,
         state_layout: state_l,
         other_layout: other_l,
     };
-    rt.launch_in_place(k, stream, &args)
-        .map_err(|e| e.to_string())?;
+    // SAFETY: as in run_case.
+    unsafe { k.launch(stream, &args.args()) }.map_err(|e| e.to_string())?;
     stream.synchronize().map_err(|e| format!("{e:?}"))?;
     let out = download_bits(stream, dtype, st_hold.as_ref());
     let out_lse: Vec<f32> = stream.clone_dtoh(&stl_dev).unwrap();
@@ -765,8 +776,7 @@ fn run_in_place_case(
 /// ~40% with an empty context; the rest of the tokens belong to none. Masked (t, h) must read
 /// -inf, every other lse value its exact bits.
 fn run_mask_lse_case(
-    rt: &Runtime,
-    k: &LoadedKernel,
+    k: &Kernel,
     stream: &Arc<CudaStream>,
     (t, h, requests): (usize, usize, usize),
     seed: u64,
@@ -799,20 +809,22 @@ fn run_mask_lse_case(
             len: t * h,
             dtype: Dtype::F32,
         },
-        query_start_loc: IndexBuffer {
+        query_start_loc: DeviceBuffer {
             ptr: raw(&qsl_dev, stream),
             len: qsl.len(),
+            dtype: Dtype::I32,
         },
-        context_start_loc: IndexBuffer {
+        context_start_loc: DeviceBuffer {
             ptr: raw(&csl_dev, stream),
             len: csl.len(),
+            dtype: Dtype::I32,
         },
         num_requests: requests,
         num_tokens: t,
         num_heads: h,
     };
-    rt.launch_mask_lse(k, stream, &args)
-        .map_err(|e| e.to_string())?;
+    // SAFETY: as in run_case.
+    unsafe { k.launch(stream, &args.args()) }.map_err(|e| e.to_string())?;
     stream.synchronize().map_err(|e| format!("{e:?}"))?;
     let got: Vec<f32> = stream.clone_dtoh(&lse_dev).unwrap();
     let mut want = lse.clone();
@@ -829,8 +841,7 @@ fn run_mask_lse_case(
 /// Run one case of kernel `k`, whatever its family; `case` picks the options it cycles through.
 #[allow(clippy::too_many_arguments)]
 fn run_any(
-    rt: &Runtime,
-    k: &LoadedKernel,
+    k: &Kernel,
     stream: &Arc<CudaStream>,
     t: usize,
     h: usize,
@@ -858,7 +869,7 @@ fn run_any(
             let (th, with_lse) = combos[case % combos.len()];
             (
                 format!("threshold={th:?} lse={with_lse}"),
-                run_case(rt, k, stream, t, h, th, with_lse, seed, None),
+                run_case(k, stream, t, h, th, with_lse, seed, None),
             )
         }
         Family::MergeStates { num_states } => {
@@ -870,21 +881,21 @@ fn run_any(
             let t = t.min(((1usize << 25) / (kk * h * (d + d / 2 + 8))).max(1));
             (
                 format!("T'={t} K={kk} lse={with_lse}"),
-                run_states_case(rt, k, stream, (t, h, kk), with_lse, seed),
+                run_states_case(k, stream, (t, h, kk), with_lse, seed),
             )
         }
         Family::MaskEmptyContextLse => {
             let requests = [1, 5, 64, 1000][case % 4].min(t);
             (
                 format!("requests={requests}"),
-                run_mask_lse_case(rt, k, stream, (t, h, requests), seed),
+                run_mask_lse_case(k, stream, (t, h, requests), seed),
             )
         }
         Family::MergeStateInPlace { mask } => {
             let with_mask = mask && case % 3 != 2;
             (
                 format!("mask={with_mask}"),
-                run_in_place_case(rt, k, stream, (t, h), with_mask, seed),
+                run_in_place_case(k, stream, (t, h), with_mask, seed),
             )
         }
     }
@@ -909,7 +920,7 @@ fn suite(dirs: &[PathBuf], tokens: &[usize], heads: &[usize]) -> Counts {
                         ^ h as u64
                         ^ (case as u64) << 48;
                     c.cases += 1;
-                    let (options, result) = run_any(&rt, k, &stream, t, h, which, seed);
+                    let (options, result) = run_any(k, &stream, t, h, which, seed);
                     match result {
                         Ok(n) => {
                             c.passed += 1;
@@ -971,7 +982,7 @@ fn boundary_shapes_stay_inside_their_buffers() {
     let (mut cases, mut failed) = (0usize, Vec::new());
     for k in rt.kernels() {
         let d = k.meta.variant.head_size as usize;
-        let vec = k.meta.launch.vec_elems as usize;
+        let vec = vec_elems(k);
         let wide = |h: usize, gap: usize| Layout {
             head_stride: d,
             token_stride: h * d + gap * vec,
@@ -986,7 +997,7 @@ fn boundary_shapes_stay_inside_their_buffers() {
             for threshold in [None, Some(0), Some(t)] {
                 cases += 1;
                 let seed = 0xb0 ^ ((t * 131 + h) as u64) ^ ((cases as u64) << 20);
-                if let Err(why) = run_case(&rt, k, &stream, t, h, threshold, true, seed, layouts) {
+                if let Err(why) = run_case(k, &stream, t, h, threshold, true, seed, layouts) {
                     failed.push(format!("{} T={t} H={h} {threshold:?}: {why}", k.meta.name));
                 }
             }
@@ -1063,7 +1074,8 @@ fn fp8_conversion_matches_the_reference_on_every_float32() {
                 suffix_layout: row_major,
                 prefill_tokens_with_context: Some(0),
             };
-            rt.launch_merge(k, &stream, &args).unwrap();
+            // SAFETY: this chunk's allocations above, alive until the copy back synchronizes.
+            unsafe { k.launch(&stream, &args.args()) }.unwrap();
             let codes: Vec<u8> = stream.clone_dtoh(&out).unwrap();
             let wrong: Vec<(u32, u8)> = bits
                 .par_iter()

@@ -1,10 +1,22 @@
 //! Every argument that could make a kernel touch memory outside its tensors is refused before
-//! launch. Runs without a GPU: validation reads only the manifest.
+//! launch. Runs without a GPU: validation reads only the manifest. The refusals come from the one
+//! generic check (docs/MANIFEST.md "The check"); tests/contract.rs runs the shared table.
 #![cfg(feature = "cuda")]
 
 use mla_gen::dtype::Dtype;
 use mla_gen::reference::Layout;
-use mla_gen::runtime::{validate, DeviceBuffer, KernelView, ManifestView, MergeArgs};
+use mla_gen::runtime::{Checked, DeviceBuffer, KernelView, ManifestView, MergeArgs};
+
+/// The check of `args` against `k`, as a launch would run it.
+fn validate(k: &KernelView, args: &MergeArgs) -> Result<Checked, mla_gen::runtime::RuntimeError> {
+    mla_gen::runtime::validate(k, &args.args())
+}
+
+/// A generated manifest, as the runtime reads it.
+fn view(manifest: &mla_gen::emit::Manifest) -> ManifestView {
+    let text = serde_json::to_vec(manifest).unwrap();
+    ManifestView::parse(std::path::Path::new("manifest.json"), &text).unwrap()
+}
 
 fn kernel(name: &str) -> KernelView {
     let text = std::fs::read(concat!(
@@ -12,7 +24,7 @@ fn kernel(name: &str) -> KernelView {
         "/generated/manifest.json"
     ))
     .unwrap();
-    let m: ManifestView = serde_json::from_slice(&text).unwrap();
+    let m = ManifestView::parse(std::path::Path::new("manifest.json"), &text).unwrap();
     m.kernels.into_iter().find(|k| k.name == name).unwrap()
 }
 
@@ -59,21 +71,22 @@ fn refused(k: &KernelView, a: &MergeArgs, needle: &str) {
 #[test]
 fn a_valid_call_yields_params_in_abi_order() {
     let k = kernel("merge_attn_states_bf16_d128_thr_lse");
-    let (values, (grid, block)) = validate(&k, &good()).unwrap().unwrap();
+    let c = validate(&k, &good()).unwrap();
+    let values = c.values();
     assert_eq!(values.len(), k.params.len());
     assert_eq!(values[0], 0x1000_0000);
     assert_eq!(*values.last().unwrap(), (T / 2) as u64);
-    assert_eq!(grid, [1, H as u32, 1]);
-    assert_eq!(block, k.launch.block_threads);
+    assert_eq!(c.grid, Some([1, H as u32, 1]));
+    assert_eq!(c.block_threads, k.launch.block_threads);
     // No threshold given: n = T. T = 0: nothing to launch.
     let mut a = good();
     a.prefill_tokens_with_context = None;
     assert_eq!(
-        *validate(&k, &a).unwrap().unwrap().0.last().unwrap(),
+        *validate(&k, &a).unwrap().values().last().unwrap(),
         T as u64
     );
     a.num_tokens = 0;
-    assert!(validate(&k, &a).unwrap().is_none());
+    assert!(validate(&k, &a).unwrap().grid.is_none());
     // Padded heads (V of 128 inside 192) are fine.
     let mut a = good();
     a.prefix_layout = Layout {
@@ -81,6 +94,16 @@ fn a_valid_call_yields_params_in_abi_order() {
         head_stride: 192,
     };
     a.prefix.len = T * H * 192;
+    assert!(validate(&k, &a).is_ok());
+    // Read-only inputs may alias themselves (only written tensors must be distinct): one prefix
+    // row broadcast to every head, and both lse from one buffer. (The runtime's hand-written
+    // check before the generic one refused a head stride below D on inputs too.)
+    let mut a = good();
+    a.prefix_layout = Layout {
+        token_stride: D,
+        head_stride: 0,
+    };
+    a.suffix_lse = a.prefix_lse;
     assert!(validate(&k, &a).is_ok());
 }
 
@@ -95,42 +118,70 @@ fn each_unsafe_argument_is_refused() {
     refused(&k, &a, "suffix_lse is bf16");
     let mut a = good();
     a.suffix.len -= 1;
-    refused(&k, &a, "suffix_output: [T=10, H=4, D=128]");
+    refused(
+        &k,
+        &a,
+        "suffix_output: [T=10, H=4, D=128] with strides (512, 128, 1) needs 5120 elements, it has 5119",
+    );
     let mut a = good();
     a.prefix_lse.len = T * H - 1;
-    refused(&k, &a, "prefix_lse: 39 elements");
+    refused(
+        &k,
+        &a,
+        "prefix_lse: [H=4, T=10] with strides (10, 1) needs 40 elements, it has 39",
+    );
     let mut a = good();
     a.output_layout.head_stride = 120;
-    refused(&k, &a, "head stride 120 < head size 128");
+    refused(
+        &k,
+        &a,
+        "output: [T=10, H=4, D=128] with strides (512, 120, 1) maps two elements to one address",
+    );
     let mut a = good();
     a.suffix_layout = Layout {
         token_stride: H * 132,
         head_stride: 132,
     };
     a.suffix.len = T * H * 132;
-    refused(&k, &a, "must be multiples of 8 elements");
+    refused(
+        &k,
+        &a,
+        "suffix_output: suffix_head_stride = 132 is not a multiple of 8 elements (the kernel's 16-byte access)",
+    );
     let mut a = good();
     a.prefix.ptr += 2;
-    refused(&k, &a, "not aligned to 16 bytes");
+    refused(
+        &k,
+        &a,
+        "prefix_output: pointer 0x30000002 is not aligned to 16 bytes",
+    );
     let mut a = good();
     a.prefill_tokens_with_context = Some(T + 1);
     refused(
         &k,
         &a,
-        "prefill_tokens_with_context = 11 exceeds num_tokens = 10",
+        "prefill_tokens_with_context = 11 exceeds its maximum num_tokens = 10",
     );
     let mut a = good();
     a.output.ptr = 0;
     refused(&k, &a, "output is a null pointer");
     let mut a = good();
     a.output = a.prefix;
-    refused(&k, &a, "output overlaps prefix_output");
+    refused(
+        &k,
+        &a,
+        "output overlaps prefix_output: the kernel writes output, which may share memory with no other argument",
+    );
     let mut a = good();
     a.output_layout = Layout {
         token_stride: D,
         head_stride: D,
     };
-    refused(&k, &a, "rows would overlap");
+    refused(
+        &k,
+        &a,
+        "output: [T=10, H=4, D=128] with strides (128, 128, 1) maps two elements to one address",
+    );
     let mut a = good();
     a.num_tokens = 1 << 40;
     a.output.len = usize::MAX / 4;
@@ -140,7 +191,7 @@ fn each_unsafe_argument_is_refused() {
     a.suffix_lse.len = usize::MAX / 4;
     a.output_lse = None;
     a.prefill_tokens_with_context = None;
-    refused(&k, &a, "needs more than 2^31-1 blocks");
+    refused(&k, &a, "blocks in grid x, over CUDA's limit 2147483647");
 }
 
 #[test]
@@ -149,13 +200,21 @@ fn options_the_variant_lacks_are_refused() {
     let spec = mla_gen::spec::parse("t.toml", text).unwrap();
     let t = mla_gen::render::Templates::embedded().unwrap();
     let (_, manifest) = mla_gen::generate_files(&spec, &t, 1, false).unwrap();
-    let m: ManifestView = serde_json::from_value(serde_json::to_value(&manifest).unwrap()).unwrap();
+    let m = view(&manifest);
     let k = &m.kernels[0];
     let a = good();
-    refused(k, &a, "output_lse given, but this kernel has no output_lse");
+    refused(
+        k,
+        &a,
+        "output_lse given, but this kernel takes no output_lse",
+    );
     let mut a = good();
     a.output_lse = None;
-    refused(k, &a, "this kernel has no threshold");
+    refused(
+        k,
+        &a,
+        "prefill_tokens_with_context = 5, but this kernel is built for prefill_tokens_with_context = num_tokens = 10",
+    );
     a.prefill_tokens_with_context = Some(T);
     assert!(
         validate(k, &a).is_ok(),
@@ -169,9 +228,9 @@ fn the_grid_follows_the_manifest_launch_rule_for_every_schedule() {
     let spec = mla_gen::spec::parse("t.toml", text).unwrap();
     let t = mla_gen::render::Templates::embedded().unwrap();
     let (_, manifest) = mla_gen::generate_files(&spec, &t, 1, false).unwrap();
-    let m: ManifestView = serde_json::from_value(serde_json::to_value(&manifest).unwrap()).unwrap();
+    let m = view(&manifest);
     assert_eq!(m.kernels.len(), 8);
-    for k in &m.kernels {
+    for (k, built) in m.kernels.iter().zip(&manifest.kernels) {
         let d = k.variant.head_size as usize;
         let (tt, hh) = (1000usize, 30usize);
         let mut a = good();
@@ -190,18 +249,27 @@ fn the_grid_follows_the_manifest_launch_rule_for_every_schedule() {
         }
         a.output_lse = None;
         a.prefill_tokens_with_context = None;
-        let (_, (grid, block)) = validate(k, &a).unwrap().unwrap();
-        let per_block = (k.launch.tokens_per_block * k.launch.rows_per_thread) as usize;
+        let c = validate(k, &a).unwrap();
+        let grid = c.grid.unwrap();
+        // The rule as data is the schedule's: tokens per block times rows per thread, heads
+        // per block.
+        let l = &built.launch;
+        assert_eq!(
+            k.launch.grid_x.per_block,
+            l.tokens_per_block * l.rows_per_thread
+        );
+        assert_eq!(k.launch.grid_y.per_block, l.heads_per_block);
+        let per_block = (l.tokens_per_block * l.rows_per_thread) as usize;
         assert_eq!(grid[0] as usize, tt.div_ceil(per_block), "{}", k.name);
         assert_eq!(
             grid[1] as usize,
-            hh.div_ceil(k.launch.heads_per_block as usize),
+            hh.div_ceil(l.heads_per_block as usize),
             "{}",
             k.name
         );
-        assert_eq!(block, k.launch.block_threads);
+        assert_eq!(c.block_threads, l.block_threads);
         assert_eq!(
-            k.launch.block_threads % (k.launch.tokens_per_block * k.launch.heads_per_block),
+            l.block_threads % (l.tokens_per_block * l.heads_per_block),
             0
         );
     }
@@ -209,16 +277,36 @@ fn the_grid_follows_the_manifest_launch_rule_for_every_schedule() {
 
 #[test]
 fn a_manifest_from_a_newer_tool_is_refused_not_misread() {
+    // Another schema is not read at all.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/generated/manifest.json"
+    ))
+    .unwrap()
+    .replacen("\"schema_version\": 2", "\"schema_version\": 3", 1);
+    let e = ManifestView::parse(std::path::Path::new("manifest.json"), text.as_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("schema_version 3"), "{e}");
+    // Within the schema, a parameter the caller does not name, or an element type it does not
+    // pass, is refused by the contract itself.
     let mut k = kernel("merge_attn_states_bf16_d128_thr_lse");
     k.params[3].name = "prefix_lse_scale".to_string();
     refused(
         &k,
         &good(),
-        "the manifest lists a parameter this runtime does not know for a merge_attn_states kernel: prefix_lse_scale",
+        "merge_attn_states_bf16_d128_thr_lse: prefix_lse given, but this kernel takes no prefix_lse",
     );
     let mut k = kernel("merge_attn_states_bf16_d128_thr_lse");
-    k.variant.dtype = "fp4".to_string();
-    refused(&k, &good(), "unknown dtype \"fp4\"");
+    k.params[2].elem = Some("fp4".to_string());
+    refused(&k, &good(), "prefix_output is bf16, the kernel takes fp4");
+    // A contract naming what is neither a parameter nor a constant is a manifest error.
+    let mut k = kernel("merge_attn_states_bf16_d128_thr_lse");
+    k.constants.clear();
+    let e = mla_gen::runtime::validate(&k, &good().args())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("names `head_size`"), "{e}");
 }
 
 #[test]
@@ -227,17 +315,24 @@ fn fp8_kernels_need_their_scale_and_a_byte_output() {
     let spec = mla_gen::spec::parse("t.toml", text).unwrap();
     let t = mla_gen::render::Templates::embedded().unwrap();
     let (_, manifest) = mla_gen::generate_files(&spec, &t, 1, false).unwrap();
-    let m: ManifestView = serde_json::from_value(serde_json::to_value(&manifest).unwrap()).unwrap();
+    let m = view(&manifest);
     let k = &m.kernels[0];
-    assert_eq!(k.launch.out_vec_bytes, 8);
+    let align = |name: &str| {
+        let p = k.params.iter().find(|p| p.name == name).unwrap();
+        p.tensor.as_ref().unwrap().align_bytes
+    };
+    assert_eq!((align("output"), align("prefix_output")), (8, 16));
     let fp8 = || {
         let mut a = good();
         a.output.dtype = Dtype::Fp8E4m3;
         a.output_scale = Some(buf(0x7000_0000, 1, Dtype::F32));
         a
     };
-    let (values, _) = validate(k, &fp8()).unwrap().unwrap();
-    assert!(values.contains(&0x7000_0000), "the scale pointer is passed");
+    let c = validate(k, &fp8()).unwrap();
+    assert!(
+        c.values().contains(&0x7000_0000),
+        "the scale pointer is passed"
+    );
     let mut a = fp8();
     a.output_scale = None;
     refused(k, &a, "output_scale is required");
@@ -248,22 +343,60 @@ fn fp8_kernels_need_their_scale_and_a_byte_output() {
     a.output.ptr += 8; // 8-byte aligned is enough for 8 one-byte codes
     assert!(validate(k, &a).is_ok());
     a.output.ptr += 4;
-    refused(k, &a, "not aligned to 8 bytes");
+    refused(
+        k,
+        &a,
+        "output: pointer 0x1000000c is not aligned to 8 bytes",
+    );
     let mut a = fp8();
     a.output_scale = Some(buf(0x7000_0002, 1, Dtype::F32));
-    refused(k, &a, "4-byte-aligned float32");
+    refused(
+        k,
+        &a,
+        "output_scale: pointer 0x70000002 is not aligned to 4 bytes",
+    );
+    let mut a = fp8();
+    a.output_scale = Some(buf(0x7000_0000, 0, Dtype::F32));
+    refused(
+        k,
+        &a,
+        "output_scale: [] with strides () needs 1 elements, it has 0",
+    );
     // And a same-dtype kernel refuses a scale.
     let same = kernel("merge_attn_states_bf16_d128_thr_lse");
     let mut a = good();
     a.output_scale = Some(buf(0x7000_0000, 1, Dtype::F32));
-    refused(&same, &a, "output is not FP8");
+    refused(
+        &same,
+        &a,
+        "output_scale given, but this kernel takes no output_scale",
+    );
 }
 
 // ---- K-way and in-place merges ----
 
-use mla_gen::runtime::{
-    validate_in_place, validate_states, InPlaceArgs, MaskBuffer, StatesArgs, StatesLayout,
-};
+use mla_gen::runtime::{InPlaceArgs, MaskLseArgs, StatesArgs, StatesLayout};
+
+fn validate_states(
+    k: &KernelView,
+    a: &StatesArgs,
+) -> Result<Checked, mla_gen::runtime::RuntimeError> {
+    mla_gen::runtime::validate(k, &a.args())
+}
+
+fn validate_in_place(
+    k: &KernelView,
+    a: &InPlaceArgs,
+) -> Result<Checked, mla_gen::runtime::RuntimeError> {
+    mla_gen::runtime::validate(k, &a.args())
+}
+
+fn validate_mask_lse(
+    k: &KernelView,
+    a: &MaskLseArgs,
+) -> Result<Checked, mla_gen::runtime::RuntimeError> {
+    mla_gen::runtime::validate(k, &a.args())
+}
 
 /// The manifest entry `generate` would write for each kernel of `spec_text`, without compiling.
 fn kernels_of(spec_text: &str) -> Vec<KernelView> {
@@ -271,11 +404,13 @@ fn kernels_of(spec_text: &str) -> Vec<KernelView> {
     spec.variants
         .iter()
         .map(|v| {
+            let c = mla_gen::abi::contract(v);
             serde_json::from_value(serde_json::json!({
                 "name": v.kernel_name(),
                 "variant": v,
-                "params": mla_gen::abi::params(v),
-                "launch": mla_gen::abi::Launch::for_variant(v),
+                "params": c.params,
+                "constants": c.constants,
+                "launch": c.launch,
                 "archs": [],
             }))
             .unwrap()
@@ -312,35 +447,52 @@ fn k_way_launches_are_checked_like_pairwise_ones() {
         "[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n",
     );
     let (fixed, runtime_k) = (&ks[0], &ks[1]);
-    let (values, (grid, _)) = validate_states(fixed, &good_states()).unwrap().unwrap();
+    let c = validate_states(fixed, &good_states()).unwrap();
+    let (values, grid) = (c.values(), c.grid.unwrap());
     assert_eq!(values[0], 0x1000_0000);
     assert_eq!(values[2], 0x3000_0000);
     assert_eq!(values[values.len() - 2], (H * D) as u64, "state stride");
     assert_eq!(
         grid[1] as usize,
-        H.div_ceil(fixed.launch.heads_per_block as usize)
+        H.div_ceil(fixed.launch.grid_y.per_block as usize)
     );
     // The runtime-K kernel takes K as an argument, after states_lse.
-    let (values, _) = validate_states(runtime_k, &good_states()).unwrap().unwrap();
-    assert_eq!(values[4], K as u64);
+    let c = validate_states(runtime_k, &good_states()).unwrap();
+    assert_eq!(c.values()[4], K as u64);
 
     let mut a = good_states();
     a.num_states = 3;
-    states_refused(fixed, &a, "merges exactly 4 states");
+    states_refused(
+        fixed,
+        &a,
+        "num_states = 3, but this kernel is built for num_states = 4",
+    );
     a.num_states = 0;
-    states_refused(runtime_k, &a, "nothing to merge");
+    states_refused(runtime_k, &a, "num_states = 0 is below its minimum 1");
     let mut a = good_states();
     a.states.len -= 1;
-    states_refused(fixed, &a, "states: [T=10, K=4, H=4, D=128]");
+    states_refused(
+        fixed,
+        &a,
+        "states: [T=10, K=4, H=4, D=128] with strides (2048, 512, 128, 1) needs 20480 elements, it has 20479",
+    );
     let mut a = good_states();
     a.states_lse.len = T * H;
-    states_refused(fixed, &a, "num_tokens * num_states * num_heads");
+    states_refused(
+        fixed,
+        &a,
+        "states_lse: [T=10, K=4, H=4] with strides (16, 4, 1) needs 160 elements, it has 40",
+    );
     let mut a = good_states();
     a.output.ptr = a.states.ptr + 256;
     states_refused(fixed, &a, "output overlaps states");
     let mut a = good_states();
     a.states_layout.state_stride += 1;
-    states_refused(fixed, &a, "multiples of 8 elements");
+    states_refused(
+        fixed,
+        &a,
+        "states: states_state_stride = 513 is not a multiple of 8 elements",
+    );
     let mut a = good_states();
     a.states.dtype = Dtype::F16;
     states_refused(fixed, &a, "states is f16, the kernel takes bf16");
@@ -348,12 +500,12 @@ fn k_way_launches_are_checked_like_pairwise_ones() {
     states_refused(
         &kernel("merge_attn_states_bf16_d128_thr_lse"),
         &good_states(),
-        "not merge_states",
+        "states given, but this kernel takes no states",
     );
     refused(
         fixed,
         &good(),
-        "this is a merge_states kernel, not merge_attn_states",
+        "prefix_output given, but this kernel takes no prefix_output",
     );
 }
 
@@ -363,10 +515,7 @@ fn good_in_place() -> InPlaceArgs {
         state_lse: buf(0x2000_0000, T * H, Dtype::F32),
         other: buf(0x3000_0000, T * H * D, Dtype::F16),
         other_lse: buf(0x4000_0000, T * H, Dtype::F32),
-        mask: Some(MaskBuffer {
-            ptr: 0x5000_0000,
-            len: T,
-        }),
+        mask: Some(buf(0x5000_0000, T, Dtype::U8)),
         num_tokens: T,
         num_heads: H,
         state_layout: Layout::contiguous(H, D),
@@ -387,11 +536,9 @@ fn in_place_launches_refuse_aliasing_and_a_short_mask() {
         "[[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 128\nmask = [true, false]\n",
     );
     let (masked, plain) = (&ks[0], &ks[1]);
-    let (values, _) = validate_in_place(masked, &good_in_place())
-        .unwrap()
-        .unwrap();
+    let c = validate_in_place(masked, &good_in_place()).unwrap();
     assert_eq!(
-        values[..5],
+        c.values()[..5],
         [
             0x1000_0000,
             0x2000_0000,
@@ -403,59 +550,59 @@ fn in_place_launches_refuse_aliasing_and_a_short_mask() {
     let mut a = good_in_place();
     a.mask = None;
     assert!(
-        validate_in_place(masked, &a).unwrap().is_some(),
+        validate_in_place(masked, &a).unwrap().grid.is_some(),
         "null mask = every token"
     );
-    assert!(validate_in_place(plain, &a).unwrap().is_some());
-    in_place_refused(plain, &good_in_place(), "this kernel has no mask");
+    assert!(validate_in_place(plain, &a).unwrap().grid.is_some());
+    in_place_refused(
+        plain,
+        &good_in_place(),
+        "mask given, but this kernel takes no mask",
+    );
 
     let mut a = good_in_place();
-    a.mask = Some(MaskBuffer {
-        ptr: 0x5000_0000,
-        len: T - 1,
-    });
-    in_place_refused(masked, &a, "needs one per token");
+    a.mask = Some(buf(0x5000_0000, T - 1, Dtype::U8));
+    in_place_refused(
+        masked,
+        &a,
+        "mask: [T=10] with strides (1) needs 10 elements, it has 9",
+    );
     let mut a = good_in_place();
     a.other.ptr = a.state.ptr;
-    in_place_refused(masked, &a, "state overlaps other");
+    in_place_refused(masked, &a, "state overlaps other: the kernel writes state");
     let mut a = good_in_place();
-    a.mask = Some(MaskBuffer {
-        ptr: a.state_lse.ptr + 4,
-        len: T,
-    });
+    a.mask = Some(buf(a.state_lse.ptr + 4, T, Dtype::U8));
     in_place_refused(masked, &a, "state_lse overlaps mask");
     let mut a = good_in_place();
     a.state_lse.ptr = a.state.ptr + 64;
     in_place_refused(masked, &a, "state overlaps state_lse");
     let mut a = good_in_place();
     a.state_layout.token_stride = D;
-    in_place_refused(masked, &a, "rows would overlap");
+    in_place_refused(
+        masked,
+        &a,
+        "state: [T=10, H=4, D=128] with strides (128, 128, 1) maps two elements to one address",
+    );
 }
 
 #[test]
 fn lse_mask_launches_check_the_start_locations_buffers() {
-    use mla_gen::runtime::{validate_mask_lse, IndexBuffer, MaskLseArgs};
     let ks =
         kernels_of("[[mask_empty_context_lse]]\nlse_layout = [\"head_major\", \"token_major\"]\n");
     assert_eq!(ks[0].name, "mask_empty_context_lse");
     assert_eq!(ks[1].name, "mask_empty_context_lse_tm");
     let good = || MaskLseArgs {
         lse: buf(0x1000_0000, T * H, Dtype::F32),
-        query_start_loc: IndexBuffer {
-            ptr: 0x2000_0000,
-            len: 4,
-        },
-        context_start_loc: IndexBuffer {
-            ptr: 0x3000_0000,
-            len: 4,
-        },
+        query_start_loc: buf(0x2000_0000, 4, Dtype::I32),
+        context_start_loc: buf(0x3000_0000, 4, Dtype::I32),
         num_requests: 3,
         num_tokens: T,
         num_heads: H,
     };
-    let (values, (grid, block)) = validate_mask_lse(&ks[0], &good()).unwrap().unwrap();
+    let c = validate_mask_lse(&ks[0], &good()).unwrap();
+    let (grid, block) = (c.grid.unwrap(), c.block_threads);
     assert_eq!(
-        values[..],
+        c.values()[..],
         [0x1000_0000, 0x2000_0000, 0x3000_0000, 3, T as u64, H as u64]
     );
     // One thread per token; each masks 16 heads of it.
@@ -468,17 +615,20 @@ fn lse_mask_launches_check_the_start_locations_buffers() {
     a.context_start_loc.len = 3;
     refused(
         a,
-        "context_start_loc: 3 elements, needs num_requests + 1 = 4",
+        "context_start_loc: [B+1=4] with strides (1) needs 4 elements, it has 3",
     );
     let mut a = good();
     a.query_start_loc.ptr += 2;
     refused(
         a,
-        "query_start_loc: pointer 0x20000002 is not 4-byte aligned",
+        "query_start_loc: pointer 0x20000002 is not aligned to 4 bytes",
     );
     let mut a = good();
     a.lse.len -= 1;
-    refused(a, "lse: 39 elements, needs num_tokens * num_heads = 40");
+    refused(
+        a,
+        "lse: [T=10, H=4] with strides (4, 1) needs 40 elements, it has 39",
+    );
     let mut a = good();
     a.query_start_loc.ptr = a.lse.ptr + 8;
     refused(a, "lse overlaps query_start_loc");
@@ -495,6 +645,7 @@ fn group_fp8_kernels_need_distinct_in_bounds_scales() {
     );
     let k = &ks[0];
     assert_eq!(k.name, "merge_attn_states_bf16_d128_thr_lse_fp8g64_ue8m0");
+    let refused = |k: &KernelView, a: &MergeArgs, needle: &str| refused(k, a, needle);
     let groups = H * D / 64;
     let scales = |ts: usize, gs: usize, len: usize| GroupScales {
         buf: buf(0x7000_0000, len, Dtype::F32),
@@ -510,9 +661,8 @@ fn group_fp8_kernels_need_distinct_in_bounds_scales() {
     // Row-major, padded and column-major layouts are all accepted, in ABI order.
     for (ts, gs) in [(groups, 1), (groups + 3, 1), (1, T)] {
         let len = (T - 1) * ts + (groups - 1) * gs + 1;
-        let (values, _) = validate(k, &with(Some(scales(ts, gs, len))))
-            .unwrap()
-            .unwrap();
+        let c = validate(k, &with(Some(scales(ts, gs, len)))).unwrap();
+        let values = c.values();
         let names: Vec<&str> = k.params.iter().map(|p| p.name.as_str()).collect();
         let at = |n: &str| values[names.iter().position(|&x| x == n).unwrap()];
         assert_eq!(
@@ -529,19 +679,23 @@ fn group_fp8_kernels_need_distinct_in_bounds_scales() {
     refused(
         k,
         &with(Some(scales(groups, 1, len - 1))),
-        "needs more than its 79 elements",
+        "needs 80 elements, it has 79",
     );
     refused(
         k,
         &with(Some(scales(groups - 1, 1, len))),
-        "map two (token, group) pairs to one element",
+        "maps two elements to one address",
     );
     let mut a = with(Some(scales(groups, 1, len)));
     a.output_scales.as_mut().unwrap().buf.ptr = a.output_lse.unwrap().ptr;
-    refused(k, &a, "output_scales overlaps output_lse");
+    refused(k, &a, "output_lse overlaps output_scales");
     let mut a = with(Some(scales(groups, 1, len)));
     a.output_scale = Some(buf(0x7100_0000, 1, Dtype::F32));
-    refused(k, &a, "computes one scale per token group");
+    refused(
+        k,
+        &a,
+        "output_scale given, but this kernel takes no output_scale",
+    );
     // ... and a kernel without group scales refuses them.
     let plain = kernel("merge_attn_states_bf16_d128_thr_lse");
     let mut a = good();
@@ -549,6 +703,40 @@ fn group_fp8_kernels_need_distinct_in_bounds_scales() {
     refused(
         &plain,
         &a,
-        "output_scales given, but this kernel's output is not per-token-group FP8",
+        "output_scales given, but this kernel takes no output_scales",
     );
+}
+
+#[test]
+fn every_kernel_has_the_run_time_key_that_selects_it() {
+    use mla_gen::runtime::KernelKey;
+    use mla_gen::variant::{LseLayout, OutputKind};
+    let ks = kernels_of(
+        "[[merge_attn_states]]\ndtype = [\"bf16\", \"f16\"]\nhead_size = [64, 128]\noutput = [\"same\", \"fp8_e4m3\"]\n\
+         [[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n\
+         [[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 128\nmask = [true, false]\n\
+         [[mask_empty_context_lse]]\nlse_layout = [\"head_major\", \"token_major\"]\n",
+    );
+    let keys: Vec<KernelKey> = ks.iter().map(|k| k.key().unwrap()).collect();
+    for (i, a) in keys.iter().enumerate() {
+        assert!(!keys[i + 1..].contains(a), "{a:?} selects two kernels");
+    }
+    assert!(keys.contains(&KernelKey::MergeAttnStates {
+        dtype: Dtype::F16,
+        head_size: 64,
+        output: OutputKind::Fp8E4m3,
+        fp8_group: None,
+        prefix_threshold: true,
+        output_lse: true,
+        lse_layout: LseLayout::HeadMajor,
+    }));
+    assert!(keys.contains(&KernelKey::MergeStates {
+        dtype: Dtype::Bf16,
+        head_size: 128,
+        num_states: None,
+        output_lse: true,
+    }));
+    assert!(keys.contains(&KernelKey::MaskEmptyContextLse {
+        lse_layout: LseLayout::TokenMajor,
+    }));
 }

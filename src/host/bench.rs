@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 
 use crate::dtype::Dtype;
-use crate::host::runtime::{DeviceBuffer, LoadedKernel, MergeArgs, Runtime, RuntimeError};
+use crate::host::runtime::{DeviceBuffer, Kernel, MergeArgs, Runtime, RuntimeError};
 use crate::reference::Layout;
 
 /// Bytes a merge moves: rows with context read two rows and write one (and three lse), rows
@@ -18,10 +18,6 @@ pub fn merge_bytes(t: usize, h: usize, d: usize, size: usize, n: usize, lse: boo
     let (ctx, plain) = ((n * h) as u64, ((t - n) * h) as u64);
     let (l3, l2) = if lse { (12, 8) } else { (8, 4) };
     ctx * (3 * (d * size) as u64 + l3) + plain * (2 * (d * size) as u64 + l2)
-}
-
-fn driver(e: cudarc::driver::DriverError) -> RuntimeError {
-    RuntimeError::Driver(format!("{e:?}"))
 }
 
 /// Device buffers big enough for the largest shape, filled once with random values.
@@ -68,7 +64,7 @@ impl Buffers {
     ) -> Result<Buffers, RuntimeError> {
         let bytes = max_elems * dtype.size_bytes() as usize;
         // SAFETY: every byte is written below before any kernel reads it.
-        let alloc = |n: usize| unsafe { stream.alloc::<u8>(n) }.map_err(driver);
+        let alloc = |n: usize| unsafe { stream.alloc::<u8>(n) }.map_err(RuntimeError::from);
         let (mut prefix, mut suffix, output) = (alloc(bytes)?, alloc(bytes)?, alloc(bytes)?);
         // Fill from a 64 MB random chunk, repeated; random, never zeros.
         let chunk_elems = (64 << 20) / dtype.size_bytes() as usize;
@@ -80,7 +76,7 @@ impl Buffers {
                 let mut view = buf.slice_mut(off..off + len);
                 stream
                     .memcpy_htod(&chunk[..len], &mut view)
-                    .map_err(driver)?;
+                    .map_err(RuntimeError::from)?;
                 off += len;
             }
         }
@@ -88,13 +84,15 @@ impl Buffers {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * 2.5)
             .collect();
-        let prefix_lse = stream.clone_htod(&lse).map_err(driver)?;
+        let prefix_lse = stream.clone_htod(&lse).map_err(RuntimeError::from)?;
         let suffix_lse = stream
             .clone_htod(&lse.iter().rev().copied().collect::<Vec<_>>())
-            .map_err(driver)?;
-        let output_lse = stream.clone_htod(&lse).map_err(driver)?;
-        let flush = stream.alloc_zeros::<u8>(512 << 20).map_err(driver)?;
-        stream.synchronize().map_err(driver)?;
+            .map_err(RuntimeError::from)?;
+        let output_lse = stream.clone_htod(&lse).map_err(RuntimeError::from)?;
+        let flush = stream
+            .alloc_zeros::<u8>(512 << 20)
+            .map_err(RuntimeError::from)?;
+        stream.synchronize().map_err(RuntimeError::from)?;
         Ok(Buffers {
             dtype,
             prefix,
@@ -151,7 +149,7 @@ impl Buffers {
         let (p, _s) = self.flush.device_ptr(stream);
         // SAFETY: writes inside our own 512 MB allocation.
         unsafe { result::memset_d8_async(p, 1, self.flush.len(), stream.cu_stream()) }
-            .map_err(driver)
+            .map_err(RuntimeError::from)
     }
 }
 
@@ -169,12 +167,12 @@ fn buffers_for<'a>(
     }
     current
         .as_ref()
-        .ok_or_else(|| RuntimeError::Driver("no buffers".into()))
+        .ok_or_else(|| RuntimeError::Bench("no buffers".into()))
 }
 
 /// `bench` and `tune` time the pairwise merge; the K-way and in-place merges are timed by
 /// python/bench/bench.py.
-fn is_pairwise(k: &LoadedKernel) -> bool {
+fn is_pairwise(k: &Kernel) -> bool {
     k.meta.variant.family == crate::gen::spec::Family::MergeAttnStates
 }
 
@@ -189,7 +187,7 @@ fn max_head_size(rt: &Runtime) -> usize {
 /// Median kernel time in microseconds over `reps` launches, each after an L2 flush.
 fn time_kernel(
     rt: &Runtime,
-    k: &LoadedKernel,
+    k: &Kernel,
     stream: &Arc<CudaStream>,
     bufs: &Buffers,
     args: &MergeArgs,
@@ -197,27 +195,30 @@ fn time_kernel(
 ) -> Result<f64, RuntimeError> {
     let reps = reps.max(1);
     for _ in 0..3 {
-        rt.launch_merge(k, stream, args)?;
+        // SAFETY: the arguments are the bench's own buffers (Buffers), allocated for the largest
+        // shape and alive until the stream is synchronized below.
+        unsafe { k.launch(stream, &args.args()) }?;
     }
     let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
     let mut events = Vec::with_capacity(reps);
     for _ in 0..reps {
         let (a, b) = (
-            rt.ctx.new_event(flags).map_err(driver)?,
-            rt.ctx.new_event(flags).map_err(driver)?,
+            rt.ctx.new_event(flags).map_err(RuntimeError::from)?,
+            rt.ctx.new_event(flags).map_err(RuntimeError::from)?,
         );
         bufs.flush_l2(stream)?;
-        a.record(stream).map_err(driver)?;
-        rt.launch_merge(k, stream, args)?;
-        b.record(stream).map_err(driver)?;
+        a.record(stream).map_err(RuntimeError::from)?;
+        // SAFETY: as above.
+        unsafe { k.launch(stream, &args.args()) }?;
+        b.record(stream).map_err(RuntimeError::from)?;
         events.push((a, b));
     }
-    stream.synchronize().map_err(driver)?;
+    stream.synchronize().map_err(RuntimeError::from)?;
     let mut times: Vec<f64> = events
         .iter()
         .map(|(a, b)| a.elapsed_ms(b).map(|ms| f64::from(ms) * 1e3))
         .collect::<Result<_, _>>()
-        .map_err(driver)?;
+        .map_err(RuntimeError::from)?;
     times.sort_by(f64::total_cmp);
     Ok(times.get(times.len() / 2).copied().unwrap_or(f64::NAN))
 }
@@ -238,13 +239,18 @@ pub const TUNE_SHAPES: [(usize, usize, bool); 8] = [
 /// the one with the lowest geometric-mean time relative to the best per shape. Writes the
 /// winners as TOML to `out` and returns a report.
 pub fn tune(candidates: &Path, out: &Path, reps: usize) -> Result<String, RuntimeError> {
-    let ctx = CudaContext::new(0).map_err(driver)?;
+    let ctx = CudaContext::new(0).map_err(RuntimeError::from)?;
     let stream = ctx.default_stream();
     let rt = Runtime::load(ctx.clone(), candidates)?;
     // (dtype, head size) -> kernels (schedules)
-    let mut groups: BTreeMap<(String, u32), Vec<&LoadedKernel>> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, u32), Vec<&Kernel>> = BTreeMap::new();
     // Schedules are tuned on the pairwise merge; other families take the same table.
-    for k in rt.kernels().iter().filter(|k| is_pairwise(k)) {
+    for k in rt
+        .kernels()
+        .iter()
+        .map(|k| k.as_ref())
+        .filter(|k| is_pairwise(k))
+    {
         groups
             .entry((k.meta.variant.dtype.clone(), k.meta.variant.head_size))
             .or_default()
@@ -264,7 +270,7 @@ pub fn tune(candidates: &Path, out: &Path, reps: usize) -> Result<String, Runtim
     let mut current: Option<Buffers> = None;
     for ((dtype_name, d), kernels) in &groups {
         let dtype = Dtype::from_name(dtype_name)
-            .ok_or_else(|| RuntimeError::NoKernel(dtype_name.clone()))?;
+            .ok_or_else(|| RuntimeError::NoKernel(dtype_name.to_string()))?;
         let bufs = buffers_for(&mut current, &stream, dtype, max_rows * max_d, max_rows)?;
         let d = *d as usize;
         // times[kernel][shape]
@@ -320,8 +326,10 @@ pub fn tune(candidates: &Path, out: &Path, reps: usize) -> Result<String, Runtim
             w.rows_per_thread, w.min_blocks_per_sm, w.block_threads, w.heads_per_block
         ));
     }
-    std::fs::write(out, toml)
-        .map_err(|e| RuntimeError::Driver(format!("{}: {e}", out.display())))?;
+    std::fs::write(out, toml).map_err(|source| RuntimeError::Io {
+        path: out.to_path_buf(),
+        source,
+    })?;
     Ok(report)
 }
 
@@ -333,16 +341,17 @@ pub fn bench(
     reps: usize,
     only: &[(&str, u32)],
 ) -> Result<serde_json::Value, RuntimeError> {
-    let ctx = CudaContext::new(0).map_err(driver)?;
+    let ctx = CudaContext::new(0).map_err(RuntimeError::from)?;
     let stream = ctx.default_stream();
     let rt = Runtime::load(ctx.clone(), dir)?;
     let max_d = max_head_size(&rt);
     let max_rows = shapes.iter().map(|s| s.0 * s.1).max().unwrap_or(1).max(1);
     let mut rows = Vec::new();
     let mut current: Option<Buffers> = None;
-    let mut kernels: Vec<&LoadedKernel> = rt
+    let mut kernels: Vec<&Kernel> = rt
         .kernels()
         .iter()
+        .map(|k| k.as_ref())
         .filter(|k| is_pairwise(k))
         .filter(|k| {
             only.iter()
@@ -376,28 +385,28 @@ pub fn bench(
         .ok_or_else(|| RuntimeError::NoKernel("any".into()))?;
     let bufs = current
         .as_ref()
-        .ok_or_else(|| RuntimeError::Driver("no buffers".into()))?;
+        .ok_or_else(|| RuntimeError::Bench("no buffers".into()))?;
     let args = bufs.args(&stream, 1, 1, k.meta.variant.head_size as usize, Some(1));
     let mut per_call = Vec::new();
     for _ in 0..20 {
-        stream.synchronize().map_err(driver)?;
+        stream.synchronize().map_err(RuntimeError::from)?;
         let start = std::time::Instant::now();
         for _ in 0..500 {
-            rt.launch_merge(k, &stream, &args)?;
+            // SAFETY: the bench's own buffers, sized for the largest shape, alive throughout.
+            unsafe { k.launch(&stream, &args.args()) }?;
         }
         per_call.push(start.elapsed().as_secs_f64() * 1e6 / 500.0);
     }
-    stream.synchronize().map_err(driver)?;
+    stream.synchronize().map_err(RuntimeError::from)?;
     per_call.sort_by(f64::total_cmp);
     // The same checks without a launch: what validation costs of the per-call time (the rest
-    // is the context check and cuLaunchKernel).
-    let (dtype, slots) = k.meta.resolve()?;
+    // is the context check and cuLaunchKernel). Naming the arguments is part of it, as above.
     let mut checks = Vec::new();
     for _ in 0..20 {
         let start = std::time::Instant::now();
         for _ in 0..500 {
             let args = std::hint::black_box(&args);
-            std::hint::black_box(crate::host::runtime::check(&k.meta, dtype, &slots, args)?);
+            std::hint::black_box(k.check(&args.args())?);
         }
         checks.push(start.elapsed().as_secs_f64() * 1e6 / 500.0);
     }
@@ -405,10 +414,11 @@ pub fn bench(
     // cuLaunchKernel alone with the same arguments: what any launcher pays on this machine.
     let mut bare = Vec::new();
     for _ in 0..20 {
-        stream.synchronize().map_err(driver)?;
-        bare.push(rt.bare_launch_us(k, &stream, &args, 500)?);
+        stream.synchronize().map_err(RuntimeError::from)?;
+        // SAFETY: as above.
+        bare.push(unsafe { k.bare_launch_us(&stream, &args.args(), 500) }?);
     }
-    stream.synchronize().map_err(driver)?;
+    stream.synchronize().map_err(RuntimeError::from)?;
     bare.sort_by(f64::total_cmp);
     Ok(serde_json::json!({
         "device": ctx.name().unwrap_or_default(),

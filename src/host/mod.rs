@@ -1,11 +1,22 @@
 //! The hosts' side: what loads and launches generated kernels. The C launcher emitter
-//! ([`bindings`]) needs no GPU; the runtime and benchmarks need feature `cuda`.
+//! ([`bindings`]), the Rust module writer ([`rust_module`]) and the checker ([`check`]) need no
+//! GPU; the runtime (`runtime` and its layers `manifest`, `load`, `launch`, `typed`) and the
+//! benchmarks need feature `cuda`.
 
 pub mod bindings;
 pub mod check;
 pub mod driver;
+pub mod rust_module;
 
 #[cfg(feature = "cuda")]
 pub mod bench;
 #[cfg(feature = "cuda")]
+pub mod launch;
+#[cfg(feature = "cuda")]
+pub mod load;
+#[cfg(feature = "cuda")]
+pub mod manifest;
+#[cfg(feature = "cuda")]
 pub mod runtime;
+#[cfg(feature = "cuda")]
+pub mod typed;

@@ -1,7 +1,7 @@
-//! Merge two attention states (into bf16, then into FP8 with per-token-group scales), then four,
-//! then mask the lse of requests without context and merge in place, on the GPU through the
-//! bindings `build.rs` generated; check every element against mla-gen's float64 reference.
-//! Prints "N passed, M failed".
+//! Merge two attention states (into bf16, then into FP8 with per-token-group scales), then four
+//! (the kernel picked at run time by `dispatch`), then mask the lse of requests without context
+//! and merge in place, on the GPU through the module `build.rs` generated; check every element
+//! against mla-gen's float64 reference. Prints "N passed, M failed".
 
 use std::process::ExitCode;
 
@@ -10,8 +10,7 @@ use mla_gen::dtype::Dtype;
 use mla_gen::half::bf16;
 use mla_gen::reference;
 use mla_gen::runtime::{
-    self, GroupScalesSlice, InPlaceShape, InPlaceSlices, MergeShape, MergeSlices, StatesShape,
-    StatesSlices,
+    self, InPlaceShape, KernelKey, Launch, MaskLseShape, MergeShape, ScaleLayout, StatesShape,
 };
 
 mod kernels {
@@ -40,7 +39,8 @@ fn main() -> ExitCode {
 fn run() -> Result<usize, Box<dyn std::error::Error>> {
     let ctx = CudaContext::new(0)?;
     let stream = ctx.default_stream();
-    let rt = kernels::load(ctx.clone())?;
+    // Every kernel loaded once, one handle each.
+    let k = kernels::load(ctx.clone())?;
 
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut uniform = move || {
@@ -78,18 +78,15 @@ fn run() -> Result<usize, Box<dyn std::error::Error>> {
     let mut d_out = stream.clone_htod(&vec![bf16::NAN; T * H * D])?;
     let mut d_olse = stream.clone_htod(&vec![f32::NAN; T * H])?;
     let n = T / 2;
-    kernels::merge_attn_states_bf16_d128_thr_lse(
-        &rt,
+    // Views work as well as whole slices: the suffix as a view of all its rows.
+    k.merge_attn_states_bf16_d128_thr_lse(
         &stream,
-        MergeSlices {
-            output: &mut d_out,
-            output_lse: Some(&mut d_olse),
-            prefix: &d_prefix,
-            prefix_lse: &d_plse,
-            suffix: &d_suffix,
-            suffix_lse: &d_slse,
-            output_scale: None,
-        },
+        &mut d_out,
+        Some(&mut d_olse),
+        &d_prefix,
+        &d_plse,
+        &d_suffix.slice(..),
+        &d_slse,
         MergeShape::contiguous(T, H, D),
         Some(n),
     )?;
@@ -129,24 +126,20 @@ fn run() -> Result<usize, Box<dyn std::error::Error>> {
     let groups = H * D / G;
     let mut d_codes = stream.clone_htod(&vec![0xffu8; T * H * D])?;
     let mut d_scales = stream.clone_htod(&vec![f32::NAN; T * groups])?;
-    kernels::merge_attn_states_bf16_d128_thr_lse_fp8g64_ue8m0(
-        &rt,
+    k.merge_attn_states_bf16_d128_thr_lse_fp8g64_ue8m0(
         &stream,
-        MergeSlices {
-            output: &mut d_codes,
-            output_lse: None,
-            prefix: &d_prefix,
-            prefix_lse: &d_plse,
-            suffix: &d_suffix,
-            suffix_lse: &d_slse,
-            output_scale: None,
-        },
-        GroupScalesSlice {
-            scales: &mut d_scales,
+        &mut d_codes,
+        None,
+        &d_prefix,
+        &d_plse,
+        &d_suffix,
+        &d_slse,
+        &mut d_scales,
+        MergeShape::contiguous(T, H, D),
+        ScaleLayout {
             token_stride: 1,
             group_stride: T,
         },
-        MergeShape::contiguous(T, H, D),
         Some(n),
     )?;
     let codes = stream.clone_dtoh(&d_codes)?;
@@ -177,7 +170,8 @@ fn run() -> Result<usize, Box<dyn std::error::Error>> {
             }
         }
     }
-    // Four states per token, [T, 4, H, D], merged in one pass.
+    // Four states per token, [T, 4, H, D], merged in one pass by the kernel `dispatch` picks for
+    // these options at run time, launched through the generic `Launch`.
     const K: usize = 4;
     let states: Vec<bf16> = (0..T * K * H * D)
         .map(|_| bf16::from_f64(uniform() * 8.0 - 4.0))
@@ -189,17 +183,22 @@ fn run() -> Result<usize, Box<dyn std::error::Error>> {
     let d_states_lse = stream.clone_htod(&states_lse)?;
     let mut d_out = stream.clone_htod(&vec![bf16::NAN; T * H * D])?;
     let mut d_olse = stream.clone_htod(&vec![f32::NAN; T * H])?;
-    kernels::merge_states_bf16_d128_k4_lse(
-        &rt,
-        &stream,
-        StatesSlices {
-            output: &mut d_out,
-            output_lse: Some(&mut d_olse),
-            states: &d_states,
-            states_lse: &d_states_lse,
-        },
-        StatesShape::contiguous(T, K, H, D),
-    )?;
+    let kway = k
+        .dispatch(&KernelKey::MergeStates {
+            dtype: Dtype::Bf16,
+            head_size: D as u32,
+            num_states: Some(K as u32),
+            output_lse: true,
+        })
+        .ok_or("engine.toml has no K = 4 merge")?;
+    let mut launch = Launch::new(kway, &stream);
+    launch
+        .output("output", &mut d_out)
+        .output("output_lse", &mut d_olse)
+        .input("states", &d_states)
+        .input("states_lse", &d_states_lse)
+        .shape(&StatesShape::contiguous(T, K, H, D));
+    launch.run()?;
     let out = stream.clone_dtoh(&d_out)?;
     let out_lse = stream.clone_dtoh(&d_olse)?;
     for t in 0..T {
@@ -231,25 +230,26 @@ fn run() -> Result<usize, Box<dyn std::error::Error>> {
     let context_start_loc = stream.clone_htod(&[0i32, 100, 100])?;
     let mut d_state = stream.clone_htod(&prefix)?;
     let mut d_state_lse = stream.clone_htod(&prefix_lse)?;
-    kernels::mask_empty_context_lse(
-        &rt,
+    k.mask_empty_context_lse(
         &stream,
         &mut d_state_lse,
-        (&query_start_loc, &context_start_loc),
-        (T, H),
+        &query_start_loc,
+        &context_start_loc,
+        MaskLseShape {
+            num_requests: 2,
+            num_tokens: T,
+            num_heads: H,
+        },
     )?;
     let mask: Vec<u8> = (0..T).map(|t| u8::from(t % 2 == 0)).collect();
     let d_mask = stream.clone_htod(&mask)?;
-    kernels::merge_state_in_place_bf16_d128_mask(
-        &rt,
+    k.merge_state_in_place_bf16_d128_mask(
         &stream,
-        InPlaceSlices {
-            state: &mut d_state,
-            state_lse: &mut d_state_lse,
-            other: &d_suffix,
-            other_lse: &d_slse,
-            mask: Some(&d_mask),
-        },
+        &mut d_state,
+        &mut d_state_lse,
+        &d_suffix,
+        &d_slse,
+        Some(&d_mask),
         InPlaceShape::contiguous(T, H, D),
     )?;
     let state = stream.clone_dtoh(&d_state)?;

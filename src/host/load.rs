@@ -1,0 +1,249 @@
+//! Loading: every kernel of a manifest into one CUDA context, each as a [`Kernel`] that owns its
+//! module (unloaded when the last handle drops), its function and its checker.
+//!
+//! Modules are loaded through cudarc's driver layer (`cuModuleLoadData`) rather than
+//! `CudaContext::load_module`, which needs cudarc's `nvrtc` feature: under an engine's
+//! `dynamic-linking` that feature would link libnvrtc into every engine, for a runtime that
+//! never compiles.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, DriverError};
+
+use crate::host::check::Plan;
+use crate::host::manifest::{KernelView, ManifestView};
+use crate::host::runtime::RuntimeError;
+use crate::host::typed::KernelKey;
+
+/// A loaded module; unloaded (in its context) on drop.
+struct Module {
+    handle: sys::CUmodule,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a CUmodule is a driver handle usable from any thread once its context is current
+// (every use binds `ctx` first); it is unloaded once, in Drop, when no Kernel refers to it.
+unsafe impl Send for Module {}
+// SAFETY: as above; nothing mutates the handle after loading.
+unsafe impl Sync for Module {}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: loaded by `Runtime::load_with`, unloaded only here; its functions are only
+            // reachable through Kernels, which hold this module alive.
+            let _ = unsafe { result::module::unload(self.handle) };
+        }
+    }
+}
+
+/// One kernel, loaded and ready to launch: its manifest entry, checker, function and module.
+/// Share it across threads as `Arc<Kernel>` ([`Runtime::kernels`] hands out those).
+#[non_exhaustive]
+pub struct Kernel {
+    pub meta: KernelView,
+    /// The file it was loaded from (`kernels/x.sm_90.cubin`).
+    pub loaded_from: String,
+    pub(crate) plan: Plan,
+    key: Option<KernelKey>,
+    pub(crate) function: sys::CUfunction,
+    module: Module,
+}
+
+// SAFETY: the CUfunction belongs to `module`, which lives as long as this Kernel; launches
+// bind the module's context before cuLaunchKernel, which may be called from any thread.
+unsafe impl Send for Kernel {}
+// SAFETY: as above; nothing mutates the handles after loading.
+unsafe impl Sync for Kernel {}
+
+impl Kernel {
+    pub fn name(&self) -> &str {
+        &self.meta.name
+    }
+    /// The kernel's checker (argument contract with names resolved).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+    /// The options that select it at run time ([`Runtime::dispatch`]).
+    pub fn key(&self) -> Option<&KernelKey> {
+        self.key.as_ref()
+    }
+    /// The context the kernel is loaded in: launch it on streams of this context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.module.ctx
+    }
+}
+
+/// Every kernel of one manifest, loaded into one context.
+#[non_exhaustive]
+pub struct Runtime {
+    pub ctx: Arc<CudaContext>,
+    pub compute_capability: (i32, i32),
+    pub driver_cuda: (i32, i32),
+    pub manifest: ManifestView,
+    kernels: Vec<Arc<Kernel>>,
+    by_name: HashMap<String, usize>,
+}
+
+// Shared across threads: an engine loads once and launches from any thread.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Runtime>();
+    send_sync::<Kernel>();
+};
+
+impl Runtime {
+    /// Load every kernel of `dir/manifest.json` into `ctx`.
+    pub fn load(ctx: Arc<CudaContext>, dir: &Path) -> Result<Runtime, RuntimeError> {
+        let path = dir.join(crate::gen::emit::MANIFEST);
+        let read = |p: PathBuf| {
+            std::fs::read(&p).map_err(|e| RuntimeError::Manifest {
+                path: p,
+                detail: e.to_string(),
+            })
+        };
+        let text = read(path.clone())?;
+        Self::load_with(ctx, &path, &text, |file| read(dir.join(file)))
+    }
+
+    /// Load kernels embedded in a binary (what `Builder`'s generated module passes): the
+    /// manifest's text and its files by their manifest paths.
+    pub fn from_embedded(
+        ctx: Arc<CudaContext>,
+        manifest: &str,
+        files: &[(&str, &[u8])],
+    ) -> Result<Runtime, RuntimeError> {
+        let origin = PathBuf::from("<embedded manifest.json>");
+        if manifest.is_empty() {
+            return Err(RuntimeError::Manifest {
+                path: origin,
+                detail: format!(
+                    "no kernels are embedded: the module was built with {}=1",
+                    crate::builder::ENV_SKIP
+                ),
+            });
+        }
+        Self::load_with(ctx, &origin, manifest.as_bytes(), |file| {
+            files
+                .iter()
+                .find(|(name, _)| *name == file)
+                .map(|(_, bytes)| bytes.to_vec())
+                .ok_or_else(|| RuntimeError::Manifest {
+                    path: origin.clone(),
+                    detail: format!("{file} is not embedded"),
+                })
+        })
+    }
+
+    fn load_with(
+        ctx: Arc<CudaContext>,
+        path: &Path,
+        text: &[u8],
+        read: impl Fn(&str) -> Result<Vec<u8>, RuntimeError>,
+    ) -> Result<Runtime, RuntimeError> {
+        let manifest = ManifestView::parse(path, text)?;
+        let cc = ctx.compute_capability()?;
+        let driver_cuda =
+            crate::host::driver::driver_cuda_version().map_err(RuntimeError::NoDriver)?;
+        ctx.bind_to_thread()?;
+        let mut kernels = Vec::with_capacity(manifest.kernels.len());
+        let mut by_name = HashMap::new();
+        for k in &manifest.kernels {
+            // The checker first: a contract this runtime cannot read loads nothing.
+            let plan = k.plan()?;
+            let Some(artifact) = k.artifact(cc) else {
+                return Err(RuntimeError::NoArtifact {
+                    kernel: k.name.clone(),
+                    cc: format!("{}{}", cc.0, cc.1),
+                    archs: k
+                        .archs
+                        .iter()
+                        .map(|a| a.arch.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            };
+            let mut image = read(&artifact.file)?;
+            if !artifact.cubin {
+                image.push(0); // cuModuleLoadData takes PTX as a C string
+            }
+            // SAFETY: `image` is a complete CUBIN or NUL-terminated PTX and outlives the call;
+            // the context is current.
+            let handle = match unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            {
+                Ok(m) => m,
+                Err(DriverError(sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION)) => {
+                    return Err(RuntimeError::PtxTooNew {
+                        file: artifact.file,
+                        isa: manifest.nvrtc.ptx_isa.clone(),
+                        nvrtc: manifest.nvrtc.release.clone(),
+                        needed: manifest.nvrtc.oldest_driver_cuda.clone(),
+                        driver: format!("{}.{}", driver_cuda.0, driver_cuda.1),
+                    })
+                }
+                Err(source) => {
+                    return Err(RuntimeError::Load {
+                        file: artifact.file,
+                        cc: format!("{}{}", cc.0, cc.1),
+                        source,
+                    })
+                }
+            };
+            // Owned from here: an error below unloads it.
+            let module = Module {
+                handle,
+                ctx: ctx.clone(),
+            };
+            let name = CString::new(k.name.as_str()).map_err(|_| RuntimeError::Manifest {
+                path: path.to_path_buf(),
+                detail: format!("kernel name {:?} holds a NUL byte", k.name),
+            })?;
+            // SAFETY: the module is loaded in the current context; name is a valid C string.
+            let function = unsafe { result::module::get_function(module.handle, name) }?;
+            by_name.insert(k.name.clone(), kernels.len());
+            kernels.push(Arc::new(Kernel {
+                meta: k.clone(),
+                loaded_from: artifact.file,
+                plan,
+                key: k.key(),
+                function,
+                module,
+            }));
+        }
+        Ok(Runtime {
+            ctx,
+            compute_capability: cc,
+            driver_cuda,
+            manifest,
+            kernels,
+            by_name,
+        })
+    }
+
+    /// Every kernel, in manifest order.
+    pub fn kernels(&self) -> &[Arc<Kernel>] {
+        &self.kernels
+    }
+
+    /// The kernel called `name`.
+    pub fn kernel(&self, name: &str) -> Option<&Arc<Kernel>> {
+        self.by_name.get(name).map(|&i| &self.kernels[i])
+    }
+
+    /// The first kernel built for `key` (dtype, head size and options): what a generated
+    /// module's `dispatch` returns, found by a search here.
+    pub fn dispatch(&self, key: &KernelKey) -> Option<&Arc<Kernel>> {
+        self.kernels.iter().find(|k| k.key.as_ref() == Some(key))
+    }
+
+    /// The kernel called `name`, or [`RuntimeError::NoKernel`] (what a generated module's
+    /// `load` resolves each kernel with, once).
+    pub fn require(&self, name: &str) -> Result<Arc<Kernel>, RuntimeError> {
+        self.kernel(name)
+            .cloned()
+            .ok_or_else(|| RuntimeError::NoKernel(name.to_string()))
+    }
+}

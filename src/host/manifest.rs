@@ -1,0 +1,289 @@
+//! `manifest.json` as the runtime reads it (docs/MANIFEST.md): per kernel its name, variant,
+//! argument contract ([`crate::contract`]) and files, and the one artifact rule that picks a
+//! kernel's file for a device. Reading needs no GPU.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::contract::{Contract, LaunchRule, Param, SCHEMA_VERSION};
+use crate::gen::variant::{Family, Fp8Group, LseLayout, OutputKind, Schedule};
+use crate::host::check::Plan;
+use crate::host::runtime::RuntimeError;
+use crate::host::typed::KernelKey;
+
+/// The manifest: the NVRTC that made the files and every kernel.
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub struct ManifestView {
+    pub schema_version: u32,
+    pub nvrtc: NvrtcView,
+    pub kernels: Vec<KernelView>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub struct NvrtcView {
+    pub release: String,
+    pub ptx_isa: String,
+    pub oldest_driver_cuda: String,
+}
+
+/// The options a kernel was generated with (its `variant`), as far as hosts use them.
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub struct VariantView {
+    pub family: Family,
+    pub dtype: String,
+    /// "same", "fp8_e4m3" or "fp8_e4m3_group".
+    pub output: String,
+    /// With output "fp8_e4m3_group": group size and UE8M0.
+    #[serde(default)]
+    pub fp8_group: Option<Fp8Group>,
+    pub head_size: u32,
+    pub prefix_threshold: bool,
+    pub output_lse: bool,
+    pub lse_layout: String,
+    pub schedule: Schedule,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub struct FileView {
+    pub file: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub struct ArchView {
+    pub arch: String,
+    pub ptx: FileView,
+    pub cubin: Option<FileView>,
+}
+
+/// One kernel of the manifest: what it is, what it takes, how it is launched, its files.
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub struct KernelView {
+    pub name: String,
+    pub variant: VariantView,
+    /// The parameters in signature order, each with its contract.
+    pub params: Vec<Param>,
+    /// Names fixed at generation, with their value as an expression.
+    pub constants: BTreeMap<String, String>,
+    /// Block size, shared memory and the grid rule (the manifest's other launch fields describe
+    /// how the kernel was built; no host needs them).
+    pub launch: LaunchRule,
+    pub archs: Vec<ArchView>,
+}
+
+/// The file a device loads for a kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Artifact {
+    /// Path relative to the manifest's folder.
+    pub file: String,
+    /// Machine code (true) or PTX the driver compiles (false).
+    pub cubin: bool,
+}
+
+impl ManifestView {
+    /// Parse a manifest; `origin` names it in errors. Another `schema_version` is refused
+    /// rather than misread.
+    pub fn parse(origin: &Path, text: &[u8]) -> Result<ManifestView, RuntimeError> {
+        let bad = |detail: String| RuntimeError::Manifest {
+            path: origin.to_path_buf(),
+            detail,
+        };
+        #[derive(Deserialize)]
+        struct Version {
+            schema_version: Option<u32>,
+        }
+        let version: Version =
+            serde_json::from_slice(text).map_err(|e| bad(format!("not a manifest: {e}")))?;
+        match version.schema_version {
+            Some(SCHEMA_VERSION) => {}
+            Some(v) => {
+                return Err(bad(format!(
+                    "schema_version {v}; this mla-gen {} reads schema_version {SCHEMA_VERSION}: regenerate the kernels with it",
+                    crate::gen::render::TOOL_VERSION
+                )))
+            }
+            None => {
+                return Err(bad(format!(
+                    "no schema_version (a manifest from before the argument contract); this mla-gen reads schema_version {SCHEMA_VERSION}: regenerate the kernels"
+                )))
+            }
+        }
+        serde_json::from_slice(text).map_err(|e| bad(e.to_string()))
+    }
+}
+
+impl KernelView {
+    /// The argument contract: parameters, constants and launch rule.
+    pub fn contract(&self) -> Contract {
+        Contract {
+            params: self.params.clone(),
+            constants: self.constants.clone(),
+            launch: self.launch.clone(),
+        }
+    }
+
+    /// The checker of this kernel's launches (names resolved once).
+    pub fn plan(&self) -> Result<Plan, RuntimeError> {
+        Plan::new(&self.name, &self.contract()).map_err(|detail| RuntimeError::Manifest {
+            path: "manifest.json".into(),
+            detail,
+        })
+    }
+
+    /// What [`KernelKey`] selects this kernel, if its variant names known options.
+    pub fn key(&self) -> Option<KernelKey> {
+        let v = &self.variant;
+        let dtype = crate::dtype::Dtype::from_name(&v.dtype)?;
+        let lse_layout = LseLayout::ALL.iter().find(|(n, _)| *n == v.lse_layout)?.1;
+        let output = OutputKind::ALL.iter().find(|(n, _)| *n == v.output)?.1;
+        Some(match v.family {
+            Family::MergeAttnStates => KernelKey::MergeAttnStates {
+                dtype,
+                head_size: v.head_size,
+                output,
+                fp8_group: v.fp8_group,
+                prefix_threshold: v.prefix_threshold,
+                output_lse: v.output_lse,
+                lse_layout,
+            },
+            Family::MergeStates { num_states } => KernelKey::MergeStates {
+                dtype,
+                head_size: v.head_size,
+                num_states,
+                output_lse: v.output_lse,
+            },
+            Family::MergeStateInPlace { mask } => KernelKey::MergeStateInPlace {
+                dtype,
+                head_size: v.head_size,
+                mask,
+                lse_layout,
+            },
+            Family::MaskEmptyContextLse => KernelKey::MaskEmptyContextLse { lse_layout },
+        })
+    }
+
+    /// The artifact rule (docs/MANIFEST.md): for compute capability `cc`, the CUBIN of an
+    /// `sm_XY` entry of the same major with the largest `XY <= cc` (an arch-specific `sm_XYa`
+    /// only when `XY == cc`); else the PTX of the entry with the largest `XY <= cc` that is not
+    /// arch-specific; else none.
+    pub fn artifact(&self, cc: (i32, i32)) -> Option<Artifact> {
+        let dev = u32::try_from(cc.0 * 10 + cc.1).ok()?;
+        let mut best_cubin: Option<(u32, &str)> = None;
+        let mut best_ptx: Option<(u32, &str)> = None;
+        for a in &self.archs {
+            let Ok(arch) = crate::gen::variant::Arch::parse(&a.arch) else {
+                continue;
+            };
+            let n = arch.major_minor;
+            if let Some(c) = a.cubin.as_ref().filter(|_| arch.real) {
+                let compatible = if arch.arch_specific {
+                    n == dev
+                } else {
+                    n / 10 == dev / 10 && n <= dev
+                };
+                if compatible && best_cubin.is_none_or(|(b, _)| n > b) {
+                    best_cubin = Some((n, c.file.as_str()));
+                }
+            }
+            if !arch.arch_specific && n <= dev && best_ptx.is_none_or(|(b, _)| n > b) {
+                best_ptx = Some((n, a.ptx.file.as_str()));
+            }
+        }
+        let pick = |(_, f): (u32, &str), cubin| Artifact {
+            file: f.to_string(),
+            cubin,
+        };
+        best_cubin
+            .map(|c| pick(c, true))
+            .or_else(|| best_ptx.map(|p| pick(p, false)))
+    }
+
+    /// The kernel's lse layout is `[H, T]`.
+    pub fn head_major(&self) -> bool {
+        self.variant.lse_layout == "head_major"
+    }
+
+    /// The inputs' element type.
+    pub fn dtype(&self) -> Option<crate::dtype::Dtype> {
+        crate::dtype::Dtype::from_name(&self.variant.dtype)
+    }
+
+    /// The output's element type.
+    pub fn output_dtype(&self) -> Option<crate::dtype::Dtype> {
+        match self.variant.output.as_str() {
+            "same" => self.dtype(),
+            "fp8_e4m3" | "fp8_e4m3_group" => Some(crate::dtype::Dtype::Fp8E4m3),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(archs: &[(&str, bool)]) -> KernelView {
+        let archs: Vec<serde_json::Value> = archs
+            .iter()
+            .map(|(a, cubin)| {
+                let mut v = serde_json::json!({"arch": a, "ptx": {"file": format!("{a}.ptx")}});
+                if *cubin {
+                    v["cubin"] = serde_json::json!({"file": format!("{a}.cubin")});
+                }
+                v
+            })
+            .collect();
+        let axis = serde_json::json!({"dim": "num_tokens", "per_block": 1, "limit": 1});
+        serde_json::from_value(serde_json::json!({
+            "name": "k",
+            "variant": {"family": "merge_attn_states", "dtype": "bf16", "head_size": 128,
+                        "output": "same", "prefix_threshold": true, "output_lse": true,
+                        "lse_layout": "head_major",
+                        "schedule": {"rows_per_thread": 1, "min_blocks_per_sm": 1,
+                                     "block_threads": 256, "heads_per_block": 1}},
+            "params": [],
+            "constants": {},
+            "launch": {"block_threads": 256, "shared_mem_bytes": 0,
+                       "grid_x": axis, "grid_y": axis},
+            "archs": archs,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_device_gets_its_cubin_else_the_newest_ptx_it_can_jit() {
+        let k = kernel(&[("sm_80", true), ("sm_90", true)]);
+        let pick = |cc| k.artifact(cc).map(|a| (a.file, a.cubin));
+        assert_eq!(pick((9, 0)), Some(("sm_90.cubin".into(), true)));
+        assert_eq!(pick((8, 0)), Some(("sm_80.cubin".into(), true)));
+        // sm_86 runs sm_80 machine code (same major, newer minor).
+        assert_eq!(pick((8, 6)), Some(("sm_80.cubin".into(), true)));
+        // A newer major has no CUBIN here: the newest PTX, JIT-compiled.
+        assert_eq!(pick((10, 0)), Some(("sm_90.ptx".into(), false)));
+        // Older than every target: nothing.
+        assert_eq!(pick((7, 5)), None);
+        // Arch-specific targets run only on their own architecture.
+        let k = kernel(&[("sm_90a", true), ("compute_80", false)]);
+        assert_eq!(k.artifact((9, 0)).unwrap().file, "sm_90a.cubin");
+        assert_eq!(k.artifact((10, 0)).unwrap().file, "compute_80.ptx");
+    }
+
+    #[test]
+    fn another_schema_version_is_refused_not_misread() {
+        let origin = Path::new("m.json");
+        let e = ManifestView::parse(origin, br#"{"schema_version": 3}"#).unwrap_err();
+        assert!(e.to_string().contains("schema_version 3"), "{e}");
+        let e = ManifestView::parse(origin, br#"{"kernels": []}"#).unwrap_err();
+        assert!(e.to_string().contains("no schema_version"), "{e}");
+        let e = ManifestView::parse(origin, b"").unwrap_err();
+        assert!(e.to_string().starts_with("m.json: not a manifest"), "{e}");
+    }
+}

@@ -1,0 +1,392 @@
+//! The safe launch API over cudarc slices and views: a [`Launch`] takes each buffer as
+//! `&impl DevicePtr<T>` (read) or `&mut impl DevicePtrMut<T>` (written), so `CudaSlice`,
+//! `CudaView` and `CudaViewMut` at any offset all work; the address comes from the view, the
+//! length from `DeviceSlice::len`, the element type from `T`. The kernel's check
+//! ([`crate::host::check`]) runs on them before the launch, and every view's `SyncOnDrop` guard
+//! lives until the launch is enqueued, so cudarc orders other streams' work around it.
+//!
+//! The Builder's generated module (`mla_gen_kernels.rs`) calls this with one method per kernel,
+//! its element types fixed at compile time; [`KernelKey`] picks a kernel at run time.
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+
+use crate::dtype::Dtype;
+use crate::gen::variant::{Fp8Group, LseLayout, OutputKind};
+use crate::host::check::{Arg, MAX_PARAMS};
+use crate::host::launch::{strides, NamedArgs, StatesLayout, OTHER, OUTPUT, PREFIX, STATE, SUFFIX};
+use crate::host::load::Kernel;
+use crate::host::runtime::RuntimeError;
+use crate::reference::Layout;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Element types a kernel's buffers hold, with their manifest names. Sealed: the check
+/// measures a buffer in elements of the manifest's type, so `T` must have its size.
+pub trait Element: cudarc::driver::DeviceRepr + sealed::Sealed {
+    const ELEM: &'static str;
+}
+
+macro_rules! element {
+    ($($t:ty => $name:literal),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const ELEM: &'static str = $name;
+        }
+    )*};
+}
+element!(f32 => "f32", half::f16 => "f16", half::bf16 => "bf16", i32 => "i32",
+         u8 => "u8");
+
+/// One launch being assembled from views; [`Launch::run`] checks and launches it.
+///
+/// ```ignore
+/// let mut l = Launch::new(&kernel, &stream);
+/// l.output("output", &mut out).input("prefix_output", &prefix) /* ... */;
+/// l.shape(&MergeShape::contiguous(t, h, d));
+/// l.run()?;
+/// ```
+pub struct Launch<'a> {
+    kernel: &'a Kernel,
+    stream: &'a CudaStream,
+    args: NamedArgs<'a>,
+    guards: [Option<SyncOnDrop<'a>>; MAX_PARAMS],
+    kept: usize,
+    error: Option<RuntimeError>,
+}
+
+impl<'a> Launch<'a> {
+    pub fn new(kernel: &'a Kernel, stream: &'a CudaStream) -> Launch<'a> {
+        Launch {
+            kernel,
+            stream,
+            args: NamedArgs::new(),
+            guards: std::array::from_fn(|_| None),
+            kept: 0,
+            error: None,
+        }
+    }
+
+    /// A buffer the kernel reads.
+    pub fn input<T: Element, V: DevicePtr<T> + ?Sized>(
+        &mut self,
+        name: &'a str,
+        view: &'a V,
+    ) -> &mut Self {
+        self.same_context(name, view.stream());
+        let len = view.len();
+        let (ptr, guard) = view.device_ptr(self.stream);
+        self.buffer(name, ptr, len, T::ELEM, guard)
+    }
+
+    /// A buffer the kernel writes (or reads and writes).
+    pub fn output<T: Element, V: DevicePtrMut<T> + ?Sized>(
+        &mut self,
+        name: &'a str,
+        view: &'a mut V,
+    ) -> &mut Self {
+        self.same_context(name, view.stream());
+        let len = view.len();
+        let (ptr, guard) = view.device_ptr_mut(self.stream);
+        self.buffer(name, ptr, len, T::ELEM, guard)
+    }
+
+    /// [`Launch::input`]; `None` leaves the name out (null for a nullable parameter).
+    pub fn input_opt<T: Element, V: DevicePtr<T> + ?Sized>(
+        &mut self,
+        name: &'a str,
+        view: Option<&'a V>,
+    ) -> &mut Self {
+        match view {
+            Some(v) => self.input(name, v),
+            None => self,
+        }
+    }
+
+    /// [`Launch::output`]; `None` leaves the name out (null for a nullable parameter).
+    pub fn output_opt<T: Element, V: DevicePtrMut<T> + ?Sized>(
+        &mut self,
+        name: &'a str,
+        view: Option<&'a mut V>,
+    ) -> &mut Self {
+        match view {
+            Some(v) => self.output(name, v),
+            None => self,
+        }
+    }
+
+    /// No buffer for `name` (allowed where the kernel's parameter is nullable).
+    pub fn null(&mut self, name: &'a str) -> &mut Self {
+        self.args.push(name, Arg::Null);
+        self
+    }
+
+    /// An integer argument (a count, stride or threshold).
+    pub fn int(&mut self, name: &'a str, value: usize) -> &mut Self {
+        self.args.int(name, value);
+        self
+    }
+
+    /// The integers of a shape (counts and strides under their parameter names).
+    pub fn shape(&mut self, shape: &impl Shape) -> &mut Self {
+        shape.push_to(&mut self.args);
+        self
+    }
+
+    /// Check every argument against the kernel's contract, then launch on the stream.
+    pub fn run(self) -> Result<(), RuntimeError> {
+        let Launch {
+            kernel,
+            stream,
+            args,
+            guards,
+            error,
+            ..
+        } = self;
+        if let Some(e) = error {
+            return Err(e);
+        }
+        if args.overflowed() {
+            return Err(refusal(
+                kernel,
+                format!("more than {} arguments", crate::host::launch::MAX_ARGS),
+            ));
+        }
+        let checked = kernel.check(&args)?;
+        // SAFETY: every buffer argument is a cudarc view of this kernel's context (checked
+        // when it was added): its address and length (in elements of `T`, whose size is the
+        // manifest element's: `Element` is sealed) describe live device memory, borrowed until
+        // the launch is enqueued; the guards then record this launch's use, so cudarc orders
+        // later use and the free of that memory after the kernel (as its own launches do).
+        let launched = unsafe { kernel.launch_checked(stream, &checked) };
+        drop(guards); // records this launch's use of each buffer, after it is enqueued
+        launched
+    }
+
+    fn buffer(
+        &mut self,
+        name: &'a str,
+        ptr: u64,
+        len: usize,
+        elem: &'static str,
+        guard: SyncOnDrop<'a>,
+    ) -> &mut Self {
+        match self.guards.get_mut(self.kept) {
+            Some(slot) => {
+                *slot = Some(guard);
+                self.kept += 1;
+            }
+            None => self.fail(refusal(
+                self.kernel,
+                format!("more than {MAX_PARAMS} buffers"),
+            )),
+        }
+        self.args.push(
+            name,
+            Arg::Buffer {
+                ptr,
+                len: len as u64,
+                elem: Some(elem),
+            },
+        );
+        self
+    }
+
+    fn same_context(&mut self, name: &str, stream: &CudaStream) {
+        if stream.context().cu_ctx() != self.kernel.context().cu_ctx() {
+            self.fail(RuntimeError::WrongContext {
+                kernel: self.kernel.name().to_string(),
+                what: name.to_string(),
+            });
+        }
+    }
+
+    fn fail(&mut self, e: RuntimeError) {
+        self.error.get_or_insert(e);
+    }
+}
+
+fn refusal(kernel: &Kernel, problem: String) -> RuntimeError {
+    RuntimeError::InvalidArgument(crate::host::check::Refusal {
+        kernel: kernel.name().to_string(),
+        problem,
+    })
+}
+
+/// Integer arguments that travel together: counts and the strides of a family's tensors.
+pub trait Shape {
+    fn push_to(&self, args: &mut NamedArgs<'_>);
+}
+
+/// T, H and each `[T, H, D]` tensor's strides (elements) of a `merge_attn_states` launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MergeShape {
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub output: Layout,
+    pub prefix: Layout,
+    pub suffix: Layout,
+}
+
+impl MergeShape {
+    /// Every tensor dense `[T, H, D]`.
+    pub fn contiguous(num_tokens: usize, num_heads: usize, head_size: usize) -> MergeShape {
+        let l = Layout::contiguous(num_heads, head_size);
+        MergeShape {
+            num_tokens,
+            num_heads,
+            output: l,
+            prefix: l,
+            suffix: l,
+        }
+    }
+}
+
+impl Shape for MergeShape {
+    fn push_to(&self, a: &mut NamedArgs<'_>) {
+        a.int("num_tokens", self.num_tokens)
+            .int("num_heads", self.num_heads);
+        strides(a, OUTPUT, self.output);
+        strides(a, PREFIX, self.prefix);
+        strides(a, SUFFIX, self.suffix);
+    }
+}
+
+/// T, H, K and the strides of output `[T, H, D]` and states `[T, K, H, D]` (`merge_states`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatesShape {
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    /// K: the kernel's compile-time K, or any K >= 1 for a runtime-K kernel.
+    pub num_states: usize,
+    pub output: Layout,
+    pub states: StatesLayout,
+}
+
+impl StatesShape {
+    /// Every tensor dense.
+    pub fn contiguous(
+        num_tokens: usize,
+        num_states: usize,
+        num_heads: usize,
+        head_size: usize,
+    ) -> StatesShape {
+        StatesShape {
+            num_tokens,
+            num_heads,
+            num_states,
+            output: Layout::contiguous(num_heads, head_size),
+            states: StatesLayout::contiguous(num_states, num_heads, head_size),
+        }
+    }
+}
+
+impl Shape for StatesShape {
+    fn push_to(&self, a: &mut NamedArgs<'_>) {
+        a.int("num_tokens", self.num_tokens)
+            .int("num_heads", self.num_heads)
+            .int("num_states", self.num_states);
+        strides(a, OUTPUT, self.output);
+        let s = self.states;
+        a.int("states_token_stride", s.token_stride)
+            .int("states_state_stride", s.state_stride)
+            .int("states_head_stride", s.head_stride);
+    }
+}
+
+/// T, H and the strides of `state` and `other` (`[T, H, D]` each) of `merge_state_in_place`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InPlaceShape {
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub state: Layout,
+    pub other: Layout,
+}
+
+impl InPlaceShape {
+    /// Both tensors dense.
+    pub fn contiguous(num_tokens: usize, num_heads: usize, head_size: usize) -> InPlaceShape {
+        let l = Layout::contiguous(num_heads, head_size);
+        InPlaceShape {
+            num_tokens,
+            num_heads,
+            state: l,
+            other: l,
+        }
+    }
+}
+
+impl Shape for InPlaceShape {
+    fn push_to(&self, a: &mut NamedArgs<'_>) {
+        a.int("num_tokens", self.num_tokens)
+            .int("num_heads", self.num_heads);
+        strides(a, STATE, self.state);
+        strides(a, OTHER, self.other);
+    }
+}
+
+/// B requests over T tokens of H heads (`mask_empty_context_lse`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaskLseShape {
+    pub num_requests: usize,
+    pub num_tokens: usize,
+    pub num_heads: usize,
+}
+
+impl Shape for MaskLseShape {
+    fn push_to(&self, a: &mut NamedArgs<'_>) {
+        a.int("num_requests", self.num_requests)
+            .int("num_tokens", self.num_tokens)
+            .int("num_heads", self.num_heads);
+    }
+}
+
+/// Where a per-token-group FP8 kernel writes its float32 scales: group g of head h of token t
+/// at `t * token_stride + (h * D / group_size + g) * group_stride`. Row-major `[T, H*D/G]` is
+/// `(H*D/G, 1)`, column-major `(1, T)`; padded rows are a larger token stride.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScaleLayout {
+    pub token_stride: usize,
+    pub group_stride: usize,
+}
+
+impl Shape for ScaleLayout {
+    fn push_to(&self, a: &mut NamedArgs<'_>) {
+        a.int("scale_token_stride", self.token_stride)
+            .int("scale_group_stride", self.group_stride);
+    }
+}
+
+/// The options that select a kernel of a family at run time (what a generated module's
+/// `dispatch` matches on); the schedule is not part of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KernelKey {
+    MergeAttnStates {
+        dtype: Dtype,
+        head_size: u32,
+        output: OutputKind,
+        /// With `output: Fp8E4m3Group`.
+        fp8_group: Option<Fp8Group>,
+        prefix_threshold: bool,
+        output_lse: bool,
+        lse_layout: LseLayout,
+    },
+    MergeStates {
+        dtype: Dtype,
+        head_size: u32,
+        /// `None`: K is a launch argument.
+        num_states: Option<u32>,
+        output_lse: bool,
+    },
+    MergeStateInPlace {
+        dtype: Dtype,
+        head_size: u32,
+        mask: bool,
+        lse_layout: LseLayout,
+    },
+    MaskEmptyContextLse {
+        lse_layout: LseLayout,
+    },
+}
