@@ -9,11 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU", allow_module_level=True)
-pytest.importorskip("cuda.bindings")
 
 import mla_gen  # noqa: E402
 
-FAMILIES = {mla_gen._family(k)[0] for k in mla_gen._manifest_data()["kernels"]}
+FAMILIES = {mla_gen.manifest.family_of(k)[0] for k in mla_gen.manifest.load()["kernels"]}
 if not {"merge_states", "merge_state_in_place"} <= FAMILIES:
     pytest.skip("no merge_states / merge_state_in_place kernels in this kernel folder (set MLA_GEN_KERNELS)",
                 allow_module_level=True)
