@@ -29,11 +29,14 @@ wheel="$(scripts/build-wheel.sh --out "$work/dist" | tail -n 1)"
 echo "$wheel"
 
 echo "== python: install into a fresh venv"
-"$PY" -m venv "$work/venv"
+# A venv without pip or setuptools of its own (they would shadow torch's requirements), torch
+# through a .pth file, and the wheel installed with its dependencies resolved (--no-index: torch
+# must be found installed, nothing is downloaded) by the torch environment's pip.
+"$PY" -m venv --without-pip "$work/venv"
 VPY="$work/venv/bin/python"
 site="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 "$TORCH_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/mla_gen_ci_torch.pth"
-"$VPY" -m pip install --quiet --disable-pip-version-check --no-index "$wheel"
+"$TORCH_ENV/bin/python" -m pip --python "$VPY" install --quiet --disable-pip-version-check --no-index "$wheel"
 
 echo "== python: package data"
 "$VPY" - "$wheel" <<'PYEOF'
