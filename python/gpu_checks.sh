@@ -16,7 +16,7 @@ site="$(mktemp -d)"
 trap 'rm -rf "$site"' EXIT
 status=0
 echo "== install the wheel (pip --no-deps --no-build-isolation --target)"
-"$PY" -m pip install --quiet --no-deps --no-build-isolation --target "$site" ./python > "$OUT/install.log" 2>&1 \
+MLA_GEN_WHEEL_KERNELS="$PWD/generated" "$PY" -m pip install --quiet --no-deps --no-build-isolation --target "$site" ./python > "$OUT/install.log" 2>&1 \
     || { cat "$OUT/install.log"; exit 1; }
 export PYTHONPATH="$site" PYTHONUNBUFFERED=1
 "$PY" -c 'import mla_gen, sys; print("mla_gen", mla_gen.__version__, "from", mla_gen.__file__, "kernels", mla_gen.kernels_dir())'

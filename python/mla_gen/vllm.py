@@ -21,12 +21,15 @@ from __future__ import annotations
 import importlib
 import sys
 
+from .manifest import env_value, supports
+
 __all__ = ["patch", "route", "MODULES", "stats"]
 
 MODULES = ("vllm.v1.attention.ops.merge_attn_states", "vllm.attention.ops.merge_attn_states")
 stats = {"fallbacks": 0, "routed": 0}
 
 _SAME = {"torch.float32", "torch.float16", "torch.bfloat16"}
+_routes: dict = {}  # (dtype, head size, options, $MLA_GEN_KERNELS) -> supports()
 
 
 def _on_cuda(t) -> bool:
@@ -42,7 +45,6 @@ def route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_l
           prefill_tokens_with_context=None, output_scale=None) -> bool:
     """Whether mla-gen takes this call: tensors on a CUDA device, f32/f16/bf16 inputs, an
     output of the inputs' dtype (or e4m3 with output_scale), and a kernel in the folder."""
-    from .manifest import supports
     try:
         if not (_on_cuda(output) and _on_cuda(prefix_output) and _on_cuda(suffix_output)):
             return False
@@ -58,9 +60,12 @@ def route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_l
                 return False
             kind = "fp8_e4m3"
         n = prefill_tokens_with_context
-        threshold = n is not None and n != output.shape[0]
-        return supports(dtype, prefix_output.shape[-1], output_lse=output_lse is not None, threshold=threshold,
-                        output=kind)
+        key = (dtype, prefix_output.shape[-1], output_lse is not None, n is not None and n != output.shape[0], kind,
+               env_value())
+        hit = _routes.get(key)
+        if hit is None:
+            hit = _routes[key] = supports(dtype, key[1], output_lse=key[2], threshold=key[3], output=kind)
+        return hit
     except (AttributeError, IndexError, TypeError, ValueError):
         return False
 

@@ -124,6 +124,53 @@ def test_compile_fullgraph_other_ops():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.skipif("merge_state_in_place" not in FAMILIES, reason="no merge_state_in_place kernels in this folder")
+def test_compile_fullgraph_in_place_op():
+    v, w = (torch.randn(16, 4, 128, device="cuda", dtype=BF16) for _ in range(2))
+    s, t = (torch.randn(16, 4, device="cuda") for _ in range(2))
+
+    def f(v, s, w, t):
+        v, s = v.clone(), s.clone()
+        torch.ops.mla_gen.merge_state_in_place(v, s, w, t)
+        return v, s
+
+    got, want = torch.compile(f, fullgraph=True)(v, s, w, t), f(v, s, w, t)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.skipif("mask_empty_context_lse" not in FAMILIES, reason="no mask_empty_context_lse kernels here")
+def test_compile_fullgraph_mask_op():
+    lse = torch.randn(4, 10, device="cuda")
+    qsl = torch.tensor([0, 4, 10], dtype=torch.int32, device="cuda")
+    csl = torch.tensor([0, 0, 3], dtype=torch.int32, device="cuda")
+
+    def f(lse, q, c):
+        lse = lse.clone()
+        torch.ops.mla_gen.mask_empty_context_lse(lse, q, c)
+        return lse
+
+    got, want = torch.compile(f, fullgraph=True)(lse, qsl, csl), f(lse, qsl, csl)
+    assert torch.equal(got, want) and got[:, :4].isneginf().all() and got[:, 4:].isfinite().all()
+
+
+@pytest.mark.skipif(not any(k["variant"].get("fp8_group") for k in manifest.load()["kernels"]),
+                    reason="no per-token-group FP8 kernels in this folder")
+def test_compile_fullgraph_fp8_group_op():
+    p, pl, s, sl = inputs()
+    kern = next(k for k in manifest.load()["kernels"] if k["variant"].get("fp8_group")
+                and k["variant"]["dtype"] == "bf16" and k["variant"]["head_size"] == 128)
+    G, ue8m0 = kern["variant"]["fp8_group"]["group_size"], kern["variant"]["fp8_group"]["ue8m0"]
+
+    def f(p, pl, s, sl):
+        out = torch.empty(p.shape, device=p.device, dtype=torch.float8_e4m3fn)
+        scales = torch.empty(p.shape[0], p.shape[1] * p.shape[2] // G, device=p.device)
+        torch.ops.mla_gen.merge_attn_states_fp8_group(out, scales, None, p, pl, s, sl, 30, ue8m0)
+        return out.view(torch.uint8), scales
+
+    got, want = torch.compile(f, fullgraph=True)(p, pl, s, sl), f(p, pl, s, sl)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_cuda_graph_capture_of_the_op_and_the_function():
     p, pl, s, sl = inputs(T=256, seed=3)
     outs = [torch.empty_like(p) for _ in range(2)]
