@@ -30,8 +30,8 @@ SHAPES = [(8192, 32, 128), (32768, 32, 128), (16384, 128, 128)]
 
 def kernel_k(K):
     """The compile-time-K kernel's name for bf16 d128, or None (then the runtime-K one runs)."""
-    for k in mla_gen._manifest_data()["kernels"]:
-        fam, fields = mla_gen._family(k)
+    for k in mla_gen.manifest.load()["kernels"]:
+        fam, fields = mla_gen.manifest.family_of(k)
         v = k["variant"]
         if fam == "merge_states" and v["dtype"] == "bf16" and v["head_size"] == 128 and fields["num_states"] == K:
             return k["name"]
@@ -139,11 +139,10 @@ def candidates(reps, out):
     specs/kway-candidates.toml) at SHAPES; K = its own, or 3 and 8 for runtime-K kernels."""
     rows = []
     dev = torch.cuda.current_device()
-    for meta in mla_gen._manifest_data()["kernels"]:
-        fam, fields = mla_gen._family(meta)
+    for meta in mla_gen.manifest.load()["kernels"]:
+        fam, fields = mla_gen.manifest.family_of(meta)
         if fam != "merge_states":
             continue
-        kern = mla_gen._load(meta, dev)
         for K in ([fields["num_states"]] if fields["num_states"] else [3, 8]):
             for T, H, D in SHAPES:
                 v = torch.empty(T, K, H, D, device="cuda", dtype=torch.bfloat16).uniform_(-4, 4)
@@ -151,12 +150,12 @@ def candidates(reps, out):
                 o = torch.empty(T, H, D, device="cuda", dtype=torch.bfloat16)
                 ol = torch.empty(T, H, device="cuda")
                 vts, vks, vhs, _ = v.stride()
-                values = {"output": o.data_ptr(), "output_lse": ol.data_ptr(), "states": v.data_ptr(),
-                          "states_lse": s.data_ptr(), "num_states": K, "num_tokens": T, "num_heads": H,
-                          "output_token_stride": H * D, "output_head_stride": D, "states_token_stride": vts,
-                          "states_state_stride": vks, "states_head_stride": vhs}
-                grid = mla_gen._grid(meta["launch"], T, H)
-                us = time_ms(lambda: mla_gen._launch(kern, values, grid, dev), reps) * 1e3
+                values = {"output": o, "output_lse": ol, "states": v, "states_lse": s, "num_tokens": T,
+                          "num_heads": H, "output_token_stride": H * D, "output_head_stride": D,
+                          "states_token_stride": vts, "states_state_stride": vks, "states_head_stride": vhs}
+                if fields["num_states"] is None:
+                    values["num_states"] = K
+                us = time_ms(lambda: mla_gen.launch_kernel(meta["name"], values, device=dev), reps) * 1e3
                 nbytes = T * H * (K * (D * 2 + 4) + D * 2 + 4)
                 rows.append({"kernel": meta["name"], "K": K, "T": T, "H": H, "us": us, "gbs": nbytes / us / 1e3,
                              "regs": [a.get("resources", {}).get("registers") for a in meta["archs"]]})

@@ -8,7 +8,6 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU: the drop-in needs one (run scripts/gpu-check.sh on a GPU machine)",
                 allow_module_level=True)
-pytest.importorskip("cuda.bindings")
 
 import mla_gen  # noqa: E402
 
@@ -183,19 +182,19 @@ def test_bad_calls_raise_clear_errors():
     out = torch.empty(T, H, D, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="must be a Python int"):
         mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, None, torch.tensor(3))
-    with pytest.raises(ValueError, match="outside 0..=8"):
+    with pytest.raises(mla_gen.ArgumentError, match="prefill_tokens_with_context = 9 exceeds its maximum num_tokens = 8"):
         mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, None, 9)
-    with pytest.raises(TypeError, match="must match"):
-        mla_gen.merge_attn_states(out, prefix.half(), plse, suffix, slse)
-    with pytest.raises(ValueError, match=r"\[num_heads, num_tokens\]"):
+    with pytest.raises(mla_gen.ArgumentError, match="prefix_output is f16, the kernel takes bf16"):
+        mla_gen.merge_attn_states(out.half(), prefix.half(), plse, suffix, slse)
+    with pytest.raises(ValueError, match=r"\[H=2, T=8\]"):
         mla_gen.merge_attn_states(out, prefix, plse.t().contiguous(), suffix, slse)
-    with pytest.raises(ValueError, match="no generated kernel"):
+    with pytest.raises(ValueError, match="no generated merge_attn_states kernel"):
         o = torch.empty(T, H, 100, device="cuda", dtype=torch.bfloat16)
         mla_gen.merge_attn_states(o, o.clone(), plse, o.clone(), slse)
-    with pytest.raises(ValueError, match="overlaps"):
+    with pytest.raises(mla_gen.ArgumentError, match="output overlaps prefix_output"):
         mla_gen.merge_attn_states(prefix, prefix, plse, suffix, slse)
-    with pytest.raises(ValueError, match="stride 1"):
+    with pytest.raises(ValueError, match="has shape"):  # the head dim must be contiguous
         strided = torch.empty(T, H, D, 2, device="cuda", dtype=torch.bfloat16)[..., 0]
         mla_gen.merge_attn_states(out, strided, plse, suffix, slse)
-    with pytest.raises(TypeError, match="float8_e4m3fn"):
-        mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, output_scale=torch.ones(1, device="cuda"))
+    with pytest.raises(ValueError, match="on cpu"):
+        mla_gen.merge_attn_states(out, prefix.cpu(), plse, suffix, slse)

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# CI for the Python package, no GPU: build the wheel, install it into a fresh venv with torch,
+# check its package data (the wheel's manifest is generated/manifest.json, every file it names is
+# there), then run python/tests against the installed package: the contract table, op
+# registration, schemas and fake implementations on meta tensors, the vLLM routing, the torch
+# layer with the launch replaced. GPU tests skip. Prints pytest's summary; non-zero on failure.
+#
+# torch: PyPI has no CPU-only torch for Linux x86_64; `pip install torch` brings the CUDA build
+# and its nvidia-* wheels (~3 GB download, 5.4 GB installed, ~1.5 min here). It runs on a machine
+# without a GPU. It is installed once into $MLA_GEN_TORCH_ENV (default ~/.cache/mla-gen/torch-env)
+# and reused; each run's venv is fresh and sees it through a .pth file.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${MLA_GEN_PYTHON:-python3}"
+TORCH_ENV="${MLA_GEN_TORCH_ENV:-$HOME/.cache/mla-gen/torch-env}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+echo "== python: torch environment ($TORCH_ENV)"
+if ! "$TORCH_ENV/bin/python" -c 'import torch, pytest, numpy' 2>/dev/null; then
+    rm -rf "$TORCH_ENV"
+    "$PY" -m venv "$TORCH_ENV"
+    "$TORCH_ENV/bin/python" -m pip install --quiet --disable-pip-version-check torch pytest numpy
+fi
+"$TORCH_ENV/bin/python" -c 'import torch; print("torch", torch.__version__, "cuda available:", torch.cuda.is_available())'
+
+echo "== python: build the wheel (scripts/build-wheel.sh)"
+wheel="$(scripts/build-wheel.sh --out "$work/dist" | tail -n 1)"
+echo "$wheel"
+
+echo "== python: install into a fresh venv"
+# A venv without pip or setuptools of its own (they would shadow torch's requirements), torch
+# through a .pth file, and the wheel installed with its dependencies resolved (--no-index: torch
+# must be found installed, nothing is downloaded) by the torch environment's pip.
+"$PY" -m venv --without-pip "$work/venv"
+VPY="$work/venv/bin/python"
+site="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+"$TORCH_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/mla_gen_ci_torch.pth"
+"$TORCH_ENV/bin/python" -m pip --python "$VPY" install --quiet --disable-pip-version-check --no-index "$wheel"
+
+echo "== python: package data"
+"$VPY" - "$wheel" <<'PYEOF'
+import json, sys, zipfile
+from pathlib import Path
+import mla_gen
+from importlib import resources
+pkg = Path(mla_gen.__file__).parent
+assert "site-packages" in str(pkg), f"mla_gen imported from {pkg}, not the installed wheel"
+kernels = resources.files("mla_gen").joinpath("kernels")
+repo = json.loads(Path("generated/manifest.json").read_text())
+shipped = kernels.joinpath("manifest.json").read_bytes()
+assert shipped == Path("generated/manifest.json").read_bytes(), "the wheel's manifest differs from generated/manifest.json"
+files = [a[k]["file"] for kern in repo["kernels"] for a in kern["archs"] for k in ("ptx", "cubin") if a.get(k)]
+missing = [f for f in files if not kernels.joinpath(*f.split("/")).is_file()]
+assert not missing, f"missing from the wheel: {missing[:5]}"
+assert mla_gen.__version__ == repo["generator"]["version"], (mla_gen.__version__, repo["generator"]["version"])
+assert str(mla_gen.kernels_dir()) == str(kernels), mla_gen.kernels_dir()
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+assert not any(n.endswith(".cu") for n in names)
+print(f"1 passed, 0 failed: package data ({len(files)} kernel files, manifest equal to generated/manifest.json, version {mla_gen.__version__})")
+PYEOF
+cargo_version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)"
+"$VPY" -c "import mla_gen, sys; v = mla_gen.__version__; sys.exit(0 if v == '$cargo_version' else f'mla_gen {v} != Cargo.toml $cargo_version')"
+
+echo "== python: pytest python/tests (installed package; GPU tests skip without a GPU)"
+cd "$work"  # so that python/ is not on sys.path: the tests import the installed package
+MLA_GEN_EXPECT_INSTALLED=1 "$VPY" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" 2>&1 | tail -n 25
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The Python package on a GPU machine (no network, no Rust needed), in one go, under ~4 minutes:
+#   1. build the wheel from the tree (python/_build, standard library only) and install it with
+#      pip --no-deps --no-build-isolation --target into a temp folder (torch comes from the machine);
+#   2. pytest python/tests against the installed package (GPU tests: drop-in vs float64
+#      reference, ops: opcheck / torch.compile / CUDA graphs, foreign context and two GPUs;
+#      CPU tests too); with .device/gpu-extra (scripts/gpu-check.sh build), also the FP8,
+#      K-way and in-place tests and the ops' opcheck against those kernels;
+#   3. python/bench/host_cost.py (host cost per call: function, op, Triton launcher, zero_).
+# Logs and host_cost.json go to $OUT (default .device/py-out); the last lines sum up.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-.device/py-out}"; mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+site="$(mktemp -d)"
+trap 'rm -rf "$site"' EXIT
+status=0
+echo "== install the wheel (pip --no-deps --no-build-isolation --target)"
+MLA_GEN_WHEEL_KERNELS="$PWD/generated" "$PY" -m pip install --quiet --no-deps --no-build-isolation --target "$site" ./python > "$OUT/install.log" 2>&1 \
+    || { cat "$OUT/install.log"; exit 1; }
+export PYTHONPATH="$site" PYTHONUNBUFFERED=1
+"$PY" -c 'import mla_gen, sys; print("mla_gen", mla_gen.__version__, "from", mla_gen.__file__, "kernels", mla_gen.kernels_dir())'
+echo "== pytest python/tests (installed package, default kernels)"
+(cd "$site" && timeout 900 "$PY" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" 2>&1) \
+    | tee "$OUT/pytest.log" | tail -n 15
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [ -d .device/gpu-extra ]; then
+    echo "== pytest with MLA_GEN_KERNELS=.device/gpu-extra (FP8, K-way, in-place, lse mask)"
+    (cd "$site" && MLA_GEN_KERNELS="$OLDPWD/.device/gpu-extra" timeout 900 "$PY" -m pytest -q -p no:cacheprovider \
+        "$OLDPWD/python/tests/test_fp8.py" "$OLDPWD/python/tests/test_families.py" "$OLDPWD/python/tests/test_ops.py" 2>&1) \
+        | tee "$OUT/pytest-extra.log" | tail -n 5
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+echo "== host cost (python/bench/host_cost.py)"
+OUT="$OUT" "$PY" python/bench/host_cost.py 2>&1 | tee "$OUT/host_cost.txt" || status=1
+echo "== summary"
+echo "pytest: $(tail -n 1 "$OUT/pytest.log")"
+[ -f "$OUT/pytest-extra.log" ] && echo "pytest (gpu-extra kernels): $(tail -n 1 "$OUT/pytest-extra.log")"
+grep -E "function|op\)" "$OUT/host_cost.txt" || true
+exit $status

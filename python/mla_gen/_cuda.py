@@ -1,0 +1,247 @@
+"""The CUDA driver through ctypes: libcuda is opened at the first load or launch, never at import.
+
+Kernels are loaded once per process with cuLibraryLoadData (context-independent, CUDA >= 12.0
+drivers); each device gets its function with cuKernelGetFunction in that device's primary
+context, which this module retains. A launch runs in the primary context of the tensors' device:
+when another context is current on the calling thread (another device's, or one made with
+cuCtxCreate), the primary context is pushed around the launch and popped after it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+
+CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222
+
+_lib = None
+_lock = threading.RLock()
+_primary: dict = {}  # device ordinal -> primary context (int)
+stats = {"module_loads": 0, "launches": 0}
+
+
+class CudaError(RuntimeError):
+    def __init__(self, what: str, code: int, detail: str):
+        super().__init__(f"{what} failed: {detail}")
+        self.code = code
+
+
+def lib():
+    """libcuda, opened and initialized at first use."""
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+                try:
+                    cuda = ctypes.CDLL(name)
+                except OSError as e:
+                    raise RuntimeError(f"cannot open the CUDA driver ({name}): {e}") from e
+                for fn in ("cuInit", "cuGetErrorName", "cuGetErrorString", "cuDeviceGet", "cuDeviceGetAttribute",
+                           "cuDevicePrimaryCtxRetain", "cuCtxGetCurrent", "cuCtxPushCurrent_v2",
+                           "cuCtxPopCurrent_v2", "cuLaunchKernel", "cuModuleLoadData", "cuModuleGetFunction",
+                           "cuLibraryLoadData", "cuLibraryGetKernel", "cuKernelGetFunction"):
+                    f = getattr(cuda, fn, None)
+                    if f is not None:
+                        f.restype = ctypes.c_int
+                c_vp = ctypes.c_void_p
+                cuda.cuLaunchKernel.argtypes = [c_vp, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                                                ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, c_vp, c_vp, c_vp]
+                cuda.cuCtxGetCurrent.argtypes = [c_vp]
+                cuda.cuCtxPushCurrent_v2.argtypes = [c_vp]
+                cuda.cuCtxPopCurrent_v2.argtypes = [c_vp]
+                _check(cuda, cuda.cuInit(0), "cuInit")
+                _lib = cuda
+    return _lib
+
+
+def _check(cuda, err: int, what: str, nvrtc: dict | None = None):
+    if err == 0:
+        return
+    name = ctypes.c_char_p()
+    detail = f"CUresult {err}"
+    if cuda.cuGetErrorName(err, ctypes.byref(name)) == 0 and name.value:
+        detail = name.value.decode()
+    text = ctypes.c_char_p()
+    if cuda.cuGetErrorString(err, ctypes.byref(text)) == 0 and text.value:
+        detail += f" ({text.value.decode()})"
+    if err == CUDA_ERROR_UNSUPPORTED_PTX_VERSION and nvrtc:
+        detail += (f": PTX ISA {nvrtc.get('ptx_isa')} from NVRTC {nvrtc.get('release')} needs a CUDA "
+                   f"{nvrtc.get('oldest_driver_cuda')} driver; use CUBIN or the pinned NVRTC 13.0.88")
+    raise CudaError(what, err, detail)
+
+
+def primary_context(device: int) -> int:
+    """The device's primary context, retained (once per process)."""
+    ctx = _primary.get(device)
+    if ctx is None:
+        cuda = lib()
+        with _lock:
+            ctx = _primary.get(device)
+            if ctx is None:
+                dev = ctypes.c_int()
+                _check(cuda, cuda.cuDeviceGet(ctypes.byref(dev), device), f"cuDeviceGet({device})")
+                handle = ctypes.c_void_p()
+                _check(cuda, cuda.cuDevicePrimaryCtxRetain(ctypes.byref(handle), dev),
+                       f"cuDevicePrimaryCtxRetain({device})")
+                ctx = _primary[device] = handle.value
+    return ctx
+
+
+def compute_capability(device: int) -> int:
+    cuda = lib()
+    dev = ctypes.c_int()
+    _check(cuda, cuda.cuDeviceGet(ctypes.byref(dev), device), f"cuDeviceGet({device})")
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _check(cuda, cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev), "cuDeviceGetAttribute")  # MAJOR
+    _check(cuda, cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev), "cuDeviceGetAttribute")  # MINOR
+    return major.value * 10 + minor.value
+
+
+class _Current:
+    """Makes `ctx` current on this thread for a block when it is not already."""
+
+    def __init__(self, ctx: int):
+        self.ctx = ctx
+        self.pushed = False
+
+    def __enter__(self):
+        cuda = lib()
+        cur = ctypes.c_void_p()
+        _check(cuda, cuda.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
+        if cur.value != self.ctx:
+            _check(cuda, cuda.cuCtxPushCurrent_v2(self.ctx), "cuCtxPushCurrent")
+            self.pushed = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.pushed:
+            popped = ctypes.c_void_p()
+            lib().cuCtxPopCurrent_v2(ctypes.byref(popped))
+
+
+class Kernel:
+    """One kernel of a folder: its image loaded once (per process), its function per device."""
+
+    def __init__(self, folder, meta: dict):
+        self.folder = folder
+        self.meta = meta
+        self.name = meta["name"]
+        self.libraries: dict = {}  # image file -> (CUlibrary, CUkernel)
+        self.loaded_from: dict = {}  # device -> image file
+        self.functions: dict = {}  # device -> CUfunction (int)
+        self.modules: dict = {}  # device -> CUmodule, where the driver has no cuLibraryLoadData
+
+    def function(self, device: int) -> int:
+        f = self.functions.get(device)
+        if f is not None:
+            return f
+        with _lock:
+            f = self.functions.get(device)
+            if f is None:
+                f = self.functions[device] = self._load(device)
+        return f
+
+    def _image(self, device: int) -> tuple:
+        from .manifest import pick_artifact
+        cc = compute_capability(device)
+        choice = pick_artifact(self.meta, cc)
+        if choice is None:
+            raise RuntimeError(f"{self.name}: no CUBIN or PTX in {self.folder.label} runs on sm_{cc}")
+        data = self.folder.read_bytes(choice)
+        if choice.endswith(".ptx"):
+            data += b"\0"
+        return choice, data
+
+    def _load(self, device: int) -> int:
+        cuda = lib()
+        nvrtc = self.folder.manifest.get("nvrtc")
+        ctx = primary_context(device)
+        name = self.name.encode()
+        handle = ctypes.c_void_p()
+        choice, data = self._image(device)
+        with _Current(ctx):
+            if hasattr(cuda, "cuLibraryLoadData"):
+                # One library per image (devices of different archs pick different images).
+                loaded = self.libraries.get(choice)
+                if loaded is None:
+                    library, kern = ctypes.c_void_p(), ctypes.c_void_p()
+                    _check(cuda, cuda.cuLibraryLoadData(ctypes.byref(library), data, None, None, 0, None, None, 0),
+                           f"cuLibraryLoadData({choice})", nvrtc)
+                    _check(cuda, cuda.cuLibraryGetKernel(ctypes.byref(kern), library, name),
+                           f"cuLibraryGetKernel({self.name})")
+                    loaded = self.libraries[choice] = (library, kern)
+                    stats["module_loads"] += 1
+                _check(cuda, cuda.cuKernelGetFunction(ctypes.byref(handle), loaded[1]),
+                       f"cuKernelGetFunction({self.name}) on device {device}", nvrtc)
+            else:  # drivers before CUDA 12.0: one module per context
+                module = ctypes.c_void_p()
+                _check(cuda, cuda.cuModuleLoadData(ctypes.byref(module), data), f"cuModuleLoadData({choice})", nvrtc)
+                _check(cuda, cuda.cuModuleGetFunction(ctypes.byref(handle), module, name),
+                       f"cuModuleGetFunction({self.name})")
+                self.modules[device] = module
+                stats["module_loads"] += 1
+        self.loaded_from[device] = choice
+        return handle.value
+
+
+_kernels: dict = {}
+
+
+def kernel(folder, meta: dict) -> Kernel:
+    key = (id(folder), meta["name"])
+    k = _kernels.get(key)
+    if k is None or k.folder is not folder:
+        with _lock:
+            k = _kernels.get(key)
+            if k is None or k.folder is not folder:
+                k = _kernels[key] = Kernel(folder, meta)
+    return k
+
+
+class Launcher:
+    """cuLaunchKernel of one function with a fixed block, shared memory and parameter count:
+    the parameter values go in one buffer that `launch` fills under a lock (the values of two
+    threads' launches must not mix)."""
+
+    __slots__ = ("function", "ctx", "block", "shmem", "values", "pointers", "cur", "cur_ref", "popped_ref",
+                 "nvrtc", "name")
+
+    def __init__(self, function: int, ctx: int, count: int, block: int, shmem: int, nvrtc, name):
+        self.function = ctypes.c_void_p(function)
+        self.ctx = ctx
+        self.block = block
+        self.shmem = shmem
+        self.values = (ctypes.c_uint64 * max(count, 1))()
+        base = ctypes.addressof(self.values)
+        self.pointers = (ctypes.c_void_p * max(count, 1))(*[base + 8 * i for i in range(max(count, 1))])
+        self.cur = ctypes.c_void_p()
+        self.cur_ref = ctypes.pointer(self.cur)
+        self.popped_ref = ctypes.pointer(ctypes.c_void_p())
+        self.nvrtc = nvrtc
+        self.name = name
+
+
+_launch_lock = threading.Lock()
+
+
+def launch(launcher: Launcher, values, gx: int, gy: int, stream: int):
+    """Launch with `values` (parameter values in signature order) on `stream`, in the primary
+    context of the launcher's device (pushed around the launch when another one is current)."""
+    cuda = _lib
+    with _launch_lock:
+        launcher.values[:] = values
+        cuda.cuCtxGetCurrent(launcher.cur_ref)
+        if launcher.cur.value == launcher.ctx:
+            err = cuda.cuLaunchKernel(launcher.function, gx, gy, 1, launcher.block, 1, 1, launcher.shmem, stream,
+                                      launcher.pointers, None)
+        else:
+            err = cuda.cuCtxPushCurrent_v2(launcher.ctx)
+            if err == 0:
+                err = cuda.cuLaunchKernel(launcher.function, gx, gy, 1, launcher.block, 1, 1, launcher.shmem,
+                                          stream, launcher.pointers, None)
+                cuda.cuCtxPopCurrent_v2(launcher.popped_ref)
+    if err:
+        _check(cuda, err, f"cuLaunchKernel({launcher.name})", launcher.nvrtc)
+    stats["launches"] += 1

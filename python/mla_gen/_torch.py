@@ -1,0 +1,530 @@
+"""The torch functions: tensors become the contract's arguments, the one checker judges them,
+and the kernel is launched on torch's current stream (no device-to-host sync, so CUDA graphs can
+capture it).
+
+A call's tensors are mapped to the kernel's parameters by name; the integer parameters (sizes
+and strides) are read from the tensors through the contract's dims (a dim of size ``num_tokens``
+gives ``num_tokens``, a stride ``output_token_stride`` gives that stride); a buffer's length is
+the elements from its pointer to the end of its storage. The contract then decides everything it
+can (docs/MANIFEST.md, "The check"). This module adds only what the contract cannot say: a
+torch.Tensor on a CUDA device, all on one device, of the rank the kernel addresses, and laid out
+as the kernel addresses it (the shape and strides its dims give, e.g. a contiguous head dim).
+
+Fast path: the first call with given layouts (shapes, strides, dtypes, device) builds a plan with
+the full check; later calls with the same layouts check only what depends on the pointers and
+on the free integers (alignment, overlap, the threshold's range). Anything off there reruns the
+full check, which raises the exact error. The storage-length rule needs no per-call work: torch
+keeps every tensor inside its storage, and the plan checked these layouts.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from . import _cuda
+from . import manifest as _m
+from .contract import ArgumentError, Buffer, plan_for
+
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+_ELEM = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32",
+         torch.uint8: "u8", torch.bool: "u8", torch.float64: "f64", torch.int64: "i64", torch.int8: "i8",
+         torch.int16: "i16"}
+if _FP8 is not None:
+    _ELEM[_FP8] = "fp8_e4m3"
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_env = _m.env_value
+
+# Where an empty tensor has no storage (data_ptr 0) it stands at this address: nothing is read
+# or written through it (its extent is 0, or the check refuses it as too short).
+_EMPTY_ADDRESS = 1 << 12
+
+_MAX_PLANS = 4096
+# Tests without a GPU run the whole path on CPU tensors with the launch replaced (tests/conftest).
+_DEVICE_TYPE = "cuda"
+_plans: dict = {}
+stats = {"plans": 0}
+
+
+def _elem(dtype) -> str:
+    return _ELEM.get(dtype) or str(dtype).removeprefix("torch.")
+
+
+def _stream(device: int) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(device)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _buffer(t: torch.Tensor) -> Buffer:
+    """The contract's view of a tensor: its address, the elements from there to the end of its
+    storage, its element type."""
+    size = t.element_size()
+    ptr = t.data_ptr()
+    length = (t.untyped_storage().nbytes() - t.storage_offset() * size) // size
+    if ptr == 0 and t.numel() == 0:
+        ptr, length = _EMPTY_ADDRESS, 0
+    return Buffer(ptr, length, _elem(t.dtype))
+
+
+class _Kind:
+    """One way of calling: the family, the kernel parameters its tensors bind (in call order),
+    its free integers, and how it picks the kernel."""
+
+    def __init__(self, family, names, free, select):
+        self.family, self.names, self.free, self.select = family, names, free, select
+
+
+class _Prepared:
+    __slots__ = ("launcher", "gather", "check", "ext", "bounds", "grid", "device", "consts", "meta", "name", "gx",
+                 "gy")
+
+
+def _layout_error(name, t, sizes, strides, labels):
+    want = ", ".join(f"{lab}={s}" for lab, s in zip(labels, sizes))
+    return ValueError(f"{name} has shape {tuple(t.shape)} and strides {tuple(t.stride())}; the kernel addresses it "
+                      f"as [{want}] with strides {tuple(strides)} (strides of size-1 dims do not matter)")
+
+
+def _prepare(kind: _Kind, options: tuple, tensors: tuple, free: tuple):
+    """Check a call in full; returns (plan for this layout, the parameter values of this call).
+    Raises TypeError/ValueError for what the contract cannot express, ArgumentError (a
+    ValueError) for what it refuses."""
+    device = None
+    first = None
+    for name, t in zip(kind.names, tensors):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != _DEVICE_TYPE:
+            raise ValueError(f"{name} is on {t.device}; the kernels run on a CUDA device")
+        if device is None:
+            device, first = t.device, name
+        elif t.device != device:
+            raise ValueError(f"{name} is on {t.device}, {first} on {device}; all tensors must be on one device")
+    given_free = {}
+    for name, v in zip(kind.free, free):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be a Python int (a tensor would need a device-to-host sync), "
+                            f"got {type(v).__name__}")
+        given_free[name] = int(v)
+    tmap = dict(zip(kind.names, tensors))
+    kf = _m.folder()
+    meta = kind.select(kf, tmap, options, given_free)
+    plan = plan_for(meta["name"], meta)
+    # The integers, from the tensors' shapes and strides through the contract's dims.
+    ints = {}
+    for p in plan.params:
+        t = tmap.get(p.name) if p.pointer else None
+        if t is None or not p.dims:
+            continue
+        if t.dim() != len(p.dims):
+            raise ValueError(f"{p.name} must have {len(p.dims)} dimensions [{', '.join(d[0] for d in p.dims)}], "
+                             f"got shape {tuple(t.shape)}")
+        for k, (_, size, _) in enumerate(p.dims):
+            if size.mul == 1 and len(size.factors) == 1:
+                j = size.factors[0]
+                if j not in ints and plan.names[j] not in given_free:
+                    ints[j] = t.shape[k] - size.add
+        for k, (_, _, stride) in enumerate(p.dims):
+            j = stride.param()
+            if j is not None and j not in ints and plan.names[j] not in given_free:
+                ints[j] = t.stride(k) if t.shape[k] > 1 else 0
+    args = {name: (None if t is None else _buffer(t)) for name, t in tmap.items()}
+    for j, v in ints.items():
+        args[plan.names[j]] = v
+    args.update(given_free)
+    checked = plan.check(args)
+    values = checked.values
+    # What the contract cannot say: the tensor is laid out as the kernel addresses it.
+    for p in plan.params:
+        t = tmap.get(p.name) if p.pointer else None
+        if t is None or not p.dims:
+            continue
+        sizes, strides = plan.dims_of(p.name, values)
+        if tuple(t.shape) != sizes or (0 not in sizes and any(
+                sz > 1 and st != ts for sz, st, ts in zip(sizes, strides, t.stride()))):
+            raise _layout_error(p.name, t, sizes, strides, [d[0] for d in p.dims])
+    prep = _Prepared()
+    prep.meta = meta
+    prep.name = meta["name"]
+    prep.grid = checked.grid
+    prep.gx, prep.gy = checked.grid[:2] if checked.grid else (0, 0)
+    prep.device = device.index if device is not None else 0
+    prep.launcher = None
+    if checked.grid is not None:
+        kern = _cuda.kernel(kf, meta)
+        function = kern.function(prep.device)
+        prep.launcher = _cuda.Launcher(function, _cuda.primary_context(prep.device), len(plan.params),
+                                       checked.block_threads, checked.shared_mem_bytes, kf.manifest.get("nvrtc"),
+                                       meta["name"])
+    # Parameter values per call: pool = tensors' pointers + free integers + this plan's values.
+    pos = {name: k for k, name in enumerate(kind.names)}
+    nt, nf = len(kind.names), len(kind.free)
+    order = []
+    for i, p in enumerate(plan.params):
+        if p.pointer and p.name in pos and tmap[p.name] is not None:
+            order.append(pos[p.name])
+        elif not p.pointer and p.name in given_free:
+            order.append(nt + kind.free.index(p.name))
+        else:
+            order.append(nt + nf + i)
+    prep.consts = tuple(values)
+    prep.gather = operator.itemgetter(*order) if len(order) > 1 else (lambda pool, k=order[0]: (pool[k],))
+    # What a call with the same layouts still checks: alignment, overlap, the free integers.
+    ext = [0] * nt
+    for i, p in enumerate(plan.params):
+        if p.pointer and p.name in pos and tmap[p.name] is not None:
+            ext[pos[p.name]] = checked.extents[i] * p.elem_bytes
+    prep.ext = tuple(ext)
+    prep.check = _pointer_check(kind, plan, pos)
+    bounds = []
+    for name in given_free:
+        k = kind.free.index(name)
+        if name in plan.names:
+            p = plan.params[plan.names.index(name)]
+            deps = set((p.min.factors if p.min else ()) + (p.max.factors if p.max else ()))
+            if any(plan.names[d] in given_free for d in deps):
+                bounds = None  # a bound over another free integer: every call gets the full check
+                break
+            lo = p.min.eval(values) if p.min else -(1 << 63)
+            hi = p.max.eval(values) if p.max else (1 << 63) - 1
+        else:  # a constant of the kernel: that value only
+            c = plan.constants[name]
+            if any(plan.names[d] in given_free for d in c.factors):
+                bounds = None
+                break
+            lo = hi = c.eval(values)
+        bounds.append((k, lo, hi))
+    prep.bounds = None if bounds is None else tuple(bounds)
+    stats["plans"] += 1
+    return prep, prep.gather(tuple(_ptr(t) for t in tensors) + tuple(free) + prep.consts)
+
+
+def _ptr(t):
+    return 0 if t is None else (t.data_ptr() or (_EMPTY_ADDRESS if t.numel() == 0 else 0))
+
+
+def _key(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+
+
+_checks: dict = {}
+
+
+def _pointer_check(kind: _Kind, plan, pos: dict):
+    """``check(P, E) -> bool``: the pointer rules a call with a planned layout still needs, as
+    straight-line code compiled once per kernel and call kind: P are the call's pointers (call
+    order, 0 for None), E the plan's byte extents (0: absent or empty). True: alignment holds
+    and no written buffer overlaps another (docs/MANIFEST.md steps 7 and 8, pointer parts)."""
+    aligns: dict = {}
+    present = []
+    for p in plan.params:
+        if p.pointer and p.dims is not None and p.name in pos:
+            present.append(p)
+            if p.align > 1:
+                aligns.setdefault(p.align, []).append(pos[p.name])
+    conds = []
+    for a, ks in sorted(aligns.items()):
+        joined = " | ".join(f"p{k}" for k in ks)
+        conds.append(f"({joined}) & {a - 1}" if a & (a - 1) == 0 else f"({joined}) % {a}")
+    for x in range(len(present)):
+        for y in range(x + 1, len(present)):
+            p, q = present[x], present[y]
+            if p.writes or q.writes:
+                a, b = pos[p.name], pos[q.name]
+                conds.append(f"(e{a} and e{b} and p{a} < p{b} + e{b} and p{b} < p{a} + e{a})")
+    n = len(kind.names)
+    unpack = "".join(f"p{k}, " for k in range(n))
+    unpack_e = "".join(f"e{k}, " for k in range(n))
+    src = (f"def check(P, E):\n    {unpack}= P\n    {unpack_e}= E\n"
+           f"    return not ({' or '.join(conds) or 'False'})\n")
+    fn = _checks.get(src)
+    if fn is None:
+        scope: dict = {}
+        exec(compile(src, f"<mla_gen pointer check: {plan.kernel}>", "exec"), scope)  # noqa: S102 - generated above
+        fn = _checks[src] = scope["check"]
+    return fn
+
+
+def _go(prep, ptrs: tuple, free: tuple, kind, options, tensors):
+    """A planned call: the per-call checks, then the launch (the full check where they fail)."""
+    if prep.grid is None:
+        return
+    if prep.check(ptrs, prep.ext) and prep.bounds is not None:
+        for k, lo, hi in prep.bounds:
+            v = free[k]
+            if type(v) is not int or v < lo or v > hi:
+                break
+        else:
+            _cuda.launch(prep.launcher, prep.gather(ptrs + free + prep.consts), prep.gx, prep.gy, _stream(prep.device))
+            return
+    prep, values = _prepare(kind, options, tensors, free)  # raises the error that names the problem
+    if prep.grid is not None:
+        _cuda.launch(prep.launcher, values, prep.gx, prep.gy, _stream(prep.device))
+
+
+def _first(kind, options, tensors, free, key):
+    """A call whose layouts have no plan yet: the full check, the plan, the launch."""
+    prep, values = _prepare(kind, options, tensors, free)
+    if key is not None:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = prep
+    if prep.grid is not None:
+        _cuda.launch(prep.launcher, values, prep.gx, prep.gy, _stream(prep.device))
+
+
+def _call(kind: _Kind, options: tuple, tensors: tuple, free: tuple):
+    """One call of any kind: the plan for these layouts, the per-call checks, the launch."""
+    try:
+        key = (kind, options, _m.env_value(), tuple([_key(t) for t in tensors]), tuple([v is None for v in free]))
+        prep = _plans.get(key)
+    except (AttributeError, TypeError):
+        key = prep = None
+    if prep is None:
+        return _first(kind, options, tensors, free, key)
+    _go(prep, tuple([0 if t is None else t.data_ptr() for t in tensors]), free, kind, options, tensors)
+
+
+def _no_kernel(kf, family, what):
+    return ValueError(f"no generated {family} kernel for {what} in {kf.label}; add it to the spec "
+                      f"([[{family}]]) and regenerate, or set MLA_GEN_KERNELS")
+
+
+def _dims(t, name, rank):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dimensions, got shape {tuple(t.shape)}")
+    return t.shape
+
+
+# ---- merge_attn_states (vLLM's), per-tensor FP8 included ----
+
+_last_pair = (None, None)
+
+
+def _set_last_pair(key, prep):
+    global _last_pair
+    _last_pair = (key, prep)
+
+
+def _select_pair(kf, tmap, options, free):
+    (lse_layout,) = options
+    prefix = tmap["prefix_output"]
+    D = _dims(prefix, "prefix_output", 3)[2]
+    fp8 = tmap["output_scale"] is not None
+    want = dict(output="fp8_e4m3" if fp8 else "same", output_lse=tmap["output_lse"] is not None,
+                threshold="prefill_tokens_with_context" in free, lse_layout=lse_layout)
+    hit = _m.select(kf, "merge_attn_states", prefix.dtype, D, **want)
+    if hit is None:
+        raise _no_kernel(kf, "merge_attn_states", f"dtype={prefix.dtype}, head_size={D}, "
+                         f"output={want['output']}, lse_layout={lse_layout}")
+    return hit[0]
+
+
+_PAIR = _Kind("merge_attn_states", ("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output",
+                                    "suffix_lse", "output_scale"), ("prefill_tokens_with_context",), _select_pair)
+
+
+def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
+                      prefill_tokens_with_context=None, output_scale=None, *, output_group_scales=None,
+                      ue8m0: bool = False, lse_layout: str = "head_major") -> None:
+    """vLLM's ``merge_attn_states``: output [T, H, D] (written), prefix/suffix outputs [T, H, D]
+    (each with its own token and head strides, the head dim contiguous), lse float32 [H, T]
+    (``lse_layout="token_major"``: [T, H], where the kernel folder has such kernels); tokens
+    ``t >= prefill_tokens_with_context`` copy the suffix (None: every token has context).
+    ``output_lse``: the merged lse, same layout, or None.
+
+    With ``output_scale`` (a float32 tensor holding one scale) the output is
+    ``torch.float8_e4m3fn``: saturate(value / scale), nearest even. With ``output_group_scales``
+    (float32 [T, H * D / G], any strides) the output is e4m3 with one scale per group of G
+    elements, computed by the kernel and written there (see merge_attn_states_fp8_group).
+
+    Raises TypeError/ValueError for what the kernel cannot take; ArgumentError (a ValueError)
+    carries the argument check's text ``"<kernel>: <problem>"``."""
+    if output_group_scales is not None:
+        if output_scale is not None:
+            raise ValueError("give output_scale (one per-tensor scale) or output_group_scales, not both")
+        return merge_attn_states_fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output,
+                                           suffix_lse, output_lse, prefill_tokens_with_context, ue8m0=ue8m0,
+                                           lse_layout=lse_layout)
+    # The plain function's fast path: _call's work written out for these seven tensors.
+    o, ol, p, pl, s, sl, sc = output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale
+    tensors = (o, ol, p, pl, s, sl, sc)
+    free = (prefill_tokens_with_context,)
+    try:
+        key = (_PAIR, lse_layout, _env(), o.shape, o.stride(), o.dtype, o.get_device(),
+               None if ol is None else (ol.shape, ol.stride(), ol.dtype, ol.get_device()),
+               p.shape, p.stride(), p.dtype, p.get_device(), pl.shape, pl.stride(), pl.dtype, pl.get_device(),
+               s.shape, s.stride(), s.dtype, s.get_device(), sl.shape, sl.stride(), sl.dtype, sl.get_device(),
+               None if sc is None else (sc.shape, sc.stride(), sc.dtype, sc.get_device()),
+               prefill_tokens_with_context is None)
+        last = _last_pair  # (key, plan) of the previous call: equality, unlike a dict lookup, hashes nothing
+        prep = last[1] if key == last[0] else _plans.get(key)
+    except (AttributeError, TypeError):
+        key = prep = None
+    if prep is None:
+        return _first(_PAIR, (lse_layout,), tensors, free, key)
+    if prep is not last[1]:
+        _set_last_pair(key, prep)
+    _go(prep, (o.data_ptr(), 0 if ol is None else ol.data_ptr(), p.data_ptr(), pl.data_ptr(), s.data_ptr(),
+               sl.data_ptr(), 0 if sc is None else sc.data_ptr()), free, _PAIR, (lse_layout,), tensors)
+
+
+def _select_group(kf, tmap, options, free):
+    ue8m0, lse_layout = options
+    prefix = tmap["prefix_output"]
+    T, H, D = _dims(prefix, "prefix_output", 3)
+    scales = tmap["output_scales"]
+    _dims(scales, "output_group_scales", 2)
+    groups = scales.shape[1]
+    if groups < 1 or (H * D) % groups:
+        raise ValueError(f"output_group_scales must be [T, H * D / G] for a group size G, got {tuple(scales.shape)} "
+                         f"for H * D = {H * D}")
+    G = H * D // groups
+    want = dict(output="fp8_e4m3_group", group_size=G, ue8m0=bool(ue8m0), output_lse=tmap["output_lse"] is not None,
+                threshold="prefill_tokens_with_context" in free, lse_layout=lse_layout)
+    hit = _m.select(kf, "merge_attn_states", prefix.dtype, D, **want)
+    if hit is None:
+        raise _no_kernel(kf, "merge_attn_states", f"dtype={prefix.dtype}, head_size={D}, output = fp8_e4m3_group, "
+                         f"group_size = {G}, ue8m0 = {bool(ue8m0)}, lse_layout={lse_layout}")
+    return hit[0]
+
+
+_GROUP = _Kind("merge_attn_states", ("output", "output_scales", "output_lse", "prefix_output", "prefix_lse",
+                                     "suffix_output", "suffix_lse"), ("prefill_tokens_with_context",), _select_group)
+
+
+def merge_attn_states_fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                                output_lse=None, prefill_tokens_with_context=None, *, ue8m0: bool = False,
+                                lse_layout: str = "head_major") -> None:
+    """merge_attn_states with an e4m3 output quantized per token-group: output
+    ``torch.float8_e4m3fn`` [T, H, D]; ``output_group_scales`` float32 [T, H * D / G] (any
+    strides: row-major, column-major, padded) receives each group's scale, max(absmax, 1e-10) /
+    448 (rounded up to a power of two with ``ue8m0``); G = H * D / its second dimension."""
+    _call(_GROUP, (bool(ue8m0), lse_layout), (output, output_group_scales, output_lse, prefix_output, prefix_lse,
+                                               suffix_output, suffix_lse), (prefill_tokens_with_context,))
+
+
+# ---- merge_states (K-way), merge_state_in_place, mask_empty_context_lse ----
+
+def _select_states(kf, tmap, options, free):
+    v = tmap["states"]
+    T, K, H, D = _dims(v, "v", 4)
+    hit = _m.select(kf, "merge_states", v.dtype, D, num_states=K, output_lse=tmap["output_lse"] is not None)
+    if hit is None:
+        raise _no_kernel(kf, "merge_states", f"dtype={v.dtype}, head_size={D} merging {K} states "
+                         f"(no kernel with num_states = {K} or \"runtime\")")
+    return hit[0]
+
+
+_STATES = _Kind("merge_states", ("output", "output_lse", "states", "states_lse"), (), _select_states)
+
+
+def merge_states(v, s, output=None, output_lse=None):
+    """Merge K attention states per token in one pass (FlashInfer's ``merge_states``).
+
+    v: [T, K, H, D] partial outputs (f32/f16/bf16; the D dimension contiguous, other strides
+    free), s: [T, K, H] float32 lse, contiguous. Returns ``(output [T, H, D], output_lse [T, H])``,
+    allocated when not given (``output_lse`` is None when the kernel has none). +inf lse means
+    "no keys" like -inf; a row with no keys in any state gets state 0's row and lse -inf. Uses
+    the compile-time-K kernel for this K when the folder has one, else the runtime-K kernel."""
+    T, K, H, D = _dims(v, "v", 4)
+    if v.device.type != _DEVICE_TYPE:
+        raise ValueError(f"v is on {v.device}; the kernels run on a CUDA device")
+    if output is None or output_lse is None:
+        kf = _m.folder()
+        hit = _m.select(kf, "merge_states", v.dtype, D, num_states=K, output_lse=True)
+        if hit is None:
+            raise _no_kernel(kf, "merge_states", f"dtype={v.dtype}, head_size={D} merging {K} states "
+                             f"(no kernel with num_states = {K} or \"runtime\")")
+        if output is None:
+            output = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
+        if output_lse is None and hit[0]["variant"]["output_lse"]:
+            output_lse = torch.empty((T, H), dtype=torch.float32, device=v.device)
+    _call(_STATES, (), (output, output_lse, v, s), ())
+    return output, output_lse
+
+
+def _select_in_place(kf, tmap, options, free):
+    (lse_layout,) = options
+    v = tmap["state"]
+    D = _dims(v, "v", 3)[2]
+    hit = _m.select(kf, "merge_state_in_place", v.dtype, D, mask=tmap["mask"] is not None, lse_layout=lse_layout)
+    if hit is None:
+        raise _no_kernel(kf, "merge_state_in_place", f"dtype={v.dtype}, head_size={D}, lse_layout={lse_layout}"
+                         + (" and a mask" if tmap["mask"] is not None else ""))
+    return hit[0]
+
+
+_IN_PLACE = _Kind("merge_state_in_place", ("state", "state_lse", "other", "other_lse", "mask"), (), _select_in_place)
+
+
+def merge_state_in_place(v, s, v_other, s_other, mask=None, *, lse_layout: str = "token_major") -> None:
+    """``v, s := merge((v, s), (v_other, s_other))`` in place (FlashInfer's
+    ``merge_state_in_place``). v, v_other: [T, H, D]; s, s_other: float32 lse, [T, H] with
+    ``lse_layout="token_major"`` (FlashInfer's, the default) or [H, T] with ``"head_major"``
+    (vLLM's). ``mask``: [T] bool or uint8; tokens where it is 0 are left untouched (needs a
+    kernel generated with ``mask = true``)."""
+    if lse_layout not in ("token_major", "head_major"):
+        raise ValueError('lse_layout must be "token_major" or "head_major"')
+    _call(_IN_PLACE, (lse_layout,), (v, s, v_other, s_other, mask), ())
+
+
+def _select_mask(kf, tmap, options, free):
+    (lse_layout,) = options
+    hit = _m.select(kf, "mask_empty_context_lse", None, None, lse_layout=lse_layout)
+    if hit is None:
+        raise _no_kernel(kf, "mask_empty_context_lse", f"lse_layout={lse_layout}")
+    return hit[0]
+
+
+_MASK = _Kind("mask_empty_context_lse", ("lse", "query_start_loc", "context_start_loc"), (), _select_mask)
+
+
+def mask_empty_context_lse(lse, query_start_loc, context_start_loc, *, lse_layout: str = "head_major") -> None:
+    """Set ``lse`` to -inf, in place, for every head of the tokens of requests whose context is
+    empty, before a merge. ``lse``: float32 [H, T] (``lse_layout="head_major"``, vLLM's) or
+    [T, H] (``"token_major"``). ``query_start_loc``, ``context_start_loc``: int32 [B + 1] on
+    the device; request b holds tokens ``query_start_loc[b]:query_start_loc[b+1]`` and has an
+    empty context when ``context_start_loc[b+1] == context_start_loc[b]``. Their contents are
+    not read on the host (no sync): whatever they hold, only lse is written, inside its bounds."""
+    if lse_layout not in ("token_major", "head_major"):
+        raise ValueError('lse_layout must be "token_major" or "head_major"')
+    _call(_MASK, (lse_layout,), (lse, query_start_loc, context_start_loc), ())
+
+
+__all__ = ["merge_attn_states", "merge_attn_states_fp8_group", "merge_states", "merge_state_in_place",
+           "mask_empty_context_lse", "ArgumentError"]
+
+
+def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None:
+    """Launch one kernel of the current folder by name (the scripts' way to time a given
+    schedule): `args` by parameter name as ``check_args`` takes them, torch tensors standing for
+    their buffers. Always the full check; on torch's current stream of `device` (default: the
+    first tensor's device, else the current device)."""
+    kf = _m.folder()
+    meta = kf.kernel(kernel)
+    plan = plan_for(kernel, meta)
+    conv = {}
+    for name, a in args.items():
+        if isinstance(a, torch.Tensor):
+            if device is None:
+                device = a.get_device()
+            a = _buffer(a)
+        conv[name] = a
+    checked = plan.check(conv)
+    if checked.grid is None:
+        return
+    device = torch.cuda.current_device() if device is None or device < 0 else device
+    launcher = _cuda.Launcher(_cuda.kernel(kf, meta).function(device), _cuda.primary_context(device),
+                              len(plan.params), checked.block_threads, checked.shared_mem_bytes,
+                              kf.manifest.get("nvrtc"), kernel)
+    _cuda.launch(launcher, checked.values, checked.grid[0], checked.grid[1], _stream(device))

@@ -1,0 +1,281 @@
+"""Where the kernels are and which one a call needs, from manifest.json alone: no torch, no
+driver, nothing loaded.
+
+The kernel folder is, at every lookup: ``$MLA_GEN_KERNELS`` when set (read live: a later change
+takes effect at the next call), else the kernels shipped in the package (``mla_gen/kernels``,
+found through importlib.resources), else a source checkout's ``generated/``. Manifests and
+kernel choices are cached per resolved folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from importlib import resources
+from pathlib import Path
+
+__all__ = ["KernelFolder", "folder", "load", "supports", "select", "family_of", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 2
+ENV = "MLA_GEN_KERNELS"
+
+# The live environment, read without os.environ.get's per-call encoding and KeyError (about 1 us
+# where the variable is unset): os.environ keeps its contents in `_data`, keyed by the encoded
+# name, and updates it on every assignment, so this sees what os.environ sees.
+_env_data = getattr(os.environ, "_data", None)
+try:
+    _env_key = os.environ.encodekey(ENV)  # type: ignore[attr-defined]
+except AttributeError:
+    _env_data = None
+    _env_key = ENV
+
+# torch dtypes, numpy-style names and manifest names -> manifest names
+_DTYPE_NAMES = {"float32": "f32", "float": "f32", "f32": "f32", "float16": "f16", "half": "f16", "f16": "f16",
+                "bfloat16": "bf16", "bf16": "bf16"}
+
+
+def env_value():
+    """``$MLA_GEN_KERNELS`` as stored (bytes on POSIX), or None; cheap enough for every call."""
+    if _env_data is not None:
+        return _env_data.get(_env_key) or None
+    return os.environ.get(ENV) or None
+
+
+class KernelFolder:
+    """A folder of generated kernels: its manifest, read once, and its files."""
+
+    def __init__(self, root, label: str):
+        self.root = root  # a Path or an importlib.resources Traversable
+        self.label = label
+        self._manifest = None
+        self._lock = threading.Lock()
+        self.selected: dict = {}  # selection key -> kernel entry (or None)
+
+    def __repr__(self):
+        return f"KernelFolder({self.label})"
+
+    def read_bytes(self, rel: str) -> bytes:
+        node = self.root
+        for part in rel.split("/"):
+            node = node.joinpath(part)
+        return node.read_bytes()
+
+    @property
+    def manifest(self) -> dict:
+        m = self._manifest
+        if m is None:
+            with self._lock:
+                if self._manifest is None:
+                    try:
+                        data = json.loads(self.read_bytes("manifest.json"))
+                    except (OSError, ValueError) as e:
+                        raise RuntimeError(f"cannot read {self.label}/manifest.json: {e}; run `mla-gen generate`, "
+                                           f"or set {ENV} to a generated folder") from e
+                    version = data.get("schema_version")
+                    if version != SCHEMA_VERSION:
+                        raise RuntimeError(f"{self.label}/manifest.json has schema_version {version}; this package "
+                                           f"reads {SCHEMA_VERSION} (regenerate with a matching mla-gen)")
+                    data["_by_name"] = {k["name"]: k for k in data["kernels"]}
+                    self._manifest = data
+                m = self._manifest
+        return m
+
+    def kernel(self, name: str) -> dict:
+        try:
+            return self.manifest["_by_name"][name]
+        except KeyError:
+            raise KeyError(f"no kernel {name!r} in {self.label}/manifest.json") from None
+
+
+_folders: dict = {}
+_PACKAGED = object()
+
+
+def _packaged_root():
+    try:
+        root = resources.files("mla_gen").joinpath("kernels")
+        if root.joinpath("manifest.json").is_file():
+            return root
+    except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError):
+        pass
+    return None
+
+
+def folder() -> KernelFolder:
+    """The kernel folder for this call (see the module's doc)."""
+    raw = env_value()
+    f = _folders.get(raw if raw is not None else _PACKAGED)
+    if f is not None:
+        return f
+    if raw is not None:
+        text = raw.decode(errors="surrogateescape") if isinstance(raw, bytes) else raw
+        path = Path(text).expanduser().resolve()
+        f = _by_path(str(path), lambda: KernelFolder(path, f"{path} (${ENV})"))
+        _folders[raw] = f
+        return f
+    root = _packaged_root()
+    if root is not None:
+        f = _by_path(str(root), lambda: KernelFolder(root, f"{root} (installed package)"))
+    else:
+        repo = Path(__file__).resolve().parents[2] / "generated"
+        f = _by_path(str(repo), lambda: KernelFolder(repo, str(repo)))
+    _folders[_PACKAGED] = f
+    return f
+
+
+_by_path_cache: dict = {}
+
+
+def _by_path(key, make):
+    f = _by_path_cache.get(key)
+    if f is None:
+        f = _by_path_cache[key] = make()
+    return f
+
+
+def load() -> dict:
+    """The current folder's manifest."""
+    return folder().manifest
+
+
+def family_of(kernel: dict) -> tuple:
+    """A kernel's family and its fields: ("merge_states", {"num_states": 4 or None}), ..."""
+    f = kernel["variant"].get("family", kernel.get("family", "merge_attn_states"))
+    if isinstance(f, dict):
+        ((name, fields),) = f.items()
+        return name, dict(fields or {})
+    return f, {}
+
+
+def dtype_name(dtype) -> str:
+    """A manifest dtype name from a torch dtype, its name, or a manifest name."""
+    text = str(dtype).removeprefix("torch.")
+    return _DTYPE_NAMES.get(text, text)
+
+
+def select(kf: KernelFolder, family: str, dtype, head_size: int | None, **want):
+    """The kernel of `family` a call with these options runs, or None.
+
+    Options (all families take what applies): ``lse_layout``; merge_attn_states: ``output``
+    ("same", "fp8_e4m3" or "fp8_e4m3_group" with ``group_size`` and ``ue8m0``), ``output_lse``
+    (an output lse is given), ``threshold`` (prefill_tokens_with_context below num_tokens may be
+    given); merge_states: ``num_states``; merge_state_in_place: ``mask``.
+
+    Among kernels that serve the call the one with exactly the options asked wins; a kernel that
+    lacks an option asked for (an output lse, the threshold) is returned only when nothing serves,
+    so that the argument check names what it does not take. Returns ``(kernel, serves)``."""
+    key = (family, dtype_name(dtype) if dtype is not None else None, head_size, tuple(sorted(want.items())))
+    hit = kf.selected.get(key)
+    if hit is not None or key in kf.selected:
+        return hit
+    best = None
+    for k in kf.manifest["kernels"]:
+        fam, fields = family_of(k)
+        if fam != family:
+            continue
+        rank = _rank(fam, fields, k["variant"], key[1], head_size, want)
+        if rank is not None and (best is None or rank < best[0]):
+            best = (rank, k)
+    result = None if best is None else (best[1], best[0] < 100)
+    kf.selected[key] = result
+    return result
+
+
+def _rank(fam, fields, v, dtype, head_size, want):
+    """Lower is better; None: cannot run the call; >= 100: runs it but refuses an option."""
+    layout = want.get("lse_layout")
+    if layout is not None and v.get("lse_layout") != layout:
+        return None
+    if fam == "mask_empty_context_lse":
+        return 0
+    if v.get("dtype") != dtype or v.get("head_size") != head_size:
+        return None
+    if fam == "merge_attn_states":
+        output = want.get("output", "same")
+        if output == "fp8_e4m3_group":
+            if v.get("output") != "fp8_e4m3_group" or v.get("fp8_group") != {
+                    "group_size": want.get("group_size"), "ue8m0": bool(want.get("ue8m0", False))}:
+                return None
+        elif v.get("output") != output:
+            return None
+        rank = 0
+        for option in ("output_lse", "threshold"):
+            has = bool(v.get("prefix_threshold" if option == "threshold" else option))
+            asked = bool(want.get(option, False))
+            if asked and not has:
+                rank += 100  # the check will refuse the option
+            elif has != asked:
+                rank += 1  # serves, with an option not needed
+        return rank
+    if fam == "merge_states":
+        k = want.get("num_states")
+        fixed = fields.get("num_states")
+        if fixed is not None and fixed != k:
+            return None
+        # This K compiled in beats runtime K; a kernel with an output lse (null = skip) beats one without.
+        asked = bool(want.get("output_lse", False))
+        lse = bool(v.get("output_lse"))
+        return 2 * (fixed is None) + (0 if lse else (100 if asked else 1))
+    if fam == "merge_state_in_place":
+        asked = bool(want.get("mask", False))
+        has = bool(fields.get("mask", False))
+        if asked and not has:
+            return None
+        return int(has != asked)
+    return 0
+
+
+def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output_lse: bool = False,
+             threshold: bool = False, output: str = "same", group_size: int | None = None, ue8m0: bool = False,
+             lse_layout: str | None = None, num_states: int | None = None, mask: bool = False) -> bool:
+    """Whether the current kernel folder has a kernel for this call, from the manifest alone (no
+    driver, no GPU, nothing loaded). ``dtype``: the inputs' dtype (torch dtype or name);
+    ``output_lse``: an output lse will be given; ``threshold``: prefill_tokens_with_context
+    below num_tokens will be given; ``output``: "same", "fp8_e4m3" (per-tensor scale) or
+    "fp8_e4m3_group" (with group_size, ue8m0). Layout defaults: head-major lse for
+    merge_attn_states and mask_empty_context_lse, token-major for merge_state_in_place.
+    A True answer means a kernel exists; the argument check still judges strides, alignment and
+    overlap at the call."""
+    want = _want(family, output_lse=output_lse, threshold=threshold, output=output, group_size=group_size,
+                 ue8m0=ue8m0, lse_layout=lse_layout, num_states=num_states, mask=mask)
+    hit = select(folder(), family, None if family == "mask_empty_context_lse" else dtype, head_size, **want)
+    return hit is not None and hit[1]
+
+
+def _want(family, *, output_lse=False, threshold=False, output="same", group_size=None, ue8m0=False,
+          lse_layout=None, num_states=None, mask=False) -> dict:
+    if family == "merge_attn_states":
+        want = {"output": output, "output_lse": output_lse, "threshold": threshold,
+                "lse_layout": lse_layout or "head_major"}
+        if output == "fp8_e4m3_group":
+            want.update(group_size=group_size, ue8m0=bool(ue8m0))
+        return want
+    if family == "merge_states":
+        return {"num_states": num_states, "output_lse": output_lse}
+    if family == "merge_state_in_place":
+        return {"mask": mask, "lse_layout": lse_layout or "token_major"}
+    if family == "mask_empty_context_lse":
+        return {"lse_layout": lse_layout or "head_major"}
+    raise ValueError(f"unknown family {family!r} (merge_attn_states, merge_states, merge_state_in_place, "
+                     "mask_empty_context_lse)")
+
+
+def pick_artifact(kernel: dict, cc: int) -> str | None:
+    """The file to load on a device of compute capability `cc` (major*10 + minor): the CUBIN of
+    the same major with the largest arch <= cc (an `sm_XYa` only when XY == cc), else the PTX
+    of the largest non-arch-specific arch <= cc, else None (docs/MANIFEST.md, artifact rule)."""
+    best_cubin = best_ptx = None
+    for a in kernel["archs"]:
+        arch = a["arch"]
+        digits = arch.split("_", 1)[1]
+        specific = digits.endswith("a")
+        n = int(digits.rstrip("a"))
+        if arch.startswith("sm_") and a.get("cubin"):
+            ok = n == cc if specific else (n // 10 == cc // 10 and n <= cc)
+            if ok and (best_cubin is None or n > best_cubin[0]):
+                best_cubin = (n, a["cubin"]["file"])
+        if not specific and n <= cc and a.get("ptx") and (best_ptx is None or n > best_ptx[0]):
+            best_ptx = (n, a["ptx"]["file"])
+    pick = best_cubin or best_ptx
+    return pick[1] if pick else None

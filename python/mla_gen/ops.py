@@ -1,0 +1,112 @@
+"""The kernels as torch operators, ``torch.ops.mla_gen.*``, for torch.compile and code that
+dispatches through torch.ops. Registered once, at import, with
+``torch.library.Library("mla_gen", "DEF")`` define/impl (not the @custom_op decorator, which
+costs 12-19 us a call); each op has a fake (meta) implementation, so torch.compile traces it
+and meta tensors run it. The plain functions in ``mla_gen`` stay the fast path (no dispatcher).
+
+- ``merge_attn_states``: vLLM's schema, ``torch.ops._C.merge_attn_states``'s arguments.
+- ``merge_attn_states_fp8_group``: per-token-group FP8 output, its scales written.
+- ``merge_states``: K-way merge, returns ``(output, output_lse)``.
+- ``merge_state_in_place``: mutates ``v`` and ``s``.
+- ``mask_empty_context_lse``: mutates ``lse``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _torch as _t
+
+NAMESPACE = "mla_gen"
+
+SCHEMAS = {
+    "merge_attn_states": (
+        "merge_attn_states(Tensor! output, Tensor!? output_lse, Tensor prefix_output, Tensor prefix_lse, "
+        "Tensor suffix_output, Tensor suffix_lse, SymInt? prefill_tokens_with_context=None, "
+        "Tensor? output_scale=None) -> ()"),
+    "merge_attn_states_fp8_group": (
+        "merge_attn_states_fp8_group(Tensor! output, Tensor! output_group_scales, Tensor!? output_lse, "
+        "Tensor prefix_output, Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse, "
+        "SymInt? prefill_tokens_with_context=None, bool ue8m0=False) -> ()"),
+    "merge_states": "merge_states(Tensor v, Tensor s) -> (Tensor, Tensor)",
+    "merge_state_in_place": (
+        "merge_state_in_place(Tensor(a!) v, Tensor(b!) s, Tensor v_other, Tensor s_other, Tensor? mask=None, "
+        "str lse_layout=\"token_major\") -> ()"),
+    "mask_empty_context_lse": (
+        "mask_empty_context_lse(Tensor(a!) lse, Tensor query_start_loc, Tensor context_start_loc, "
+        "str lse_layout=\"head_major\") -> ()"),
+}
+
+
+def _merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                       prefill_tokens_with_context=None, output_scale=None):
+    _t.merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+                         prefill_tokens_with_context, output_scale)
+
+
+def _merge_attn_states_fp8_group(output, output_group_scales, output_lse, prefix_output, prefix_lse, suffix_output,
+                                 suffix_lse, prefill_tokens_with_context=None, ue8m0=False):
+    _t.merge_attn_states_fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output,
+                                   suffix_lse, output_lse, prefill_tokens_with_context, ue8m0=ue8m0)
+
+
+def _merge_states(v, s):
+    out, lse = _t.merge_states(v, s)
+    if lse is None:
+        raise ValueError("torch.ops.mla_gen.merge_states returns the merged lse: the kernel folder's merge_states "
+                         "kernel for this call has no output lse (spec: output_lse = true); call "
+                         "mla_gen.merge_states instead")
+    return out, lse
+
+
+def _merge_state_in_place(v, s, v_other, s_other, mask=None, lse_layout="token_major"):
+    _t.merge_state_in_place(v, s, v_other, s_other, mask, lse_layout=lse_layout)
+
+
+def _mask_empty_context_lse(lse, query_start_loc, context_start_loc, lse_layout="head_major"):
+    _t.mask_empty_context_lse(lse, query_start_loc, context_start_loc, lse_layout=lse_layout)
+
+
+IMPLS = {"merge_attn_states": _merge_attn_states, "merge_attn_states_fp8_group": _merge_attn_states_fp8_group,
+         "merge_states": _merge_states, "merge_state_in_place": _merge_state_in_place,
+         "mask_empty_context_lse": _mask_empty_context_lse}
+
+
+# Fakes: the mutating ops return nothing; merge_states allocates on the input's device.
+def _fake_none(*args, **kwargs):
+    return None
+
+
+def _fake_merge_states(v, s):
+    T, _, H, D = v.shape
+    return v.new_empty((T, H, D)), v.new_empty((T, H), dtype=torch.float32)
+
+
+FAKES = {name: _fake_none for name in SCHEMAS}
+FAKES["merge_states"] = _fake_merge_states
+
+_lib = None
+
+
+def _register():
+    global _lib
+    if _lib is not None:
+        return
+    try:
+        lib = torch.library.Library(NAMESPACE, "DEF")
+    except RuntimeError:
+        if hasattr(torch.ops, NAMESPACE) and hasattr(getattr(torch.ops, NAMESPACE), "merge_attn_states"):
+            return  # registered by another copy of this package in the process: keep that one
+        raise
+    register_fake = getattr(torch.library, "register_fake", None)
+    for name, schema in SCHEMAS.items():
+        lib.define(schema)
+        lib.impl(name, IMPLS[name], "CUDA")
+        if register_fake is not None:
+            register_fake(f"{NAMESPACE}::{name}", FAKES[name], lib=lib)
+        else:  # torch < 2.4
+            torch.library.impl_abstract(f"{NAMESPACE}::{name}", FAKES[name], lib=lib)
+    _lib = lib  # the ops live as long as this object
+
+
+_register()

@@ -1,0 +1,139 @@
+"""Route vLLM's ``merge_attn_states`` dispatcher to mla-gen, falling back to vLLM's own path.
+
+On CUDA, vLLM's dispatcher (``vllm.v1.attention.ops.merge_attn_states.merge_attn_states``;
+``vllm.attention.ops.merge_attn_states`` in older releases) calls its compiled CUDA op
+``torch.ops._C.merge_attn_states`` where that supports the call, and its Triton kernel
+otherwise. ``patch()`` replaces the dispatcher with one that sends a call to
+``mla_gen.merge_attn_states`` when ``supports()`` says the kernel folder has a kernel for it and
+every tensor is on a CUDA device, and to the original dispatcher otherwise (including, unless
+``strict=True``, when the argument check refuses the call, e.g. strides the kernel's vector
+access cannot take)::
+
+    import mla_gen.vllm
+    mla_gen.vllm.patch()          # before the model runs; returns a handle with .undo()
+
+The patch also rebinds modules that imported the dispatcher by name (``from ... import
+merge_attn_states``). Counters: ``mla_gen.stats()["fallbacks"]``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from .manifest import env_value, supports
+
+__all__ = ["patch", "route", "MODULES", "stats"]
+
+MODULES = ("vllm.v1.attention.ops.merge_attn_states", "vllm.attention.ops.merge_attn_states")
+stats = {"fallbacks": 0, "routed": 0}
+
+_SAME = {"torch.float32", "torch.float16", "torch.bfloat16"}
+_routes: dict = {}  # (dtype, head size, options, $MLA_GEN_KERNELS) -> supports()
+
+
+def _on_cuda(t) -> bool:
+    return getattr(t, "is_cuda", False)
+
+
+def _merge(*args, **kwargs):
+    import mla_gen
+    return mla_gen.merge_attn_states(*args, **kwargs)
+
+
+def route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
+          prefill_tokens_with_context=None, output_scale=None) -> bool:
+    """Whether mla-gen takes this call: tensors on a CUDA device, f32/f16/bf16 inputs, an
+    output of the inputs' dtype (or e4m3 with output_scale), and a kernel in the folder."""
+    try:
+        if not (_on_cuda(output) and _on_cuda(prefix_output) and _on_cuda(suffix_output)):
+            return False
+        dtype = str(prefix_output.dtype)
+        if dtype not in _SAME or str(suffix_output.dtype) != dtype:
+            return False
+        if output_scale is None:
+            if str(output.dtype) != dtype:
+                return False
+            kind = "same"
+        else:
+            if str(output.dtype) != "torch.float8_e4m3fn":
+                return False
+            kind = "fp8_e4m3"
+        n = prefill_tokens_with_context
+        key = (dtype, prefix_output.shape[-1], output_lse is not None, n is not None and n != output.shape[0], kind,
+               env_value())
+        hit = _routes.get(key)
+        if hit is None:
+            hit = _routes[key] = supports(dtype, key[1], output_lse=key[2], threshold=key[3], output=kind)
+        return hit
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return False
+
+
+class Patch:
+    """What ``patch()`` changed; ``undo()`` puts the originals back."""
+
+    def __init__(self, original, wrapper, places):
+        self.original, self.wrapper, self.places = original, wrapper, places
+
+    def undo(self):
+        for module in self.places:
+            if getattr(module, "merge_attn_states", None) is self.wrapper:
+                module.merge_attn_states = self.original
+        self.places = []
+
+
+def _make_wrapper(original, strict: bool):
+    from .contract import ArgumentError
+
+    def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
+                          *args, **kwargs):
+        # vLLM's trailing arguments: prefill_tokens_with_context, output_scale (newer releases).
+        n = args[0] if len(args) > 0 else kwargs.get("prefill_tokens_with_context")
+        scale = args[1] if len(args) > 1 else kwargs.get("output_scale")
+        if route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale):
+            try:
+                _merge(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale)
+                stats["routed"] += 1
+                return None
+            except ArgumentError:
+                if strict:
+                    raise
+        stats["fallbacks"] += 1
+        return original(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, *args, **kwargs)
+
+    merge_attn_states.__wrapped__ = original
+    merge_attn_states.__doc__ = f"mla-gen's merge_attn_states where supported, else {original.__module__}'s."
+    merge_attn_states._mla_gen_original = original
+    return merge_attn_states
+
+
+def patch(module=None, *, strict: bool = False) -> Patch:
+    """Replace vLLM's ``merge_attn_states`` dispatcher (in `module`, a module or its name; by
+    default the first of MODULES that imports) with one routing to mla-gen, and rebind every
+    loaded module that holds the original under that name. Idempotent. ``strict``: an argument
+    check refusal raises instead of falling back."""
+    if module is None:
+        errors = []
+        for name in MODULES:
+            try:
+                module = importlib.import_module(name)
+                break
+            except ImportError as e:
+                errors.append(f"{name}: {e}")
+        else:
+            raise ImportError("vLLM's merge_attn_states dispatcher is not importable: " + "; ".join(errors))
+    elif isinstance(module, str):
+        module = importlib.import_module(module)
+    current = module.merge_attn_states
+    original = getattr(current, "_mla_gen_original", current)
+    wrapper = current if current is not original else _make_wrapper(original, strict)
+    places = []
+    for m in list(sys.modules.values()):
+        try:
+            if getattr(m, "merge_attn_states", None) is original or m is module:
+                m.merge_attn_states = wrapper
+                places.append(m)
+        except Exception:  # modules with unusual attribute access
+            continue
+    return Patch(original, wrapper, places)

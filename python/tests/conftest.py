@@ -1,0 +1,95 @@
+"""Shared fixtures. `cpu_launch` runs the torch layer on CPU tensors with the driver replaced
+(no GPU: every check, the plan and the parameter values are real; the launch is recorded), and
+`contract_kernels` is a kernel folder whose manifest holds the contracts of the shared table
+(tests/contract/contracts.json) with the variants their names spell."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _variant(name: str) -> dict:
+    """The variant a contract-table kernel's name spells (tests/contract/spec.toml)."""
+    if name.startswith("mask_empty_context_lse"):
+        return {"family": "mask_empty_context_lse", "dtype": "f32", "head_size": 1, "prefix_threshold": False,
+                "output_lse": False, "output": "same", "lse_layout": "head_major"}
+    m = re.fullmatch(r"(merge_attn_states|merge_states|merge_state_in_place)_(\w+?)_d(\d+)(.*)", name)
+    fam, dtype, d, rest = m.group(1), m.group(2), int(m.group(3)), m.group(4)
+    tags = rest.strip("_").split("_") if rest else []
+    v = {"dtype": dtype, "head_size": d, "prefix_threshold": "thr" in tags, "output_lse": "lse" in tags,
+         "output": "same", "lse_layout": "head_major"}
+    if fam == "merge_attn_states":
+        v["family"] = fam
+        for t in tags:
+            if t == "fp8":
+                v["output"] = "fp8_e4m3"
+            elif t.startswith("fp8g"):
+                v["output"] = "fp8_e4m3_group"
+                v["fp8_group"] = {"group_size": int(t[4:]), "ue8m0": False}
+    elif fam == "merge_states":
+        k = next(t for t in tags if t.startswith("k"))
+        v["family"] = {fam: {"num_states": None if k == "kvar" else int(k[1:])}}
+    else:
+        v["family"] = {fam: {"mask": "mask" in tags}}
+    return v
+
+
+@pytest.fixture
+def contract_kernels(tmp_path, monkeypatch):
+    """MLA_GEN_KERNELS pointing at a manifest of the contract table's kernels (no images)."""
+    contracts = json.loads((ROOT / "tests/contract/contracts.json").read_text())
+    kernels = []
+    for name, c in contracts.items():
+        v = _variant(name)
+        fam = v["family"] if isinstance(v["family"], str) else next(iter(v["family"]))
+        kernels.append({"name": name, "family": fam, "variant": v, "archs": [], **c})
+    manifest = {"schema_version": 2, "generator": {"name": "mla-gen", "version": "test"},
+                "nvrtc": {}, "spec": {}, "kernels": kernels}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(tmp_path))
+    return tmp_path
+
+
+class Recorder:
+    def __init__(self):
+        self.launches = []
+
+    def last(self):
+        return self.launches[-1]
+
+
+@pytest.fixture
+def cpu_launch(monkeypatch):
+    """The torch layer on CPU tensors, launches recorded as (kernel, values by name, grid)."""
+    torch = pytest.importorskip("torch")
+    from mla_gen import _cuda, _torch
+
+    rec = Recorder()
+
+    class FakeKernel:
+        def __init__(self, meta):
+            self.meta = meta
+
+        def function(self, device):
+            return 0xF00
+
+    monkeypatch.setattr(_torch, "_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(_torch, "_plans", {})
+    monkeypatch.setattr(_torch, "_last_pair", (None, None))
+    monkeypatch.setattr(_cuda, "kernel", lambda folder, meta: FakeKernel(meta))
+    monkeypatch.setattr(_cuda, "primary_context", lambda device: 0xC0)
+    monkeypatch.setattr(_torch, "_stream", lambda device: 0)
+
+    def launch(launcher, values, gx, gy, stream):
+        from mla_gen import manifest
+        meta = manifest.folder().kernel(launcher.name)
+        names = [p["name"] for p in meta["params"]]
+        rec.launches.append((launcher.name, dict(zip(names, values)), (gx, gy)))
+
+    monkeypatch.setattr(_cuda, "launch", launch)
+    yield rec
+    del torch

@@ -1,0 +1,159 @@
+"""The package without a GPU: version, kernel folder and supports() from the manifest alone
+(nothing loaded), op registration, schemas, and the fake implementations on meta tensors."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mla_gen
+from mla_gen import manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_version_is_cargos():
+    cargo = ROOT / "Cargo.toml"
+    if not cargo.is_file():
+        pytest.skip("not in a checkout")
+    want = re.search(r'^version = "([^"]+)"', cargo.read_text(), re.M).group(1)
+    assert mla_gen.__version__ == want
+
+
+def test_installed_package_is_what_runs():
+    if not os.environ.get("MLA_GEN_EXPECT_INSTALLED"):
+        pytest.skip("set by .ci/python.sh")
+    assert "site-packages" in mla_gen.__file__
+    assert "installed package" in manifest.folder().label
+
+
+def test_supports_answers_from_the_manifest_without_the_driver():
+    import torch
+    from mla_gen import _cuda
+    assert mla_gen.supports(torch.bfloat16, 128, output_lse=True, threshold=True)
+    assert mla_gen.supports("f16", 576)
+    assert not mla_gen.supports(torch.bfloat16, 100)
+    assert not mla_gen.supports(torch.bfloat16, 128, output="fp8_e4m3")
+    assert not mla_gen.supports(torch.bfloat16, 128, family="merge_states", num_states=4)
+    assert _cuda._lib is None, "nothing may open libcuda before a launch"
+
+
+def test_import_opens_no_driver():
+    code = ("import mla_gen, torch\n"
+            "assert mla_gen.supports(torch.float16, 128)\n"
+            "maps = open('/proc/self/maps').read() if __import__('os').path.exists('/proc/self/maps') else ''\n"
+            "assert 'libcuda.so' not in maps, 'libcuda loaded by import'\n"
+            "assert mla_gen._cuda._lib is None\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(mla_gen.__file__).parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_mla_gen_kernels_is_read_at_every_lookup(tmp_path, monkeypatch):
+    m = {k: v for k, v in manifest.load().items() if k != "_by_name"}
+    m["kernels"] = [k for k in m["kernels"] if k["variant"]["head_size"] == 64]
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    assert mla_gen.supports("bf16", 128)
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(tmp_path))
+    assert not mla_gen.supports("bf16", 128) and mla_gen.supports("bf16", 64)
+    assert Path(mla_gen.kernels_dir()) == tmp_path.resolve()
+    monkeypatch.delenv("MLA_GEN_KERNELS")
+    assert mla_gen.supports("bf16", 128)
+
+
+def test_another_schema_version_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1, "kernels": []}))
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(tmp_path))
+    with pytest.raises(RuntimeError, match="schema_version 1; this package reads 2"):
+        mla_gen.supports("bf16", 128)
+
+
+def test_check_args_on_the_current_manifest():
+    name = "merge_attn_states_bf16_d128_thr_lse"
+    args = {"output": {"ptr": 1 << 20, "len": 512, "elem": "bf16"}, "prefix_output": mla_gen.Buffer(2 << 20, 512),
+            "prefix_lse": mla_gen.Buffer(3 << 20, 4), "suffix_output": mla_gen.Buffer(4 << 20, 512),
+            "suffix_lse": mla_gen.Buffer(5 << 20, 4), "num_tokens": 4, "num_heads": 1, "output_token_stride": 128,
+            "output_head_stride": 128, "prefix_token_stride": 128, "prefix_head_stride": 128,
+            "suffix_token_stride": 128, "suffix_head_stride": 128}
+    values, grid = mla_gen.check_args(name, args)
+    assert values[-1] == 4 and grid[2] == 1, "the threshold defaults to num_tokens"
+    with pytest.raises(mla_gen.ArgumentError, match=f"^{name}: output: .* needs 512 elements, it has 511$"):
+        mla_gen.check_args(name, dict(args, output={"ptr": 1 << 20, "len": 511}))
+
+
+# ---- operators ----
+
+torch = pytest.importorskip("torch")
+
+VLLM_SCHEMA = ("merge_attn_states(Tensor! output, Tensor!? output_lse, Tensor prefix_output, Tensor prefix_lse, "
+               "Tensor suffix_output, Tensor suffix_lse, SymInt? prefill_tokens_with_context=None, "
+               "Tensor? output_scale=None) -> ()")
+
+
+def test_ops_are_registered_with_their_schemas():
+    from mla_gen import ops
+    assert str(torch.ops.mla_gen.merge_attn_states.default._schema) == \
+        str(torch._C.parse_schema("mla_gen::" + VLLM_SCHEMA))
+    for name, schema in ops.SCHEMAS.items():
+        assert str(getattr(torch.ops.mla_gen, name).default._schema) == str(torch._C.parse_schema("mla_gen::" + schema))
+    mutated = {name: [a.name for a in getattr(torch.ops.mla_gen, name).default._schema.arguments
+                      if a.alias_info is not None and a.alias_info.is_write] for name in ops.SCHEMAS}
+    assert mutated == {"merge_attn_states": ["output", "output_lse"],
+                       "merge_attn_states_fp8_group": ["output", "output_group_scales", "output_lse"],
+                       "merge_states": [], "merge_state_in_place": ["v", "s"], "mask_empty_context_lse": ["lse"]}
+
+
+def test_registering_twice_is_harmless():
+    from mla_gen import ops
+    ops._register()
+    assert ops._lib is not None
+
+
+def meta(*shape, dtype=torch.float32):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def test_fakes_run_on_meta_tensors():
+    T, K, H, D = 8, 3, 4, 128
+    bf = torch.bfloat16
+    ops = torch.ops.mla_gen
+    assert ops.merge_attn_states(meta(T, H, D, dtype=bf), meta(H, T), meta(T, H, D, dtype=bf), meta(H, T),
+                                 meta(T, H, D, dtype=bf), meta(H, T), 5) is None
+    assert ops.merge_attn_states(meta(T, H, D, dtype=torch.float8_e4m3fn), None, meta(T, H, D, dtype=bf), meta(H, T),
+                                 meta(T, H, D, dtype=bf), meta(H, T), None, meta(1)) is None
+    assert ops.merge_attn_states_fp8_group(meta(T, H, D, dtype=torch.float8_e4m3fn), meta(T, H * D // 64), None,
+                                           meta(T, H, D, dtype=bf), meta(H, T), meta(T, H, D, dtype=bf), meta(H, T),
+                                           None, True) is None
+    out, lse = ops.merge_states(meta(T, K, H, D, dtype=bf), meta(T, K, H))
+    assert (out.shape, out.dtype, out.device.type) == ((T, H, D), bf, "meta")
+    assert (lse.shape, lse.dtype, lse.device.type) == ((T, H), torch.float32, "meta")
+    assert ops.merge_state_in_place(meta(T, H, D, dtype=bf), meta(T, H), meta(T, H, D, dtype=bf), meta(T, H)) is None
+    assert ops.mask_empty_context_lse(meta(H, T), meta(3, dtype=torch.int32), meta(3, dtype=torch.int32)) is None
+
+
+def test_fake_tensor_mode_allocates_on_the_inputs_device():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        v = torch.empty(8, 2, 4, 128, dtype=torch.bfloat16)
+        s = torch.empty(8, 2, 4)
+        out, lse = torch.ops.mla_gen.merge_states(v, s)
+        assert out.device == v.device and lse.shape == (8, 4)
+    del mode
+
+
+def test_compile_traces_the_ops_on_meta_tensors():
+    T, H, D = 8, 4, 128
+
+    def f(out, p, pl, s, sl, out_lse):
+        torch.ops.mla_gen.merge_attn_states(out, out_lse, p, pl, s, sl, 3)
+        return out
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    bf = torch.bfloat16
+    got = compiled(meta(T, H, D, dtype=bf), meta(T, H, D, dtype=bf), meta(H, T), meta(T, H, D, dtype=bf), meta(H, T),
+                   meta(H, T))
+    assert got.shape == (T, H, D)

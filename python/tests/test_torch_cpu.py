@@ -1,0 +1,239 @@
+"""The torch layer without a GPU: CPU tensors, the launch replaced by a recorder (conftest's
+`cpu_launch`). Tensors become the contract's arguments, the one checker decides, and the launch
+gets the parameter values in signature order."""
+
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mla_gen  # noqa: E402
+from mla_gen import ArgumentError, manifest  # noqa: E402
+
+BF16, F32 = torch.bfloat16, torch.float32
+T, H, D = 8, 4, 128
+
+
+def pair(dtype=BF16, t=T, h=H, d=D):
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randn(t, h, d, generator=g).to(dtype)
+    suffix = torch.randn(t, h, d, generator=g).to(dtype)
+    plse, slse = torch.randn(h, t, generator=g), torch.randn(h, t, generator=g)
+    return torch.empty(t, h, d, dtype=dtype), prefix, plse, suffix, slse
+
+
+def grid_of(kernel, t, h):
+    launch = manifest.folder().kernel(kernel)["launch"]
+    return (-(-t // launch["grid_x"]["per_block"]), -(-h // launch["grid_y"]["per_block"]))
+
+
+def test_values_in_signature_order_and_the_grid(cpu_launch):
+    out, p, pl, s, sl = pair()
+    out_lse = torch.empty(H, T)
+    mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, 5)
+    name, v, grid = cpu_launch.last()
+    assert name == "merge_attn_states_bf16_d128_thr_lse"
+    assert v["output"] == out.data_ptr() and v["output_lse"] == out_lse.data_ptr()
+    assert v["prefix_output"] == p.data_ptr() and v["suffix_lse"] == sl.data_ptr()
+    assert (v["num_tokens"], v["num_heads"], v["prefill_tokens_with_context"]) == (T, H, 5)
+    assert (v["output_token_stride"], v["output_head_stride"]) == (H * D, D)
+    assert grid == grid_of(name, T, H)
+
+
+def test_a_new_threshold_is_an_argument_not_a_plan(cpu_launch):
+    out, p, pl, s, sl = pair()
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 0)
+    plans = mla_gen.stats()["plans"]
+    for n in range(1, T + 1):
+        mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
+        assert cpu_launch.last()[1]["prefill_tokens_with_context"] == n
+        assert cpu_launch.last()[1]["output_lse"] == 0, "no output lse: a null pointer"
+    assert mla_gen.stats()["plans"] == plans
+    mla_gen.merge_attn_states(out, p, pl, s, sl)
+    assert cpu_launch.last()[1]["prefill_tokens_with_context"] == T, "None: every token has context"
+
+
+def test_per_head_padding_and_own_strides(cpu_launch):
+    out, p, pl, s, sl = pair()
+    padded = torch.zeros(T, H, D + 64, dtype=BF16)[..., :D]  # a V of 128 inside 192
+    mla_gen.merge_attn_states(out, padded, pl, s, sl)
+    v = cpu_launch.last()[1]
+    assert (v["prefix_token_stride"], v["prefix_head_stride"]) == (H * (D + 64), D + 64)
+    assert (v["suffix_token_stride"], v["suffix_head_stride"]) == (H * D, D)
+
+
+def _problem(excinfo):
+    return str(excinfo.value).split(": ", 1)[1]
+
+
+@pytest.mark.parametrize("case", ["threshold", "dtype", "overlap", "stride", "align", "negative"])
+def test_the_contract_decides(cpu_launch, case):
+    out, p, pl, s, sl = pair()
+    n = None
+    if case == "threshold":
+        n, want = T + 1, f"prefill_tokens_with_context = {T + 1} exceeds its maximum num_tokens = {T}"
+    elif case == "negative":
+        n, want = -1, "prefill_tokens_with_context = -1 is below its minimum 0"
+    elif case == "dtype":
+        out, want = out.half(), "output is f16, the kernel takes bf16"
+    elif case == "overlap":
+        out, want = p, "output overlaps prefix_output: the kernel writes output, which may share memory with no other argument"
+    elif case == "stride":
+        p = torch.zeros(T, H, D + 2, dtype=BF16)[..., :D]
+        want = "prefix_output: prefix_head_stride = 130 is not a multiple of 8 elements (the kernel's 16-byte access)"
+    elif case == "align":
+        out = torch.empty(T * H * D + 1, dtype=BF16)[1:].view(T, H, D)
+        want = f"output: pointer {out.data_ptr():#x} is not aligned to 16 bytes"
+    with pytest.raises(ArgumentError) as e:
+        mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
+    assert isinstance(e.value, ValueError)
+    assert e.value.kernel == "merge_attn_states_bf16_d128_thr_lse"
+    assert e.value.problem == want
+    assert not cpu_launch.launches
+
+
+def test_planned_layouts_still_check_pointers_every_call(cpu_launch):
+    big = torch.zeros(3 * T * H * D + 64, dtype=BF16)
+    n = T * H * D
+    out, p = big[:n].view(T, H, D), big[n:2 * n].view(T, H, D)
+    _, _, pl, s, sl = pair()
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2)
+    plans = mla_gen.stats()["plans"]
+    shifted = big[64:64 + n].view(T, H, D)  # same layout, now over prefix_output
+    with pytest.raises(ArgumentError, match="output overlaps prefix_output"):
+        mla_gen.merge_attn_states(shifted, p, pl, s, sl, None, 2)
+    odd = big[1:1 + n].view(T, H, D)
+    with pytest.raises(ArgumentError, match=re.escape(f"output: pointer {odd.data_ptr():#x} is not aligned")):
+        mla_gen.merge_attn_states(odd, big[2 * n + 8:3 * n + 8].view(T, H, D), pl, s, sl, None, 2)
+    with pytest.raises(ArgumentError, match="exceeds its maximum"):
+        mla_gen.merge_attn_states(out, p, pl, s, sl, None, T + 1)
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 3)
+    assert len(cpu_launch.launches) == 2
+    assert mla_gen.stats()["plans"] == plans
+
+
+def test_what_the_contract_cannot_say(cpu_launch):
+    out, p, pl, s, sl = pair()
+    with pytest.raises(ValueError, match="has shape"):  # the head dim must be contiguous
+        mla_gen.merge_attn_states(out, torch.zeros(T, H, D, 2, dtype=BF16)[..., 0], pl, s, sl)
+    with pytest.raises(ValueError, match=r"\[H=4, T=8\]"):  # lse [T, H] where [H, T] is addressed
+        mla_gen.merge_attn_states(out, p, pl.t().contiguous(), s, sl)
+    with pytest.raises(ValueError, match="3 dimensions"):
+        mla_gen.merge_attn_states(out, p, pl, s.view(T, H * D), sl)
+    with pytest.raises(TypeError, match="must be a Python int"):
+        mla_gen.merge_attn_states(out, p, pl, s, sl, None, torch.tensor(3))
+    with pytest.raises(TypeError, match="must be a Python int"):
+        mla_gen.merge_attn_states(out, p, pl, s, sl, None, True)
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        mla_gen.merge_attn_states(out, p, pl.tolist(), s, sl)
+    with pytest.raises(ValueError, match="no generated merge_attn_states kernel"):
+        o, p2, pl2, s2, sl2 = pair(d=100)
+        mla_gen.merge_attn_states(o, p2, pl2, s2, sl2)
+    assert not cpu_launch.launches
+
+
+def test_nothing_to_launch(cpu_launch):
+    out, p, pl, s, sl = pair(t=0)
+    mla_gen.merge_attn_states(out, p, pl, s, sl, torch.empty(H, 0), 0)
+    mla_gen.merge_attn_states(out, p, pl, s, sl, torch.empty(H, 0), 0)
+    assert not cpu_launch.launches
+
+
+def test_cpu_tensors_are_refused_by_the_real_layer():
+    out, p, pl, s, sl = pair()
+    with pytest.raises(ValueError, match="output is on cpu; the kernels run on a CUDA device"):
+        mla_gen.merge_attn_states(out, p, pl, s, sl)
+
+
+def test_the_kernel_folder_is_read_per_lookup(cpu_launch, contract_kernels, monkeypatch):
+    out, p, pl, s, sl = pair()
+    mla_gen.merge_attn_states(out, p, pl, s, sl)
+    assert cpu_launch.last()[0] == "merge_attn_states_bf16_d128"  # the table's kernel without options
+    monkeypatch.delenv("MLA_GEN_KERNELS")
+    mla_gen.merge_attn_states(out, p, pl, s, sl)
+    assert cpu_launch.last()[0] == "merge_attn_states_bf16_d128_thr_lse"  # the default kernels again
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(contract_kernels))
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 5)
+    assert cpu_launch.last()[0] == "merge_attn_states_bf16_d128_thr"
+
+
+def test_a_kernel_without_the_threshold_takes_only_n_equal_to_t(cpu_launch, tmp_path, monkeypatch):
+    import json
+    from pathlib import Path
+    m = json.loads((Path(mla_gen.__file__).parent / "kernels" / "manifest.json").read_text()) \
+        if (Path(mla_gen.__file__).parent / "kernels" / "manifest.json").is_file() else manifest.load()
+    m = {k: v for k, v in m.items() if k != "_by_name"}
+    contracts = json.loads((Path(__file__).resolve().parents[2] / "tests/contract/contracts.json").read_text())
+    entry = dict(next(k for k in m["kernels"] if k["name"] == "merge_attn_states_bf16_d128_thr_lse"))
+    entry.update(name="merge_attn_states_bf16_d128", **contracts["merge_attn_states_bf16_d128"])
+    entry["variant"] = dict(entry["variant"], prefix_threshold=False, output_lse=False)
+    m["kernels"] = [entry]
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(tmp_path))
+    out, p, pl, s, sl = pair()
+    assert not mla_gen.supports(BF16, D, threshold=True) and mla_gen.supports(BF16, D)
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, T)
+    with pytest.raises(ArgumentError, match="prefill_tokens_with_context = 5, but this kernel is built for "
+                                            "prefill_tokens_with_context = num_tokens = 8"):
+        mla_gen.merge_attn_states(out, p, pl, s, sl, None, 5)
+    with pytest.raises(ArgumentError, match="output_lse given, but this kernel takes no output_lse"):
+        mla_gen.merge_attn_states(out, p, pl, s, sl, torch.empty(H, T))
+    assert len(cpu_launch.launches) == 1
+
+
+def test_fp8_outputs(cpu_launch, contract_kernels):
+    out, p, pl, s, sl = pair()
+    fp8 = torch.empty(T, H, D, dtype=torch.float8_e4m3fn)
+    scale = torch.ones(1)
+    mla_gen.merge_attn_states(fp8, p, pl, s, sl, output_scale=scale)
+    name, v, _ = cpu_launch.last()
+    assert name == "merge_attn_states_bf16_d128_thr_lse_fp8" and v["output_scale"] == scale.data_ptr()
+    with pytest.raises(ArgumentError, match="output_scale is f16, the kernel takes f32"):
+        mla_gen.merge_attn_states(fp8, p, pl, s, sl, output_scale=scale.half())
+    with pytest.raises(ArgumentError, match="output is bf16, the kernel takes fp8_e4m3"):
+        mla_gen.merge_attn_states(out, p, pl, s, sl, output_scale=scale)
+    scales = torch.empty(H * D // 64, T).t()  # column-major group scales
+    mla_gen.merge_attn_states(fp8, p, pl, s, sl, output_group_scales=scales)
+    name, v, _ = cpu_launch.last()
+    assert name == "merge_attn_states_bf16_d128_thr_lse_fp8g64"
+    assert (v["scale_token_stride"], v["scale_group_stride"]) == (1, T)
+    with pytest.raises(ArgumentError, match="output_scales: .* maps two elements to one address"):
+        mla_gen.merge_attn_states(fp8, p, pl, s, sl, output_group_scales=torch.empty(T, 1).expand(T, H * D // 64))
+    with pytest.raises(ValueError, match="no generated merge_attn_states kernel"):
+        mla_gen.merge_attn_states(fp8, p, pl, s, sl, output_group_scales=torch.empty(T, H * D // 16))
+
+
+def test_other_families(cpu_launch, contract_kernels):
+    K = 4
+    v = torch.randn(T, K, H, D).to(BF16)
+    lse = torch.randn(T, K, H)
+    out, out_lse = mla_gen.merge_states(v, lse)
+    name, vals, _ = cpu_launch.last()
+    assert name == "merge_states_bf16_d128_k4_lse" and out.shape == (T, H, D) and out_lse.shape == (T, H)
+    assert vals["output_lse"] == out_lse.data_ptr() and vals["states_state_stride"] == H * D
+    mla_gen.merge_states(v[:, :3], lse[:, :3].contiguous())
+    name, vals, _ = cpu_launch.last()
+    assert name == "merge_states_bf16_d128_kvar_lse" and vals["num_states"] == 3
+    with pytest.raises(ValueError, match="has shape"):  # the lse of 3 states inside a 4-state buffer
+        mla_gen.merge_states(v[:, :3], lse[:, :3])
+
+    state, other = torch.randn(T, H, D).to(BF16), torch.randn(T, H, D).to(BF16)
+    s, so = torch.randn(H, T), torch.randn(H, T)
+    mask = torch.rand(T) > 0.5
+    mla_gen.merge_state_in_place(state, s, other, so, mask, lse_layout="head_major")
+    name, vals, _ = cpu_launch.last()
+    assert name == "merge_state_in_place_bf16_d128_mask" and vals["mask"] == mask.data_ptr()
+    with pytest.raises(ArgumentError, match="state overlaps other"):
+        mla_gen.merge_state_in_place(state, s, state, so, lse_layout="head_major")
+    with pytest.raises(ValueError, match="no generated merge_state_in_place kernel"):
+        mla_gen.merge_state_in_place(state, s.t(), other, so.t(), mask)  # token-major: none in this folder
+
+    qsl = torch.tensor([0, 3, 8], dtype=torch.int32)
+    csl = torch.tensor([0, 0, 5], dtype=torch.int32)
+    lse_hd = torch.randn(H, T)
+    mla_gen.mask_empty_context_lse(lse_hd, qsl, csl)
+    name, vals, _ = cpu_launch.last()
+    assert name == "mask_empty_context_lse" and vals["num_requests"] == 2
+    with pytest.raises(ArgumentError, match="query_start_loc is i64, the kernel takes i32"):
+        mla_gen.mask_empty_context_lse(lse_hd, qsl.long(), csl)
