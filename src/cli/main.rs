@@ -65,6 +65,14 @@ struct SpecArgs {
 }
 
 #[derive(Args, Clone)]
+struct CPrefixArg {
+    /// With `--emit c`: the prefix of every exported C name and of the files
+    /// (`c/<NAME>_kernels.{h,c}`, `<NAME>_load`, `<NAME>_status`, `<PREFIX>_OK`); a C identifier.
+    #[arg(long, value_name = "NAME", default_value = "mla", requires = "emit")]
+    c_prefix: mla_gen::bindings::CPrefix,
+}
+
+#[derive(Args, Clone)]
 struct JobsArg {
     /// Compile this many kernels at once (0 = one per core). Output does not depend on it.
     #[arg(long, short = 'j', default_value_t = 0)]
@@ -86,9 +94,11 @@ enum Command {
         #[command(flatten)]
         jobs: JobsArg,
         /// Also write bindings: `c` = c/mla_kernels.h + c/mla_kernels.c (embedded images, checked
-        /// launchers; compile with the folder's cuda.h and link -lcuda).
+        /// launchers; compile with cuda.h, link -lcuda -pthread; docs/C.md).
         #[arg(long, value_enum)]
         emit: Vec<mla_gen::bindings::Emit>,
+        #[command(flatten)]
+        c_prefix: CPrefixArg,
         /// No summary on stderr.
         #[arg(long, short)]
         quiet: bool,
@@ -119,6 +129,8 @@ enum Command {
         /// The bindings the folder was generated with (as for generate).
         #[arg(long, value_enum)]
         emit: Vec<mla_gen::bindings::Emit>,
+        #[command(flatten)]
+        c_prefix: CPrefixArg,
     },
     /// Compile and show registers, spills, stack and shared memory per kernel and architecture.
     Inspect {
@@ -198,11 +210,13 @@ fn generate(
     jobs: usize,
     quiet: bool,
     extra: &[mla_gen::bindings::Emit],
+    c_prefix: &mla_gen::bindings::CPrefix,
 ) -> Result<(), Failure> {
     let spec = load_spec(args)?;
     let templates = load_templates(args)?;
     let started = std::time::Instant::now();
-    let (files, manifest) = mla_gen::generate_files_with(&spec, &templates, jobs, !quiet, extra)?;
+    let (files, manifest) =
+        mla_gen::generate_files_with_c_prefix(&spec, &templates, jobs, !quiet, extra, c_prefix)?;
     let outcome = emit::write(out, &files)?;
     if !quiet {
         let archs = manifest.spec.archs.join(", ");
@@ -229,10 +243,12 @@ fn check(
     out: &Path,
     jobs: usize,
     extra: &[mla_gen::bindings::Emit],
+    c_prefix: &mla_gen::bindings::CPrefix,
 ) -> Result<(), Failure> {
     let spec = load_spec(args)?;
     let templates = load_templates(args)?;
-    let (files, manifest) = mla_gen::generate_files_with(&spec, &templates, jobs, true, extra)?;
+    let (files, manifest) =
+        mla_gen::generate_files_with_c_prefix(&spec, &templates, jobs, true, extra, c_prefix)?;
     let actual = emit::read_tree(out)?;
     let d = emit::diff(&files, &actual);
     if d.is_clean() {
@@ -508,8 +524,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             out,
             jobs,
             emit,
+            c_prefix,
             quiet,
-        } => generate(&spec, &out, jobs.jobs, quiet, &emit),
+        } => generate(&spec, &out, jobs.jobs, quiet, &emit, &c_prefix.c_prefix),
         Command::List { spec } => {
             for name in load_spec(&spec)?.kernel_names() {
                 println!("{name}");
@@ -558,7 +575,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             out,
             jobs,
             emit,
-        } => check(&spec, &out, jobs.jobs, &emit),
+            c_prefix,
+        } => check(&spec, &out, jobs.jobs, &emit, &c_prefix.c_prefix),
         Command::Inspect { spec, json, jobs } => inspect(&spec, json, jobs.jobs),
         Command::Doctor => doctor(),
         Command::Tune {

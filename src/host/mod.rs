@@ -1,7 +1,8 @@
 //! The hosts' side: what loads and launches generated kernels. The C launcher emitter
-//! ([`bindings`]) needs no GPU; the runtime and benchmarks need feature `cuda`.
+//! ([`bindings`], [`c`]) needs no GPU; the runtime and benchmarks need feature `cuda`.
 
 pub mod bindings;
+pub mod c;
 pub mod check;
 pub mod driver;
 
