@@ -80,7 +80,7 @@ run)
     # A C example: build it against its generated launcher, run it, report its last line.
     c_example() {  # source, launcher folder, binary name, label
         if gcc -std=c11 -O2 -I/usr/local/cuda/include -I"$2/c" "$1" "$2/c/mla_kernels.c" \
-            -L/usr/local/cuda/lib64/stubs -lcuda -lm -o "$OUT/$3" 2> "$OUT/$3-build.log"; then
+            -L/usr/local/cuda/lib64/stubs -lcuda -pthread -lm -o "$OUT/$3" 2> "$OUT/$3-build.log"; then
             ("$OUT/$3" 2>&1 | tail -n 1 | sed "s/^/$4: /" | tee -a "$REPORT") || status=1
         else
             echo "$4: build failed (see $3-build.log)" | tee -a "$REPORT"; status=1
@@ -88,6 +88,7 @@ run)
     }
     c_example examples/c/merge.c .device/c-example c-example "C example"
     c_example examples/c/families.c .device/c-families c-families "C example, other families"
+    c_example examples/c/devices.c .device/c-example c-devices "C example, every GPU from threads"
     echo "== compute-sanitizer on the quick subset" | tee -a "$REPORT"
     for tool in memcheck initcheck racecheck; do
         if MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_REPORT=/dev/null compute-sanitizer --tool "$tool" --error-exitcode 99 \

@@ -62,12 +62,25 @@ pub fn generate_files_with(
     progress: bool,
     extra: &[bindings::Emit],
 ) -> Result<(emit::FileSet, emit::Manifest), Error> {
+    let prefix = bindings::CPrefix::default();
+    generate_files_with_c_prefix(spec, templates, jobs, progress, extra, &prefix)
+}
+
+/// As [`generate_files_with`], the C launcher's names starting with `c_prefix`.
+pub fn generate_files_with_c_prefix(
+    spec: &spec::Spec,
+    templates: &render::Templates,
+    jobs: usize,
+    progress: bool,
+    extra: &[bindings::Emit],
+    c_prefix: &bindings::CPrefix,
+) -> Result<(emit::FileSet, emit::Manifest), Error> {
     let (kernels, nvrtc) = compile::compile(templates, spec, jobs, progress)?;
     let (mut files, manifest) = emit::plan(spec, templates, nvrtc, &kernels)?;
     for e in extra {
         match e {
             bindings::Emit::C => {
-                let c = bindings::c_launcher(&manifest, &files)?;
+                let c = bindings::c_launcher_with_prefix(&manifest, &files, c_prefix)?;
                 files.extend(c);
             }
         }

@@ -1,98 +1,46 @@
-//! The C launcher (`generate --emit c`) compiles warning-free with gcc -std=c11 -Wall -Wextra
-//! -Werror against cuda.h, and its checks refuse every unsafe call (run against stub driver
-//! functions, so no GPU is needed). cuda.h comes from the nvidia-cuda-runtime wheel that
-//! scripts/install-nvrtc.sh installs, or from CUDA_HOME.
+//! The C launcher (`generate --emit c [--c-prefix NAME]`) compiles warning-free with gcc
+//! -std=c11 -Wall -Wextra -Werror -pedantic against cuda.h; linked against stub driver functions
+//! (tests/c/driver_stub.h, no GPU) its checks refuse every unsafe call with the contract's text,
+//! each device gets the image the artifact rule picks, images load once per process under
+//! concurrent launches, and two launchers with different prefixes link into one program. The
+//! shared bad-argument table runs in tests/c_contract.rs.
 
-use std::path::{Path, PathBuf};
+#[path = "c/common.rs"]
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 
-fn cuda_include() -> PathBuf {
-    let mut places: Vec<PathBuf> = Vec::new();
-    if let Some(home) = std::env::var_os("CUDA_HOME") {
-        places.push(Path::new(&home).join("include"));
-    }
-    let out = Command::new("python3")
-        .args(["-c", "import nvidia; print('\\n'.join(nvidia.__path__))"])
-        .output();
-    if let Ok(o) = out {
-        for line in String::from_utf8_lossy(&o.stdout).lines() {
-            places.push(Path::new(line.trim()).join("cu13/include"));
-        }
-    }
-    places.push(PathBuf::from("/usr/local/cuda/include"));
-    places
-        .into_iter()
-        .find(|p| p.join("cuda.h").is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "cuda.h not found: run scripts/install-nvrtc.sh (it installs nvidia-cuda-runtime)"
-            )
-        })
-}
+use common::{build_and_run, cuda_include, generate_c, mla_gen, test_file, STRICT};
 
 const PAIRWISE_SPEC: &str = "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = [128, 100]\n";
 
-fn generate_c(dir: &Path) -> PathBuf {
-    generate_c_from(dir, PAIRWISE_SPEC)
-}
+const FAMILIES_SPEC: &str = "arch = \"sm_90\"\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n\
+     [[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 128\nmask = true\n[[mask_empty_context_lse]]\n";
 
-fn generate_c_from(dir: &Path, spec_text: &str) -> PathBuf {
-    let spec = dir.join("s.toml");
-    std::fs::write(&spec, spec_text).unwrap();
-    let out = dir.join("gen");
-    let o = Command::new(env!("CARGO_BIN_EXE_mla-gen"))
-        .args([
-            "generate",
-            spec.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--emit",
-            "c",
-        ])
-        .env_remove("MLA_GEN_ARCH")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    out.join("c")
-}
+const GROUP_SPEC: &str = "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3_group\"\ngroup_size = 64\nue8m0 = true\n\
+     [[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3\"\n";
 
-fn gcc(args: &[&str]) {
-    let o = Command::new("gcc")
-        .args(args)
-        .output()
-        .expect("gcc is installed");
-    assert!(
-        o.status.success(),
-        "gcc {args:?}:\n{}",
-        String::from_utf8_lossy(&o.stderr)
+/// Build tests/c/`check` with the launcher in `c` and run it: it prints "1 passed, 0 failed".
+fn run_check(tmp: &Path, c: &Path, check: &str) {
+    let stdout = build_and_run(
+        &tmp.join("check"),
+        &[c],
+        &[test_file(check), c.join("mla_kernels.c")],
     );
-    assert!(
-        o.stderr.is_empty(),
-        "warnings:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(stdout.contains("1 passed, 0 failed"), "{stdout}");
 }
 
 #[test]
 fn the_c_launcher_compiles_warning_free_and_refuses_unsafe_calls() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = generate_c(tmp.path());
-    let inc = cuda_include();
-    let strict = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"];
-    let obj = tmp.path().join("mla_kernels.o");
-    let mut args: Vec<String> = strict.iter().map(|s| s.to_string()).collect();
-    args.extend(["-I".into(), inc.display().to_string(), "-c".into()]);
-    args.extend([
-        c.join("mla_kernels.c").display().to_string(),
-        "-o".into(),
-        obj.display().to_string(),
-    ]);
-    gcc(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    // The header is C++-clean too.
+    let c = generate_c(tmp.path(), PAIRWISE_SPEC, None);
+    // The header is C++-clean too, its init macro included.
     let cpp = tmp.path().join("use.cpp");
     std::fs::write(
         &cpp,
-        "#include \"mla_kernels.h\"\nint main() { return mla_load() == CUDA_SUCCESS ? 0 : 1; }\n",
+        "#include \"mla_kernels.h\"\nint main() {\n    mla_merge_attn_states_args a = MLA_MERGE_ATTN_STATES_ARGS_INIT;\n    \
+         return mla_merge_attn_states_bf16_d128_thr_lse(nullptr, &a) == MLA_OK && mla_load() == MLA_OK ? 0 : 1;\n}\n",
     )
     .unwrap();
     let o = Command::new("g++")
@@ -104,95 +52,260 @@ fn the_c_launcher_compiles_warning_free_and_refuses_unsafe_calls() {
             "-fsyntax-only",
             "-I",
         ])
-        .arg(&inc)
+        .arg(cuda_include())
         .arg("-I")
         .arg(&c)
         .arg(&cpp)
         .output()
         .expect("g++ is installed");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-
-    // Link against stub driver functions and run the checks.
-    compile_and_run(tmp.path(), &c, "launcher_check.c");
-}
-
-/// Compile `check` (a file of tests/c) with the generated launcher `c` and run it: it prints
-/// "1 passed, 0 failed".
-fn compile_and_run(tmp: &Path, c: &Path, check: &str) {
-    let inc = cuda_include();
-    let exe = tmp.join("check");
-    let strict = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"];
-    let mut args: Vec<String> = strict.iter().map(|s| s.to_string()).collect();
-    args.extend([
-        "-I".into(),
-        inc.display().to_string(),
-        "-I".into(),
-        c.display().to_string(),
-        format!("{}/tests/c/{check}", env!("CARGO_MANIFEST_DIR")),
-        c.join("mla_kernels.c").display().to_string(),
-        "-o".into(),
-        exe.display().to_string(),
-    ]);
-    gcc(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let o = Command::new(&exe).output().unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{stdout}");
-    assert!(stdout.contains("1 passed, 0 failed"), "{stdout}");
+    // Checks, images per device, loading, threads, statuses (tests/c/launcher_check.c).
+    run_check(tmp.path(), &c, "launcher_check.c");
 }
 
 #[test]
 fn the_other_families_launchers_compile_and_refuse_unsafe_calls() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = generate_c_from(
-        tmp.path(),
-        "arch = \"sm_90\"\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n\
-         [[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 128\nmask = true\n[[mask_empty_context_lse]]\n",
-    );
-    compile_and_run(tmp.path(), &c, "families_check.c");
+    let c = generate_c(tmp.path(), FAMILIES_SPEC, None);
+    run_check(tmp.path(), &c, "families_check.c");
 }
 
 #[test]
 fn the_group_fp8_launcher_checks_its_scales() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = generate_c_from(
-        tmp.path(),
-        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3_group\"\ngroup_size = 64\nue8m0 = true\n",
-    );
-    compile_and_run(tmp.path(), &c, "group_check.c");
-}
-
-#[test]
-fn the_c_examples_compile_against_their_generated_headers() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = generate_c(tmp.path());
-    compile_example(tmp.path(), &c, "merge.c");
-    let families = tmp.path().join("families");
-    std::fs::create_dir(&families).unwrap();
-    let spec = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/c/families.toml"
-    ))
-    .unwrap();
-    let c = generate_c_from(&families, &spec);
-    compile_example(&families, &c, "families.c");
+    let c = generate_c(tmp.path(), GROUP_SPEC, None);
+    run_check(tmp.path(), &c, "group_check.c");
 }
 
 /// Compile `examples/c/<name>` warning-free against the launcher in `c` (no link: no GPU here).
 fn compile_example(tmp: &Path, c: &Path, name: &str) {
     let example = format!("{}/examples/c/{name}", env!("CARGO_MANIFEST_DIR"));
-    let obj = tmp.join("example.o");
-    gcc(&[
-        "-std=c11",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
-        "-I",
-        cuda_include().to_str().unwrap(),
-        "-I",
-        c.to_str().unwrap(),
-        "-c",
-        &example,
-        "-o",
-        obj.to_str().unwrap(),
+    let mut args: Vec<String> = STRICT.iter().map(|s| s.to_string()).collect();
+    args.extend([
+        "-I".into(),
+        cuda_include().display().to_string(),
+        "-I".into(),
+        c.display().to_string(),
+        "-c".into(),
+        example,
+        "-o".into(),
+        tmp.join("example.o").display().to_string(),
     ]);
+    common::gcc(&args);
+}
+
+#[test]
+fn the_c_examples_compile_against_their_generated_headers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = |name: &str| {
+        std::fs::read_to_string(format!("{}/examples/c/{name}", env!("CARGO_MANIFEST_DIR")))
+            .unwrap()
+    };
+    let c = generate_c(tmp.path(), &spec("spec.toml"), None);
+    compile_example(tmp.path(), &c, "merge.c");
+    compile_example(tmp.path(), &c, "snippet.c");
+    compile_example(tmp.path(), &c, "devices.c");
+    let families = tmp.path().join("families");
+    std::fs::create_dir(&families).unwrap();
+    let c = generate_c(&families, &spec("families.toml"), None);
+    compile_example(&families, &c, "families.c");
+}
+
+const TWO_PREFIXES_MAIN: &str = r#"/* Two launchers in one program: each carries its own prefix. */
+#include "alpha_kernels.h"
+#include "beta_kernels.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "driver_stub.h"
+
+static _Alignas(16) unsigned short out[4 * 2 * 128], prefix[4 * 2 * 128], suffix[4 * 2 * 128], states[4 * 4 * 2 * 128];
+static float plse[8], slse[8], states_lse[4 * 4 * 2];
+
+int main(void) {
+    int failures = 0;
+    alpha_merge_attn_states_args a = ALPHA_MERGE_ATTN_STATES_ARGS_INIT;
+    a.output = out; a.output_numel = 1024; a.prefix_output = prefix; a.prefix_output_numel = 1024;
+    a.prefix_lse = plse; a.prefix_lse_numel = 8; a.suffix_output = suffix; a.suffix_output_numel = 1024;
+    a.suffix_lse = slse; a.suffix_lse_numel = 8; a.num_tokens = 4; a.num_heads = 2;
+    a.output_token_stride = a.prefix_token_stride = a.suffix_token_stride = 256;
+    a.output_head_stride = a.prefix_head_stride = a.suffix_head_stride = 128;
+    beta_merge_states_args b = BETA_MERGE_STATES_ARGS_INIT;
+    b.output = out; b.output_numel = 1024; b.states = states; b.states_numel = 4096;
+    b.states_lse = states_lse; b.states_lse_numel = 32; b.num_tokens = 4; b.num_heads = 2;
+    b.output_token_stride = 256; b.output_head_stride = 128;
+    b.states_token_stride = 1024; b.states_state_stride = 256; b.states_head_stride = 128;
+    failures += alpha_load() != ALPHA_OK;
+    failures += beta_load() != BETA_OK;
+    failures += libraries_live != 2;
+    failures += alpha_merge_attn_states_bf16_d128_thr_lse(NULL, &a) != ALPHA_OK;
+    failures += beta_merge_states_bf16_d128_k4_lse(NULL, &b) != BETA_OK;
+    failures += launches != 2;
+    /* Each library keeps its own state: a refusal in one leaves the other's message alone. */
+    b.num_heads = -1;
+    failures += beta_merge_states_bf16_d128_k4_lse(NULL, &b) != BETA_INVALID_ARGUMENT;
+    failures += strcmp(beta_last_error(), "merge_states_bf16_d128_k4_lse: num_heads = -1 is below its minimum 0") != 0;
+    failures += strcmp(alpha_last_error(), "") != 0;
+    failures += alpha_unload() != ALPHA_OK || libraries_live != 1;
+    failures += beta_unload() != BETA_OK || libraries_live != 0;
+    failures += strcmp(ALPHA_VERSION_STRING, BETA_VERSION_STRING) != 0 || ALPHA_DEFAULT != BETA_DEFAULT;
+    printf("%s %s\n", alpha_status_string(ALPHA_OK), beta_status_string(BETA_CUDA_ERROR));
+    printf("%d passed, %d failed\n", failures ? 0 : 1, failures);
+    return failures != 0;
+}
+"#;
+
+#[test]
+fn two_launchers_with_different_prefixes_link_into_one_program() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
+    let a = generate_c(
+        &a_dir,
+        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n",
+        Some("alpha"),
+    );
+    let b = generate_c(
+        &b_dir,
+        "arch = \"sm_90\"\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = 4\n",
+        Some("beta"),
+    );
+    assert!(a.join("alpha_kernels.h").is_file() && !a.join("mla_kernels.h").exists());
+    // Every macro of each header, its include guard among them, carries the prefix.
+    for (dir, prefix) in [(&a, "alpha"), (&b, "beta")] {
+        let header = std::fs::read_to_string(dir.join(format!("{prefix}_kernels.h"))).unwrap();
+        let upper = prefix.to_ascii_uppercase();
+        for line in header.lines() {
+            if let Some(name) = line
+                .strip_prefix("#define ")
+                .or(line.strip_prefix("#ifndef "))
+            {
+                assert!(name.starts_with(&format!("{upper}_")), "{prefix}: {line}");
+            }
+        }
+        assert!(
+            !header.contains("mla_") && !header.contains("MLA_"),
+            "{prefix}"
+        );
+    }
+    let main = tmp.path().join("main.c");
+    std::fs::write(&main, TWO_PREFIXES_MAIN).unwrap();
+    let exe = tmp.path().join("two");
+    let stdout = build_and_run(
+        &exe,
+        &[&a, &b],
+        &[main, a.join("alpha_kernels.c"), b.join("beta_kernels.c")],
+    );
+    assert!(stdout.contains("1 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("success CUDA driver error"), "{stdout}");
+    // Every symbol each library defines for the linker carries its prefix.
+    for (dir, prefix) in [(&a, "alpha"), (&b, "beta")] {
+        let obj = tmp.path().join(format!("{prefix}.o"));
+        let mut args: Vec<String> = STRICT.iter().map(|s| s.to_string()).collect();
+        args.extend([
+            "-I".into(),
+            cuda_include().display().to_string(),
+            "-c".into(),
+        ]);
+        args.push(
+            dir.join(format!("{prefix}_kernels.c"))
+                .display()
+                .to_string(),
+        );
+        args.extend(["-o".into(), obj.display().to_string()]);
+        common::gcc(&args);
+        let o = Command::new("nm")
+            .args(["--defined-only", "--extern-only", "--format=just-symbols"])
+            .arg(&obj)
+            .output()
+            .expect("nm is installed (binutils)");
+        let symbols = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            symbols.lines().any(|s| s == format!("{prefix}_load")),
+            "{symbols}"
+        );
+        for s in symbols.lines() {
+            assert!(
+                s.starts_with(&format!("{prefix}_")),
+                "{prefix}: exported {s}"
+            );
+        }
+    }
+}
+
+#[test]
+fn generation_is_deterministic_and_check_knows_the_prefix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec_text = "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n";
+    let first = generate_c(&tmp.path().join("1"), spec_text, Some("eng"));
+    let second = generate_c(&tmp.path().join("2"), spec_text, Some("eng"));
+    for f in ["eng_kernels.h", "eng_kernels.c"] {
+        assert!(
+            std::fs::read(first.join(f)).unwrap() == std::fs::read(second.join(f)).unwrap(),
+            "{f} differs between two generations"
+        );
+    }
+    let spec = tmp.path().join("1/s.toml");
+    let out = tmp.path().join("1/gen");
+    let check = |extra: &[&str]| {
+        let mut args = vec![
+            "check",
+            spec.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        mla_gen(&args)
+    };
+    let o = check(&["--emit", "c", "--c-prefix", "eng"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Without the prefix, the check expects c/mla_kernels.* instead.
+    let o = check(&["--emit", "c"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("mla_kernels.h") && stderr.contains("eng_kernels.h"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_prefix_must_be_a_c_identifier_and_needs_emit_c() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = tmp.path().join("s.toml");
+    std::fs::write(
+        &spec,
+        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n",
+    )
+    .unwrap();
+    let out = tmp.path().join("gen");
+    for (extra, want) in [
+        (
+            &["--emit", "c", "--c-prefix", "9lives"][..],
+            "not a C identifier",
+        ),
+        (
+            &["--emit", "c", "--c-prefix", "my-lib"][..],
+            "not a C identifier",
+        ),
+        (&["--c-prefix", "eng"][..], "--emit"),
+    ] {
+        let mut args = vec![
+            "generate",
+            spec.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let o = mla_gen(&args);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && stderr.contains(want),
+            "{extra:?}: {stderr}"
+        );
+    }
+    assert!(
+        !out.exists(),
+        "nothing is written for a refused command line"
+    );
 }

@@ -4,7 +4,9 @@
  *
  *   mla-gen generate examples/c/families.toml --out examples/c/gen-families --emit c
  *   gcc -std=c11 -O2 -I$CUDA_INCLUDE -Iexamples/c/gen-families/c examples/c/families.c \
- *       examples/c/gen-families/c/mla_kernels.c -lcuda -lm -o families && ./families
+ *       examples/c/gen-families/c/mla_kernels.c -lcuda -pthread -lm -o families && ./families
+ *
+ * No mla_load(): each kernel's image loads at its first launch.
  *
  * Prints "N passed, M failed" and exits non-zero on any mismatch. */
 #include "mla_kernels.h"
@@ -16,7 +18,11 @@
 
 #define CHECK(call) do { CUresult r_ = (call); if (r_ != CUDA_SUCCESS) { \
     const char* s_ = NULL; cuGetErrorString(r_, &s_); \
-    fprintf(stderr, "%s failed: %s %s\n", #call, s_ ? s_ : "", r_ == MLA_ERROR_INVALID_ARGUMENT ? mla_last_error() : ""); \
+    fprintf(stderr, "%s failed: %s\n", #call, s_ ? s_ : ""); \
+    exit(1); } } while (0)
+/* The launcher's calls: a status and, when it is not MLA_OK, the detail. */
+#define MLA_CHECK(call) do { mla_status s_ = (call); if (s_ != MLA_OK) { \
+    fprintf(stderr, "%s failed: %s: %s\n", #call, mla_status_string(s_), mla_last_error()); \
     exit(1); } } while (0)
 
 enum { T = 257, H = 8, D = 128, K = 4, G = 64, GROUPS = H * D / G, B = 3 };
@@ -112,7 +118,6 @@ int main(void) {
     CHECK(cuDeviceGet(&dev, 0));
     CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(cuCtxSetCurrent(ctx));
-    CHECK(mla_load());
     const CUdeviceptr d_prefix = upload(prefix, N * 2), d_suffix = upload(suffix, N * 2), d_states = upload(states, N * K * 2);
     const CUdeviceptr d_plse = upload(plse, sizeof plse), d_slse = upload(slse, sizeof slse), d_states_lse = upload(states_lse, sizeof states_lse);
     CUdeviceptr d_out, d_olse, d_codes, d_scales;
@@ -123,23 +128,20 @@ int main(void) {
     const long long n_ctx = T / 2;
     CHECK(cuMemsetD8(d_codes, 0xff, N)); /* poison: 0xff (a NaN) is never written */
     CHECK(cuMemsetD32(d_scales, 0x7fc00000u, T * GROUPS));
-    mla_group_fp8_args g = {
-        .merge = {
-            .output = (void*)d_codes, .output_numel = N,
-            .prefix_output = (const void*)d_prefix, .prefix_numel = N,
-            .prefix_lse = (const float*)d_plse, .prefix_lse_numel = T * H,
-            .suffix_output = (const void*)d_suffix, .suffix_numel = N,
-            .suffix_lse = (const float*)d_slse, .suffix_lse_numel = T * H,
-            .num_tokens = T, .num_heads = H,
-            .output_token_stride = H * D, .output_head_stride = D,
-            .prefix_token_stride = H * D, .prefix_head_stride = D,
-            .suffix_token_stride = H * D, .suffix_head_stride = D,
-            .prefill_tokens_with_context = n_ctx,
-        },
-        .output_scales = (float*)d_scales, .output_scales_numel = T * GROUPS,
-        .scale_token_stride = GROUPS, .scale_group_stride = 1,
-    };
-    CHECK(mla_merge_attn_states_bf16_d128_thr_lse_fp8g64_ue8m0(NULL, &g));
+    mla_merge_attn_states_args g = MLA_MERGE_ATTN_STATES_ARGS_INIT;
+    g.output = (void*)d_codes; g.output_numel = N;
+    g.prefix_output = (const void*)d_prefix; g.prefix_output_numel = N;
+    g.prefix_lse = (const float*)d_plse; g.prefix_lse_numel = T * H;
+    g.suffix_output = (const void*)d_suffix; g.suffix_output_numel = N;
+    g.suffix_lse = (const float*)d_slse; g.suffix_lse_numel = T * H;
+    g.num_tokens = T; g.num_heads = H;
+    g.output_token_stride = H * D; g.output_head_stride = D;
+    g.prefix_token_stride = H * D; g.prefix_head_stride = D;
+    g.suffix_token_stride = H * D; g.suffix_head_stride = D;
+    g.prefill_tokens_with_context = n_ctx;
+    g.output_scales = (float*)d_scales; g.output_scales_numel = T * GROUPS;
+    g.scale_token_stride = GROUPS; g.scale_group_stride = 1;
+    MLA_CHECK(mla_merge_attn_states_bf16_d128_thr_lse_fp8g64_ue8m0(NULL, &g));
     CHECK(cuCtxSynchronize());
     CHECK(cuMemcpyDtoH(codes, d_codes, N));
     CHECK(cuMemcpyDtoH(scales, d_scales, sizeof scales));
@@ -169,15 +171,14 @@ int main(void) {
 
     /* 2. K-way merge of 4 states per token, [T, 4, H, D]; every 50th token has no keys at all. */
     CHECK(cuMemsetD16(d_out, POISON, N));
-    mla_states_args s = {
-        .output = (void*)d_out, .output_numel = N, .output_lse = (float*)d_olse, .output_lse_numel = T * H,
-        .states = (const void*)d_states, .states_numel = N * K,
-        .states_lse = (const float*)d_states_lse, .states_lse_numel = T * K * H,
-        .num_tokens = T, .num_heads = H, .num_states = K,
-        .output_token_stride = H * D, .output_head_stride = D,
-        .states_token_stride = K * H * D, .states_state_stride = H * D, .states_head_stride = D,
-    };
-    CHECK(mla_merge_states_bf16_d128_k4_lse(NULL, &s));
+    mla_merge_states_args s = MLA_MERGE_STATES_ARGS_INIT; /* num_states: the kernel's K */
+    s.output = (void*)d_out; s.output_numel = N; s.output_lse = (float*)d_olse; s.output_lse_numel = T * H;
+    s.states = (const void*)d_states; s.states_numel = N * K;
+    s.states_lse = (const float*)d_states_lse; s.states_lse_numel = T * K * H;
+    s.num_tokens = T; s.num_heads = H;
+    s.output_token_stride = H * D; s.output_head_stride = D;
+    s.states_token_stride = K * H * D; s.states_state_stride = H * D; s.states_head_stride = D;
+    MLA_CHECK(mla_merge_states_bf16_d128_k4_lse(NULL, &s));
     CHECK(cuCtxSynchronize());
     CHECK(cuMemcpyDtoH(out, d_out, N * 2));
     CHECK(cuMemcpyDtoH(olse, d_olse, sizeof olse));
@@ -203,12 +204,12 @@ int main(void) {
     const int32_t qsl[B + 1] = { 0, 100, 180, T }, csl[B + 1] = { 0, 50, 50, 90 };
     const CUdeviceptr d_qsl = upload(qsl, sizeof qsl), d_csl = upload(csl, sizeof csl);
     CUdeviceptr d_state_lse = upload(plse, sizeof plse);
-    mla_mask_lse_args ml = {
-        .lse = (float*)d_state_lse, .lse_numel = T * H,
-        .query_start_loc = (const int32_t*)d_qsl, .context_start_loc = (const int32_t*)d_csl,
-        .num_requests = B, .num_tokens = T, .num_heads = H,
-    };
-    CHECK(mla_mask_empty_context_lse(NULL, &ml));
+    mla_mask_empty_context_lse_args ml = MLA_MASK_EMPTY_CONTEXT_LSE_ARGS_INIT;
+    ml.lse = (float*)d_state_lse; ml.lse_numel = T * H;
+    ml.query_start_loc = (const int32_t*)d_qsl; ml.query_start_loc_numel = B + 1;
+    ml.context_start_loc = (const int32_t*)d_csl; ml.context_start_loc_numel = B + 1;
+    ml.num_requests = B; ml.num_tokens = T; ml.num_heads = H;
+    MLA_CHECK(mla_mask_empty_context_lse(NULL, &ml));
     CHECK(cuCtxSynchronize());
     CHECK(cuMemcpyDtoH(lse_after, d_state_lse, sizeof lse_after));
     float masked[T * H];
@@ -222,14 +223,13 @@ int main(void) {
     for (int t = 0; t < T; ++t) mask[t] = (unsigned char)(t % 3 != 0);
     const CUdeviceptr d_mask = upload(mask, sizeof mask);
     const CUdeviceptr d_state = upload(prefix, N * 2);
-    mla_in_place_args ip = {
-        .state = (void*)d_state, .state_numel = N, .state_lse = (float*)d_state_lse, .state_lse_numel = T * H,
-        .other = (const void*)d_suffix, .other_numel = N, .other_lse = (const float*)d_slse, .other_lse_numel = T * H,
-        .mask = (const unsigned char*)d_mask, .mask_numel = T,
-        .num_tokens = T, .num_heads = H,
-        .state_token_stride = H * D, .state_head_stride = D, .other_token_stride = H * D, .other_head_stride = D,
-    };
-    CHECK(mla_merge_state_in_place_bf16_d128_mask(NULL, &ip));
+    mla_merge_state_in_place_args ip = MLA_MERGE_STATE_IN_PLACE_ARGS_INIT;
+    ip.state = (void*)d_state; ip.state_numel = N; ip.state_lse = (float*)d_state_lse; ip.state_lse_numel = T * H;
+    ip.other = (const void*)d_suffix; ip.other_numel = N; ip.other_lse = (const float*)d_slse; ip.other_lse_numel = T * H;
+    ip.mask = (const unsigned char*)d_mask; ip.mask_numel = T;
+    ip.num_tokens = T; ip.num_heads = H;
+    ip.state_token_stride = H * D; ip.state_head_stride = D; ip.other_token_stride = H * D; ip.other_head_stride = D;
+    MLA_CHECK(mla_merge_state_in_place_bf16_d128_mask(NULL, &ip));
     CHECK(cuCtxSynchronize());
     CHECK(cuMemcpyDtoH(out, d_state, N * 2));
     CHECK(cuMemcpyDtoH(lse_after, d_state_lse, sizeof lse_after));
@@ -248,7 +248,7 @@ int main(void) {
     }
 
     printf("%lld passed, %lld failed\n", passed, failed);
-    mla_unload();
+    MLA_CHECK(mla_unload());
     const CUdeviceptr all[] = { d_prefix, d_suffix, d_states, d_plse, d_slse, d_states_lse, d_out, d_olse, d_codes,
                                 d_scales, d_qsl, d_csl, d_state_lse, d_mask, d_state };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) cuMemFree(all[i]);

@@ -3,7 +3,7 @@
  *
  *   mla-gen generate examples/c/spec.toml --out examples/c/gen --emit c
  *   gcc -std=c11 -O2 -I$CUDA_INCLUDE -Iexamples/c/gen/c examples/c/merge.c \
- *       examples/c/gen/c/mla_kernels.c -lcuda -lm -o merge && ./merge
+ *       examples/c/gen/c/mla_kernels.c -lcuda -pthread -lm -o merge && ./merge
  *
  * Prints "N passed, M failed" and exits non-zero on any mismatch. */
 #include "mla_kernels.h"
@@ -15,7 +15,11 @@
 
 #define CHECK(call) do { CUresult r_ = (call); if (r_ != CUDA_SUCCESS) { \
     const char* s_ = NULL; cuGetErrorString(r_, &s_); \
-    fprintf(stderr, "%s failed: %s %s\n", #call, s_ ? s_ : "", r_ == MLA_ERROR_INVALID_ARGUMENT ? mla_last_error() : ""); \
+    fprintf(stderr, "%s failed: %s\n", #call, s_ ? s_ : ""); \
+    exit(1); } } while (0)
+/* The launcher's calls: a status and, when it is not MLA_OK, the detail. */
+#define MLA_CHECK(call) do { mla_status s_ = (call); if (s_ != MLA_OK) { \
+    fprintf(stderr, "%s failed: %s: %s\n", #call, mla_status_string(s_), mla_last_error()); \
     exit(1); } } while (0)
 
 static float bf16_to_float(unsigned short b) { unsigned u = (unsigned)b << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -47,19 +51,26 @@ int main(void) {
     CHECK(cuDeviceGet(&dev, 0));
     CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(cuCtxSetCurrent(ctx));
-    CHECK(mla_load());
+    MLA_CHECK(mla_load()); /* optional: each kernel's first launch would load it */
     CHECK(cuMemAlloc(&d_prefix, N * 2)); CHECK(cuMemAlloc(&d_suffix, N * 2)); CHECK(cuMemAlloc(&d_out, N * 2));
     CHECK(cuMemAlloc(&d_plse, T * H * 4)); CHECK(cuMemAlloc(&d_slse, T * H * 4)); CHECK(cuMemAlloc(&d_olse, T * H * 4));
     CHECK(cuMemcpyHtoD(d_prefix, prefix, N * 2)); CHECK(cuMemcpyHtoD(d_suffix, suffix, N * 2));
     CHECK(cuMemcpyHtoD(d_plse, plse, T * H * 4)); CHECK(cuMemcpyHtoD(d_slse, slse, T * H * 4));
     CHECK(cuMemsetD16(d_out, 0x7fa5, N)); /* poison: NaN bits the kernel never writes */
 
-    mla_merge_args a = {
-        (void*)d_out, N, (float*)d_olse, T * H, (const void*)d_prefix, N, (const float*)d_plse, T * H,
-        (const void*)d_suffix, N, (const float*)d_slse, T * H, T, H, H * D, D, H * D, D, H * D, D, n_ctx,
-        NULL, /* output_scale: FP8 kernels only */
-    };
-    CHECK(mla_merge_attn_states_bf16_d128_thr_lse(NULL, &a));
+    mla_merge_attn_states_args a = MLA_MERGE_ATTN_STATES_ARGS_INIT;
+    a.output = (void*)d_out; a.output_numel = N;
+    a.output_lse = (float*)d_olse; a.output_lse_numel = T * H;
+    a.prefix_output = (const void*)d_prefix; a.prefix_output_numel = N;
+    a.prefix_lse = (const float*)d_plse; a.prefix_lse_numel = T * H;
+    a.suffix_output = (const void*)d_suffix; a.suffix_output_numel = N;
+    a.suffix_lse = (const float*)d_slse; a.suffix_lse_numel = T * H;
+    a.num_tokens = T; a.num_heads = H;
+    a.output_token_stride = H * D; a.output_head_stride = D;
+    a.prefix_token_stride = H * D; a.prefix_head_stride = D;
+    a.suffix_token_stride = H * D; a.suffix_head_stride = D;
+    a.prefill_tokens_with_context = n_ctx;
+    MLA_CHECK(mla_merge_attn_states_bf16_d128_thr_lse(NULL, &a));
     CHECK(cuCtxSynchronize());
     CHECK(cuMemcpyDtoH(out, d_out, N * 2));
     CHECK(cuMemcpyDtoH(olse, d_olse, T * H * 4));
@@ -83,7 +94,7 @@ int main(void) {
         if (!(olse[li] == lse || fabs(olse[li] - lse) <= 1e-5)) failed++; else passed++;
     }
     printf("%lld passed, %lld failed\n", passed, failed);
-    mla_unload();
+    MLA_CHECK(mla_unload());
     cuMemFree(d_prefix); cuMemFree(d_suffix); cuMemFree(d_out); cuMemFree(d_plse); cuMemFree(d_slse); cuMemFree(d_olse);
     cuDevicePrimaryCtxRelease(dev);
     free(prefix); free(suffix); free(out); free(plse); free(slse); free(olse);

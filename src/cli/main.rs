@@ -72,6 +72,14 @@ struct SpecArgs {
 }
 
 #[derive(Args, Clone)]
+struct CPrefixArg {
+    /// With `--emit c`: the prefix of every exported C name and of the files
+    /// (`c/<NAME>_kernels.{h,c}`, `<NAME>_load`, `<NAME>_status`, `<PREFIX>_OK`); a C identifier.
+    #[arg(long, value_name = "NAME", default_value = "mla", requires = "emit")]
+    c_prefix: mla_gen::bindings::CPrefix,
+}
+
+#[derive(Args, Clone)]
 struct JobsArg {
     /// Compile this many kernels at once (0 = one per core). Output does not depend on it.
     #[arg(long, short = 'j', default_value_t = 0)]
@@ -93,9 +101,11 @@ enum Command {
         #[command(flatten)]
         jobs: JobsArg,
         /// Also write bindings: `c` = c/mla_kernels.h + c/mla_kernels.c (embedded images, checked
-        /// launchers; compile with the folder's cuda.h and link -lcuda).
+        /// launchers; compile with cuda.h, link -lcuda -pthread; docs/C.md).
         #[arg(long, value_enum)]
         emit: Vec<mla_gen::bindings::Emit>,
+        #[command(flatten)]
+        c_prefix: CPrefixArg,
         /// No summary on stderr.
         #[arg(long, short)]
         quiet: bool,
@@ -129,6 +139,8 @@ enum Command {
         /// The bindings the folder was generated with (as for generate).
         #[arg(long, value_enum)]
         emit: Vec<mla_gen::bindings::Emit>,
+        #[command(flatten)]
+        c_prefix: CPrefixArg,
         /// The verdict as JSON on stdout: {"fresh", "stale", "missing", "extra"}.
         #[arg(long)]
         json: bool,
@@ -222,11 +234,13 @@ fn generate(
     jobs: usize,
     quiet: bool,
     extra: &[mla_gen::bindings::Emit],
+    c_prefix: &mla_gen::bindings::CPrefix,
 ) -> Result<(), Failure> {
     let spec = load_spec(args)?;
     let templates = load_templates(args)?;
     let started = std::time::Instant::now();
-    let (files, manifest) = mla_gen::generate_files_with(&spec, &templates, jobs, !quiet, extra)?;
+    let (files, manifest) =
+        mla_gen::generate_files_with_c_prefix(&spec, &templates, jobs, !quiet, extra, c_prefix)?;
     let outcome = emit::write(out, &files)?;
     if !quiet {
         let archs = manifest.spec.archs.join(", ");
@@ -253,14 +267,16 @@ fn check(
     out: &Path,
     jobs: usize,
     extra: &[mla_gen::bindings::Emit],
+    c_prefix: &mla_gen::bindings::CPrefix,
     json: bool,
 ) -> Result<(), Failure> {
     // Anything that stops the comparison itself exits 2, so that 1 always means "stale".
     let cannot = |Failure(msg, _): Failure| Failure(msg, 2);
     let spec = load_spec(args).map_err(cannot)?;
     let templates = load_templates(args).map_err(cannot)?;
-    let (files, manifest) = mla_gen::generate_files_with(&spec, &templates, jobs, true, extra)
-        .map_err(|e| Failure(e.to_string(), 2))?;
+    let (files, manifest) =
+        mla_gen::generate_files_with_c_prefix(&spec, &templates, jobs, true, extra, c_prefix)
+            .map_err(|e| Failure(e.to_string(), 2))?;
     let actual = emit::read_tree(out).map_err(|e| Failure(e.to_string(), 2))?;
     let d = emit::diff(&files, &actual);
     if json {
@@ -462,8 +478,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             out,
             jobs,
             emit,
+            c_prefix,
             quiet,
-        } => generate(&spec, &out, jobs.jobs, quiet, &emit),
+        } => generate(&spec, &out, jobs.jobs, quiet, &emit, &c_prefix.c_prefix),
         Command::List { spec, json } => report::list(&load_spec(&spec)?, json),
         Command::Render { spec, kernel } => {
             let s = load_spec(&spec)?;
@@ -507,8 +524,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             out,
             jobs,
             emit,
+            c_prefix,
             json,
-        } => check(&spec, &out, jobs.jobs, &emit, json),
+        } => check(&spec, &out, jobs.jobs, &emit, &c_prefix.c_prefix, json),
         Command::Inspect { spec, json, jobs } => inspect(&spec, json, jobs.jobs),
         Command::Doctor { json } => doctor::doctor(json),
         Command::Schema => report::schema(),

@@ -1,9 +1,10 @@
 //! The hosts' side: what loads and launches generated kernels. The C launcher emitter
-//! ([`bindings`]), the Rust module writer ([`rust_module`]) and the checker ([`check`]) need no
-//! GPU; the runtime (`runtime` and its layers `manifest`, `load`, `launch`, `typed`) and the
-//! benchmarks need feature `cuda`.
+//! ([`bindings`], [`c`]), the Rust module writer ([`rust_module`]) and the checker ([`check`])
+//! need no GPU; the runtime (`runtime` and its layers `manifest`, `load`, `launch`, `typed`) and
+//! the benchmarks need feature `cuda`.
 
 pub mod bindings;
+pub mod c;
 pub mod check;
 pub mod driver;
 pub mod rust_module;

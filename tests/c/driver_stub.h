@@ -1,42 +1,114 @@
-/* Stub CUDA driver functions for the C launcher checks (no GPU): they record which image was
- * loaded and the last launch's grid, block and first 16 parameters (each 8 bytes). Include it in
- * exactly one file of a test program. */
+/* Stub CUDA driver functions for the C launcher checks (no GPU). Include it, after cuda.h, in
+ * exactly one file of a test program (or build it into a stand-in libcuda.so, as .ci/c.sh does).
+ *
+ * It simulates STUB_DEVICES devices of the compute capabilities in stub_cc; the current context's
+ * device is per thread (stub_device), as a real current context is. It counts libraries loaded
+ * (CUBIN or PTX, and for which arch) and live, and launches, and keeps the last launch's grid,
+ * block and parameters (each 8 bytes; the launcher ends the array with NULL). Failures can be injected: no current context, the Nth
+ * library load, the next launch. */
 #ifndef MLA_DRIVER_STUB_H
 #define MLA_DRIVER_STUB_H
 
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
-static int loaded_images, launches;
-static unsigned last_grid[3], last_block;
-static long long last_params[16];
-static int stub_cc_major = 9;
-/* How many parameters the next launch has (the stub cannot know). */
-static int param_count = 15;
+#define STUB_DEVICES 5
+/* Device ordinal -> major * 10 + minor. */
+static int stub_cc[STUB_DEVICES] = { 90, 90, 86, 75, 100 };
+static _Thread_local int stub_device = 0;
+static _Thread_local int stub_no_context = 0;   /* 1: no current context on this thread */
+static atomic_int stub_fail_load = -1;          /* loads before one fails; -1 = none fails */
+static CUresult stub_launch_result = CUDA_SUCCESS; /* what the next launch returns */
 
-CUresult cuCtxGetDevice(CUdevice* d) { *d = 0; return CUDA_SUCCESS; }
+static atomic_int cubins_loaded, ptx_loaded, libraries_live, launches;
+static int last_loaded_arch;                   /* 90 for sm_90: the arch of the last image loaded */
+static unsigned last_grid[3], last_block, last_shared;
+static long long last_params[32];
+static int last_param_count; /* the launcher ends its parameter array with NULL */
+static long stub_load_spin;  /* busy-wait in each library load: widens races in thread tests */
+static atomic_flag stub_record = ATOMIC_FLAG_INIT; /* launches from many threads record one by one */
+
+CUresult cuGetErrorName(CUresult r, const char** name) {
+    switch (r) {
+    case CUDA_SUCCESS: *name = "CUDA_SUCCESS"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_VALUE: *name = "CUDA_ERROR_INVALID_VALUE"; return CUDA_SUCCESS;
+    case CUDA_ERROR_OUT_OF_MEMORY: *name = "CUDA_ERROR_OUT_OF_MEMORY"; return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_CONTEXT: *name = "CUDA_ERROR_INVALID_CONTEXT"; return CUDA_SUCCESS;
+    case CUDA_ERROR_LAUNCH_FAILED: *name = "CUDA_ERROR_LAUNCH_FAILED"; return CUDA_SUCCESS;
+    default: *name = NULL; return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+CUresult cuCtxGetDevice(CUdevice* d) {
+    if (stub_no_context) return CUDA_ERROR_INVALID_CONTEXT;
+    *d = stub_device;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
-    (void)d;
-    *v = a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR ? stub_cc_major : 0;
+    if (d < 0 || d >= STUB_DEVICES) return CUDA_ERROR_INVALID_VALUE;
+    if (a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) *v = stub_cc[d] / 10;
+    else if (a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) *v = stub_cc[d] % 10;
+    else return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
 }
-CUresult cuModuleLoadData(CUmodule* m, const void* image) {
-    /* A CUBIN is an ELF image; PTX is text. The stub records which one was chosen. */
-    loaded_images += memcmp(image, "\x7f" "ELF", 4) == 0 ? 1 : 1000;
-    *m = (CUmodule)(uintptr_t)1;
+
+/* A CUBIN is an ELF image whose e_flags carry its SM (bits 8-15); PTX is text with ".target sm_XY". */
+static int stub_image_arch(const unsigned char* image, int* cubin) {
+    *cubin = memcmp(image, "\x7f" "ELF", 4) == 0;
+    if (*cubin) {
+        uint32_t flags;
+        memcpy(&flags, image + 48, 4);
+        return (int)((flags >> 8) & 0xff);
+    }
+    const char* t = strstr((const char*)image, ".target sm_");
+    return t ? atoi(t + strlen(".target sm_")) : -1;
+}
+
+CUresult cuLibraryLoadData(CUlibrary* lib, const void* code, CUjit_option* jo, void** jv, unsigned nj,
+                           CUlibraryOption* lo, void** lv, unsigned nl) {
+    (void)jo; (void)jv; (void)nj; (void)lo; (void)lv; (void)nl;
+    /* Decrement the countdown while it is >= 0; the load that finds it at 0 fails. */
+    int left = atomic_load(&stub_fail_load);
+    while (left >= 0 && !atomic_compare_exchange_weak(&stub_fail_load, &left, left - 1)) {}
+    if (left == 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    for (volatile long spin = 0; spin < stub_load_spin; spin = spin + 1) {}
+    int cubin;
+    last_loaded_arch = stub_image_arch((const unsigned char*)code, &cubin);
+    atomic_fetch_add(cubin ? &cubins_loaded : &ptx_loaded, 1);
+    *lib = (CUlibrary)(uintptr_t)(0x1000 + 16 * atomic_fetch_add(&libraries_live, 1));
     return CUDA_SUCCESS;
 }
-CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
-    (void)m; (void)name;
-    *f = (CUfunction)(uintptr_t)2;
+
+CUresult cuLibraryGetKernel(CUkernel* k, CUlibrary lib, const char* name) {
+    (void)name;
+    *k = (CUkernel)((uintptr_t)lib + 1);
     return CUDA_SUCCESS;
 }
-CUresult cuModuleUnload(CUmodule m) { (void)m; return CUDA_SUCCESS; }
+
+CUresult cuLibraryUnload(CUlibrary lib) {
+    (void)lib;
+    atomic_fetch_sub(&libraries_live, 1);
+    return CUDA_SUCCESS;
+}
+
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) {
-    (void)f; (void)by; (void)bz; (void)shmem; (void)s; (void)extra;
-    launches++;
-    last_grid[0] = gx; last_grid[1] = gy; last_grid[2] = gz; last_block = bx;
-    for (int i = 0; i < param_count; ++i) last_params[i] = *(long long*)params[i];
+    (void)by; (void)bz; (void)s; (void)extra;
+    if (!f || stub_no_context) return CUDA_ERROR_INVALID_CONTEXT;
+    if (stub_launch_result != CUDA_SUCCESS) {
+        const CUresult r = stub_launch_result;
+        stub_launch_result = CUDA_SUCCESS;
+        return r;
+    }
+    while (atomic_flag_test_and_set(&stub_record)) {}
+    atomic_fetch_add(&launches, 1);
+    last_grid[0] = gx; last_grid[1] = gy; last_grid[2] = gz; last_block = bx; last_shared = shmem;
+    for (last_param_count = 0; last_param_count < 32 && params[last_param_count]; ++last_param_count)
+        last_params[last_param_count] = *(long long*)params[last_param_count];
+    atomic_flag_clear(&stub_record);
     return CUDA_SUCCESS;
 }
 

@@ -1,0 +1,765 @@
+//! The C launcher (`generate --emit c [--c-prefix NAME]`): `c/<prefix>_kernels.h` and `.c`,
+//! derived from the manifest alone. Every kernel becomes tables (its parameters with their
+//! contract, its constants, its grid rule, its images) and the template's one generic check and
+//! loader interpret them, so no kernel family has C code of its own. docs/C.md describes the API.
+
+use serde::Serialize;
+
+use crate::contract::{Expr, Param, ParamKind};
+use crate::gen::emit::{FileSet, KernelEntry, Manifest};
+use crate::gen::render::{RenderError, TOOL_VERSION};
+
+/// The folder of the output that holds the launcher.
+pub const C_DIR: &str = "c";
+
+/// Limits of the C tables (the check keeps its per-parameter state on the stack).
+const MAX_PARAMS: usize = 32;
+const MAX_FACTORS: usize = 4;
+const MAX_DIMS: usize = 8;
+/// Dynamic shared memory a launch may use without the per-device opt-in, which the launcher
+/// does not make.
+const MAX_DEFAULT_SHARED_MEM: u32 = 48 * 1024;
+
+const TEMPLATES: [(&str, &str); 2] = [
+    (
+        "mla_kernels.h.tera",
+        include_str!("../../templates/c/mla_kernels.h.tera"),
+    ),
+    (
+        "mla_kernels.c.tera",
+        include_str!("../../templates/c/mla_kernels.c.tera"),
+    ),
+];
+
+/// The name every exported C symbol, type and macro of the launcher starts with (`mla` by
+/// default: `mla_load`, `mla_status`, `MLA_OK`); two launchers with different prefixes link
+/// into one program. A C identifier of at most 32 characters, not starting with `_`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CPrefix(String);
+
+impl CPrefix {
+    pub fn new(name: &str) -> Result<CPrefix, String> {
+        let mut chars = name.chars();
+        let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
+        if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!(
+                "`{name}` is not a C identifier starting with a letter (letters, digits, _)"
+            ));
+        }
+        if name.len() > 32 {
+            return Err(format!("`{name}` is longer than 32 characters"));
+        }
+        Ok(CPrefix(name.to_string()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// The prefix of macros: `MLA`.
+    pub fn upper(&self) -> String {
+        self.0.to_ascii_uppercase()
+    }
+    /// `c/<prefix>_kernels.h`, `c/<prefix>_kernels.c`.
+    pub fn files(&self) -> [String; 2] {
+        [
+            format!("{C_DIR}/{}_kernels.h", self.0),
+            format!("{C_DIR}/{}_kernels.c", self.0),
+        ]
+    }
+}
+
+impl Default for CPrefix {
+    fn default() -> Self {
+        CPrefix("mla".into())
+    }
+}
+
+impl std::str::FromStr for CPrefix {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        CPrefix::new(s)
+    }
+}
+
+impl std::fmt::Display for CPrefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Serialize)]
+struct Version {
+    major: u32,
+    minor: u32,
+    patch: u32,
+}
+
+/// A field of a family's argument struct.
+#[derive(Serialize)]
+struct Field {
+    name: String,
+    pointer: bool,
+    pointer_int: u8,
+    /// Pointers: the declaration (`const void* prefix_output;`).
+    decl: String,
+    doc: String,
+    /// Its value in the `_ARGS_INIT` macro.
+    init: String,
+    zero_is_absent: u8,
+}
+
+#[derive(Serialize)]
+struct Family {
+    name: &'static str,
+    upper: String,
+    /// The header's comment on the struct.
+    doc: String,
+    fields: Vec<Field>,
+    /// The `_ARGS_INIT` initializer list.
+    init: String,
+}
+
+#[derive(Serialize)]
+struct Image {
+    symbol: String,
+    arch: String,
+    cc: u32,
+    arch_specific: u8,
+    cubin: u8,
+    len: usize,
+    bytes: String,
+}
+
+#[derive(Serialize)]
+struct Axis {
+    param: usize,
+    per_block: u32,
+    limit: u32,
+}
+
+#[derive(Serialize)]
+struct Kernel {
+    name: String,
+    family: &'static str,
+    /// The header's comment on the launcher.
+    doc: String,
+    n_fields: usize,
+    field_param: String,
+    field_constant: String,
+    /// Rows of the parameter table (C initializers).
+    params: Vec<String>,
+    /// Rows of the constant table.
+    constants: Vec<String>,
+    grid_x: Axis,
+    grid_y: Axis,
+    block_threads: u32,
+    shared_mem_bytes: u32,
+    first_image: usize,
+    images: Vec<Image>,
+    archs: String,
+}
+
+/// `c/<prefix>_kernels.h` and `c/<prefix>_kernels.c` for the kernels of `manifest`, the images
+/// taken from `files`.
+pub fn launcher(
+    manifest: &Manifest,
+    files: &FileSet,
+    prefix: &CPrefix,
+) -> Result<FileSet, RenderError> {
+    let err = |detail: String| RenderError::Template {
+        template: format!("{C_DIR}/{}_kernels", prefix.as_str()),
+        detail,
+    };
+    if manifest.kernels.is_empty() {
+        return Err(err("the manifest has no kernels".into()));
+    }
+    let families = families(manifest, prefix).map_err(err)?;
+    let mut kernels = Vec::new();
+    let mut n_images = 0;
+    for k in &manifest.kernels {
+        let family = families
+            .iter()
+            .find(|f| f.name == k.family)
+            .ok_or_else(|| err(format!("{}: no family {}", k.name, k.family)))?;
+        let kernel = kernel(k, family, files, n_images, prefix).map_err(err)?;
+        n_images += kernel.images.len();
+        kernels.push(kernel);
+    }
+    let mut numbers = TOOL_VERSION.split('.').map(|n| n.parse::<u32>());
+    let mut next = || -> Result<u32, RenderError> {
+        numbers
+            .next()
+            .and_then(Result::ok)
+            .ok_or_else(|| err(format!("version `{TOOL_VERSION}` is not MAJOR.MINOR.PATCH")))
+    };
+    let version = Version {
+        major: next()?,
+        minor: next()?,
+        patch: next()?,
+    };
+
+    let mut tera = tera::Tera::default();
+    tera.autoescape_on(vec![]);
+    tera.add_raw_templates(TEMPLATES.iter().copied())
+        .map_err(|e| err(e.to_string()))?;
+    let mut ctx = tera::Context::new();
+    ctx.insert("p", prefix.as_str());
+    ctx.insert("P", &prefix.upper());
+    ctx.insert("tool_version", TOOL_VERSION);
+    ctx.insert("version", &version);
+    ctx.insert("spec_source", &manifest.spec.source);
+    ctx.insert("families", &families);
+    ctx.insert("kernels", &kernels);
+    ctx.insert("n_images", &n_images.max(1));
+    ctx.insert("max_params", &MAX_PARAMS);
+    ctx.insert("max_factors", &MAX_FACTORS);
+    ctx.insert("max_dims", &MAX_DIMS);
+    let mut out = FileSet::new();
+    for (template, file) in ["mla_kernels.h.tera", "mla_kernels.c.tera"]
+        .into_iter()
+        .zip(prefix.files())
+    {
+        let text = tera.render(template, &ctx).map_err(|e| {
+            err(format!(
+                "{e}: {}",
+                std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            ))
+        })?;
+        out.insert(file, text.into_bytes());
+    }
+    Ok(out)
+}
+
+/// Every family of the manifest in order of first appearance, with its struct's fields: the
+/// union of its kernels' parameters (each new one placed after the name it follows in the first
+/// kernel that has it, so the fields keep signature order), then names that are only constants.
+fn families(manifest: &Manifest, prefix: &CPrefix) -> Result<Vec<Family>, String> {
+    let mut out: Vec<Family> = Vec::new();
+    let mut order: Vec<&'static str> = Vec::new();
+    for k in &manifest.kernels {
+        if !order.contains(&k.family) {
+            order.push(k.family);
+        }
+    }
+    for family in order {
+        let kernels: Vec<&KernelEntry> = manifest
+            .kernels
+            .iter()
+            .filter(|k| k.family == family)
+            .collect();
+        let mut names: Vec<&str> = Vec::new();
+        for k in &kernels {
+            let mut at = 0;
+            for p in &k.params {
+                match names.iter().position(|n| *n == p.name) {
+                    Some(i) => at = i + 1,
+                    None => {
+                        names.insert(at, &p.name);
+                        at += 1;
+                    }
+                }
+            }
+        }
+        for k in &kernels {
+            for c in k.constants.keys() {
+                if !names.contains(&c.as_str()) {
+                    names.push(c);
+                }
+            }
+        }
+        let mut fields = Vec::new();
+        for name in names {
+            let uses: Vec<&Param> = kernels
+                .iter()
+                .filter_map(|k| k.params.iter().find(|p| p.name == name))
+                .collect();
+            let is_constant = kernels.iter().any(|k| k.constants.contains_key(name));
+            fields.push(field(family, name, &uses, is_constant, prefix)?);
+        }
+        let init = fields
+            .iter()
+            .map(|f| {
+                if f.pointer {
+                    format!("{}, 0", f.init)
+                } else {
+                    f.init.clone()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let upper = family.to_ascii_uppercase();
+        let names: Vec<&str> = kernels.iter().map(|k| k.name.as_str()).collect();
+        let doc = format!(
+            "Arguments of the {family} kernels ({}): the union of their parameters, so one \
+             struct serves each of them. Start from {P}_{upper}_ARGS_INIT. Pointers are device \
+             addresses, each with the number of elements its buffer holds (<name>_numel); sizes \
+             and strides count elements. A kernel refuses a field it does not take: a pointer \
+             other than NULL, an integer other than 0 and {P}_DEFAULT.",
+            names.join(", "),
+            P = prefix.upper()
+        );
+        out.push(Family {
+            name: family,
+            upper,
+            doc: wrap(&doc, 96).join("\n * "),
+            fields,
+            init,
+        });
+    }
+    Ok(out)
+}
+
+/// One field of `family`'s struct: `uses` are the parameters of that name in the family's
+/// kernels; `is_constant`, whether some kernel has it as a constant.
+fn field(
+    family: &str,
+    name: &str,
+    uses: &[&Param],
+    is_constant: bool,
+    prefix: &CPrefix,
+) -> Result<Field, String> {
+    let default = format!("{}_DEFAULT", prefix.upper());
+    let Some(first) = uses.first() else {
+        // Only ever a constant (head_size): a caller may state it, and must state it right.
+        return Ok(Field {
+            name: name.to_string(),
+            pointer: false,
+            pointer_int: 0,
+            decl: String::new(),
+            doc: format!(
+                "a constant of the kernel: {default} (or 0) = not given, else it must be the kernel's"
+            ),
+            init: default,
+            zero_is_absent: 1,
+        });
+    };
+    if uses.iter().any(|p| p.kind != first.kind) || (is_constant && first.kind != ParamKind::I64) {
+        return Err(format!(
+            "{family}: `{name}` is a pointer in one kernel and an integer or a constant in another"
+        ));
+    }
+    let doc = comment(&first.doc);
+    if first.kind == ParamKind::Pointer {
+        // A typed pointer where every kernel agrees on a type C has; else void.
+        let base = match first.elem.as_deref() {
+            Some("f32") => "float",
+            Some("i32") => "int32_t",
+            Some("u8") => "unsigned char",
+            _ => "void",
+        };
+        let base = if uses.iter().all(|p| p.elem == first.elem) {
+            base
+        } else {
+            "void"
+        };
+        let konst = if uses.iter().any(|p| p.role.writes()) {
+            ""
+        } else {
+            "const "
+        };
+        return Ok(Field {
+            name: name.to_string(),
+            pointer: true,
+            pointer_int: 1,
+            decl: format!("{konst}{base}* {name};"),
+            doc,
+            init: "NULL".into(),
+            zero_is_absent: 0,
+        });
+    }
+    let defaults: Vec<&str> = uses
+        .iter()
+        .filter_map(|p| p.bounds.as_ref()?.default.as_deref())
+        .collect();
+    let mut doc = doc;
+    if let Some(d) = defaults.first() {
+        doc.push_str(&format!("; {default} = {d}"));
+    }
+    if is_constant {
+        doc.push_str("; fixed in some kernels (must then match)");
+    }
+    // 0 stands for "not given" only where no kernel of the family can take 0: every parameter
+    // of this name has a plain minimum above 0 (num_states >= 1).
+    let zero_is_absent = uses.iter().all(|p| {
+        p.bounds
+            .as_ref()
+            .and_then(|b| Expr::parse(&b.min).ok())
+            .is_some_and(|e| e.factors.is_empty() && e.mul + e.add > 0)
+    });
+    Ok(Field {
+        name: name.to_string(),
+        pointer: false,
+        pointer_int: 0,
+        decl: String::new(),
+        doc,
+        init: if defaults.is_empty() && !is_constant {
+            "0".into()
+        } else {
+            default
+        },
+        zero_is_absent: u8::from(zero_is_absent),
+    })
+}
+
+/// Text safe inside a C comment.
+fn comment(text: &str) -> String {
+    text.replace("*/", "* /").replace("/*", "/ *")
+}
+
+/// A C string literal.
+fn string(text: &str) -> String {
+    let mut s = String::from("\"");
+    for c in text.chars() {
+        match c {
+            '"' | '\\' => {
+                s.push('\\');
+                s.push(c);
+            }
+            c if c.is_ascii_graphic() || c == ' ' => s.push(c),
+            c => s.push_str(&format!("\\x{:02x}", c as u32 & 0xff)),
+        }
+    }
+    s.push('"');
+    s
+}
+
+/// An expression resolved as `host::check::Plan` resolves it: names to parameter indexes, each
+/// constant substituted by its own expression. Rendered as a C `<prefix>_expr` initializer.
+fn expr(k: &KernelEntry, text: &str) -> Result<String, String> {
+    let name = &k.name;
+    let index = |n: &str| k.params.iter().position(|p| p.name == n);
+    let e = Expr::parse(text).map_err(|e| format!("{name}: {e}"))?;
+    let (mut mul, add) = (e.mul, e.add);
+    let mut factors = Vec::new();
+    for f in &e.factors {
+        if let Some(i) = index(f) {
+            factors.push(i);
+            continue;
+        }
+        let c = k.constants.get(f).ok_or_else(|| {
+            format!("{name}: `{text}` names `{f}`, which is neither a parameter nor a constant")
+        })?;
+        let c = Expr::parse(c).map_err(|e| format!("{name}: {e}"))?;
+        if c.add != 0 {
+            return Err(format!("{name}: constant `{f}` cannot be a factor"));
+        }
+        mul = mul
+            .checked_mul(c.mul)
+            .ok_or(format!("{name}: `{text}` overflows"))?;
+        for g in &c.factors {
+            factors.push(index(g).ok_or_else(|| {
+                format!("{name}: constant `{f}` names `{g}`, which is not a parameter")
+            })?);
+        }
+    }
+    if factors.len() > MAX_FACTORS {
+        return Err(format!(
+            "{name}: `{text}` has more than {MAX_FACTORS} factors"
+        ));
+    }
+    for &i in &factors {
+        if k.params[i].kind != ParamKind::I64 {
+            return Err(format!("{name}: `{text}` names a pointer"));
+        }
+    }
+    let list: Vec<String> = factors.iter().map(usize::to_string).collect();
+    let list = if list.is_empty() {
+        "0".to_string()
+    } else {
+        list.join(", ")
+    };
+    Ok(format!(
+        "{{ {}, {mul}, {add}, {}, {{ {list} }} }}",
+        string(text),
+        factors.len()
+    ))
+}
+
+/// One row of a kernel's parameter table.
+fn param_row(k: &KernelEntry, p: &Param, slot: usize, prefix: &CPrefix) -> Result<String, String> {
+    let mut row = vec![
+        format!(".name = {}", string(&p.name)),
+        format!(".slot = {slot}"),
+    ];
+    if p.kind == ParamKind::Pointer {
+        row.push(".pointer = 1".into());
+        if p.role.writes() {
+            row.push(".writes = 1".into());
+        }
+        if p.nullable {
+            row.push(".nullable = 1".into());
+        }
+        row.push(format!(".elem_bytes = {}", p.elem_bytes.max(1)));
+        if let Some(t) = &p.tensor {
+            if t.dims.len() > MAX_DIMS {
+                return Err(format!(
+                    "{}: {} has more than {MAX_DIMS} dimensions",
+                    k.name, p.name
+                ));
+            }
+            row.push(".tensor = 1".into());
+            row.push(format!(".align_bytes = {}", t.align_bytes.max(1)));
+            row.push(format!(".stride_multiple = {}", t.stride_multiple.max(1)));
+            if t.distinct {
+                row.push(".distinct = 1".into());
+            }
+            row.push(format!(".n_dims = {}", t.dims.len()));
+            if !t.dims.is_empty() {
+                let dims = t
+                    .dims
+                    .iter()
+                    .map(|d| {
+                        Ok(format!(
+                            "\n          {{ {}, {}, {} }}",
+                            string(&d.label),
+                            expr(k, &d.size)?,
+                            expr(k, &d.stride)?
+                        ))
+                    })
+                    .collect::<Result<Vec<_>, String>>()?;
+                let head = join_wrapped(&row, 100, "\n      ");
+                return Ok(format!(
+                    "{{ {head},\n      .dims = (const {p}_dim[]){{{} }} }}",
+                    dims.join(","),
+                    p = prefix.as_str()
+                ));
+            }
+        } else {
+            row.push(".align_bytes = 1".into());
+            row.push(".stride_multiple = 1".into());
+        }
+    } else if let Some(b) = &p.bounds {
+        let bound = |field: &str, e: &str| -> Result<String, String> {
+            Ok(format!(
+                ".{field} = &(const {}_expr){}",
+                prefix.as_str(),
+                expr(k, e)?
+            ))
+        };
+        row.push(bound("min", &b.min)?);
+        if let Some(m) = &b.max {
+            row.push(bound("max", m)?);
+        }
+        if let Some(d) = &b.default {
+            row.push(bound("dflt", d)?);
+        }
+    }
+    Ok(format!("{{ {} }}", join_wrapped(&row, 100, "\n      ")))
+}
+
+fn kernel(
+    k: &KernelEntry,
+    family: &Family,
+    files: &FileSet,
+    first_image: usize,
+    prefix: &CPrefix,
+) -> Result<Kernel, String> {
+    let name = &k.name;
+    if k.params.len() > MAX_PARAMS {
+        return Err(format!(
+            "{name}: {} parameters, the C launcher takes at most {MAX_PARAMS}",
+            k.params.len()
+        ));
+    }
+    if k.launch.shared_mem_bytes > MAX_DEFAULT_SHARED_MEM {
+        return Err(format!(
+            "{name}: {} bytes of dynamic shared memory need an opt-in the C launcher does not make",
+            k.launch.shared_mem_bytes
+        ));
+    }
+    let slot = |n: &str| family.fields.iter().position(|f| f.name == n);
+    let mut params = Vec::new();
+    for p in &k.params {
+        let s = slot(&p.name).ok_or_else(|| format!("{name}: {} has no field", p.name))?;
+        params.push(param_row(k, p, s, prefix)?);
+    }
+    let constant_names: Vec<&String> = k.constants.keys().collect();
+    let mut constants = Vec::new();
+    for (c, text) in &k.constants {
+        constants.push(format!("{{ {}, {} }}", string(c), expr(k, text)?));
+    }
+    let per_field = |f: &dyn Fn(&str) -> Option<usize>| {
+        family
+            .fields
+            .iter()
+            .map(|x| f(&x.name).map_or("-1".to_string(), |i| i.to_string()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let field_param = per_field(&|n| k.params.iter().position(|p| p.name == n));
+    let field_constant = per_field(&|n| constant_names.iter().position(|c| *c == n));
+    let axis = |a: &crate::contract::GridAxis| -> Result<Axis, String> {
+        Ok(Axis {
+            param: k
+                .params
+                .iter()
+                .position(|p| p.name == a.dim && p.kind == ParamKind::I64)
+                .ok_or_else(|| {
+                    format!(
+                        "{name}: the grid counts `{}`, which is not an integer parameter",
+                        a.dim
+                    )
+                })?,
+            per_block: a.per_block.max(1),
+            limit: a.limit,
+        })
+    };
+
+    let mut images = Vec::new();
+    for a in &k.archs {
+        let arch = crate::gen::spec::Arch::parse(&a.arch)?;
+        let mut push = |kind: &str, file: &str, cubin: bool| -> Result<(), String> {
+            let mut bytes = files
+                .get(file)
+                .cloned()
+                .ok_or_else(|| format!("{name}: {file} is not among the files"))?;
+            if !cubin {
+                bytes.push(0); // PTX is loaded as a C string
+            }
+            images.push(Image {
+                symbol: format!("{name}_{}_{kind}", a.arch),
+                arch: a.arch.clone(),
+                cc: arch.major_minor,
+                arch_specific: u8::from(arch.arch_specific),
+                cubin: u8::from(cubin),
+                len: bytes.len(),
+                bytes: c_bytes(&bytes),
+            });
+            Ok(())
+        };
+        if let Some(c) = a.cubin.as_ref().filter(|_| arch.real) {
+            push("cubin", &c.file, true)?;
+        }
+        // The artifact rule never runs an arch-specific PTX: it is not embedded.
+        if !arch.arch_specific {
+            push("ptx", &a.ptx.file, false)?;
+        }
+    }
+    let archs = k
+        .archs
+        .iter()
+        .map(|a| a.arch.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok(Kernel {
+        name: name.clone(),
+        family: family.name,
+        doc: kernel_doc(k, &archs, prefix),
+        n_fields: family.fields.len(),
+        field_param,
+        field_constant,
+        params,
+        constants,
+        grid_x: axis(&k.launch.grid_x)?,
+        grid_y: axis(&k.launch.grid_y)?,
+        block_threads: k.launch.block_threads,
+        shared_mem_bytes: k.launch.shared_mem_bytes,
+        first_image,
+        images,
+        archs,
+    })
+}
+
+/// The header's comment on a launcher: what it takes and what it is built for, wrapped.
+fn kernel_doc(k: &KernelEntry, archs: &str, prefix: &CPrefix) -> String {
+    let takes: Vec<String> = k
+        .params
+        .iter()
+        .map(|p| {
+            let default = p.bounds.as_ref().and_then(|b| b.default.as_deref());
+            match (p.nullable, default) {
+                (true, _) => format!("{} (or NULL)", p.name),
+                (_, Some(d)) => format!("{} ({}_DEFAULT: {d})", p.name, prefix.upper()),
+                _ => p.name.clone(),
+            }
+        })
+        .collect();
+    let mut text = format!("{} ({archs}) takes {}.", k.name, takes.join(", "));
+    if !k.constants.is_empty() {
+        let fixed: Vec<String> = k
+            .constants
+            .iter()
+            .map(|(n, v)| format!("{n} = {v}"))
+            .collect();
+        text.push_str(&format!(" Built for {}.", fixed.join(", ")));
+    }
+    let g = &k.launch;
+    text.push_str(&format!(
+        " Grid ceil({} / {}) x ceil({} / {}), {} threads per block.",
+        g.grid_x.dim, g.grid_x.per_block, g.grid_y.dim, g.grid_y.per_block, g.block_threads
+    ));
+    wrap(&comment(&text), 96).join("\n * ")
+}
+
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    lines.push(line);
+    lines
+}
+
+/// `items` joined with ", ", a line break (`newline`) before an item that would pass `width`.
+fn join_wrapped(items: &[String], width: usize, newline: &str) -> String {
+    let mut out = String::new();
+    let mut line = 0;
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+            if line + 2 + item.len() > width {
+                out.push_str(newline);
+                line = 0;
+            } else {
+                out.push(' ');
+                line += 2;
+            }
+        }
+        out.push_str(item);
+        line += item.len();
+    }
+    out
+}
+
+fn c_bytes(bytes: &[u8]) -> String {
+    bytes
+        .chunks(20)
+        .map(|line| {
+            let cells: Vec<String> = line.iter().map(|b| format!("0x{b:02x}")).collect();
+            format!("    {},", cells.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_are_c_identifiers() {
+        for ok in ["mla", "engine2", "My_lib", "a"] {
+            assert!(CPrefix::new(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "_mla", "2x", "a-b", "a b", "ä", &"x".repeat(33)] {
+            assert!(CPrefix::new(bad).is_err(), "{bad}");
+        }
+        assert_eq!(CPrefix::default().files()[0], "c/mla_kernels.h");
+        assert_eq!(CPrefix::new("eng").unwrap().upper(), "ENG");
+    }
+
+    #[test]
+    fn strings_and_comments_are_escaped() {
+        assert_eq!(string("a\"b\\c"), "\"a\\\"b\\\\c\"");
+        assert_eq!(comment("x */ y"), "x * / y");
+        assert_eq!(wrap("aa bb cc", 5), vec!["aa bb", "cc"]);
+    }
+}
