@@ -40,6 +40,7 @@ for l in sys.stdin:
     .device/bin/mla-gen generate examples/c/spec.toml --out .device/c-example --emit c --quiet
     .device/bin/mla-gen generate examples/c/families.toml --out .device/c-families --emit c --quiet
     .device/bin/mla-gen generate tests/gpu-extra.toml --out .device/gpu-extra --quiet
+    .device/bin/mla-gen generate tests/gpu-ctxmask.toml --out .device/ctxmask --quiet
     .device/bin/mla-gen generate specs/tune.toml --out .device/tune-candidates --quiet
     .device/bin/mla-gen generate specs/kway-candidates-2.toml --out .device/kway-candidates-2 --quiet
     # The same kernels from the base templates (before the current change), for `compare`.
@@ -67,14 +68,22 @@ run)
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /'
         echo "nvrtc (generated/manifest.json): $(python3 -c 'import json;m=json.load(open("generated/manifest.json"));print(m["nvrtc"]["release"], "PTX ISA", m["nvrtc"]["ptx_isa"])')"
     } | tee -a "$REPORT"
+    # RUN_PARTS picks sections (default all), to fit a call's time limit: rust python examples sanitizers
+    parts=" ${RUN_PARTS:-rust python examples sanitizers} "
+    part() { [[ "$parts" == *" $1 "* ]]; }
+    if part rust; then
     echo "== Rust GPU suite" | tee -a "$REPORT"
     .device/bin/test-gpu --test-threads=1 2>&1 | tee "$OUT/rust-suite.log" | tail -n 30 || status=1
+    fi
+    if part python; then
     echo "== Python drop-in (pytest)" | tee -a "$REPORT"
     (PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider python/tests 2>&1 | tee "$OUT/pytest.log" | tail -n 15) || status=1
     tail -n 1 "$OUT/pytest.log" | sed 's/^/pytest: /' >> "$REPORT"
     (MLA_GEN_KERNELS=.device/gpu-extra PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider \
         python/tests/test_fp8.py python/tests/test_families.py 2>&1 | tee "$OUT/pytest-extra.log" | tail -n 3) || status=1
     tail -n 1 "$OUT/pytest-extra.log" | sed 's/^/pytest (FP8, K-way and in-place kernels): /' >> "$REPORT"
+    fi
+    if part examples; then
     echo "== example engine (build.rs bindings) and C example (C launcher)" | tee -a "$REPORT"
     (.device/bin/example-engine 2>&1 | tail -n 1 | sed 's/^/example engine: /' | tee -a "$REPORT") || status=1
     # A C example: build it against its generated launcher, run it, report its last line.
@@ -89,6 +98,8 @@ run)
     c_example examples/c/merge.c .device/c-example c-example "C example"
     c_example examples/c/families.c .device/c-families c-families "C example, other families"
     c_example examples/c/devices.c .device/c-example c-devices "C example, every GPU from threads"
+    fi
+    if part sanitizers; then
     echo "== compute-sanitizer on the quick subset" | tee -a "$REPORT"
     for tool in memcheck initcheck racecheck; do
         if MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_REPORT=/dev/null compute-sanitizer --tool "$tool" --error-exitcode 99 \
@@ -104,6 +115,7 @@ run)
         echo "compute-sanitizer memcheck, boundary shapes: clean ($(grep -Eo 'ERROR SUMMARY: [0-9]* errors' "$OUT/sanitizer-boundary.log" | tail -1))" | tee -a "$REPORT"
     else
         echo "compute-sanitizer memcheck, boundary shapes: FAILED (see sanitizer-boundary.log)" | tee -a "$REPORT"; status=1
+    fi
     fi
     echo "== report"; cat "$REPORT"
     exit $status
