@@ -184,7 +184,8 @@ def test_bad_calls_raise_clear_errors():
         mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, None, torch.tensor(3))
     with pytest.raises(mla_gen.ArgumentError, match="prefill_tokens_with_context = 9 exceeds its maximum num_tokens = 8"):
         mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, None, 9)
-    with pytest.raises(mla_gen.ArgumentError, match="prefix_output is f16, the kernel takes bf16"):
+    # Mixed input dtypes: the kernel is chosen by one input's dtype and the other is refused.
+    with pytest.raises(mla_gen.ArgumentError, match="_output is (f16|bf16), the kernel takes (bf16|f16)"):
         mla_gen.merge_attn_states(out.half(), prefix.half(), plse, suffix, slse)
     with pytest.raises(ValueError, match=r"\[H=2, T=8\]"):
         mla_gen.merge_attn_states(out, prefix, plse.t().contiguous(), suffix, slse)

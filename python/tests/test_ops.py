@@ -84,7 +84,9 @@ def test_opcheck_merge_attn_states_fp8_group():
     kern = next(k for k in manifest.load()["kernels"] if k["variant"].get("fp8_group")
                 and k["variant"]["dtype"] == "bf16" and k["variant"]["head_size"] == 128)
     G = kern["variant"]["fp8_group"]["group_size"]
-    out = torch.empty(64, 4, 128, device="cuda", dtype=torch.float8_e4m3fn)
+    # The codes as bytes (accepted for fp8_e4m3): opcheck's schema test multiplies the outputs,
+    # which torch does not implement for float8_e4m3fn on CUDA (seen on the H200, torch 2.11).
+    out = torch.empty(64, 4, 128, device="cuda", dtype=torch.uint8)
     scales = torch.empty(64, 4 * 128 // G, device="cuda")
     torch.library.opcheck(torch.ops.mla_gen.merge_attn_states_fp8_group.default,
                           (out, scales, None, p, pl, s, sl, None, kern["variant"]["fp8_group"]["ue8m0"]))
@@ -266,7 +268,9 @@ def test_two_devices_whatever_the_current_one():
 def test_load_is_once_per_kernel_image():
     p, pl, s, sl = inputs(T=16)
     out = torch.empty_like(p)
-    mla_gen.merge_attn_states(out, p, pl, s, sl)
+    # With a threshold from the first call: a call without one may pick a kernel built without
+    # it where the folder has one (tests/gpu-extra.toml does), which is a second kernel.
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 16)
     loads = mla_gen.stats()["module_loads"]
     for n in range(16):
         mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)

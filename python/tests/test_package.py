@@ -39,15 +39,19 @@ def test_supports_answers_from_the_manifest_without_the_driver():
     assert not mla_gen.supports(torch.bfloat16, 100)
     assert not mla_gen.supports(torch.bfloat16, 128, output="fp8_e4m3")
     assert not mla_gen.supports(torch.bfloat16, 128, family="merge_states", num_states=4)
-    assert _cuda._lib is None, "nothing may open libcuda before a launch"
+    # (Whether libcuda is open here depends on the tests before this one; a fresh process checks
+    # that supports() opens nothing: test_import_opens_no_driver.)
 
 
 def test_import_opens_no_driver():
-    code = ("import mla_gen, torch\n"
-            "assert mla_gen.supports(torch.float16, 128)\n"
+    # mla_gen alone maps no libcuda; torch may map it on its own import on a GPU machine (seen
+    # on the H200), so after torch only mla_gen's own handle is checked.
+    code = ("import mla_gen\n"
             "maps = open('/proc/self/maps').read() if __import__('os').path.exists('/proc/self/maps') else ''\n"
             "assert 'libcuda.so' not in maps, 'libcuda loaded by import'\n"
-            "assert mla_gen._cuda._lib is None\n")
+            "import torch\n"
+            "assert mla_gen.supports(torch.float16, 128)\n"
+            "assert mla_gen._cuda._lib is None, 'supports() opened libcuda'\n")
     env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(mla_gen.__file__).parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
