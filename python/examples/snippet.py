@@ -1,5 +1,5 @@
 import torch
-from mla_gen import merge_attn_states, stats  # python/ on PYTHONPATH
+from mla_gen import merge_attn_states, stats  # pip install ./python
 
 T, H, D = 1024, 16, 128
 prefix, suffix = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
