@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# The Python package on a GPU machine (no network, no Rust needed), in one go, under ~4 minutes:
+# The Python package on a GPU machine (no network, no Rust needed), in one go, under ~5 minutes:
 #   1. build the wheel from the tree (python/_build, standard library only) and install it with
 #      pip --no-deps --no-build-isolation --target into a temp folder (torch comes from the machine);
 #   2. pytest python/tests against the installed package (GPU tests: drop-in vs float64
 #      reference, ops: opcheck / torch.compile / CUDA graphs, foreign context and two GPUs;
 #      CPU tests too); with .device/gpu-extra (scripts/gpu-check.sh build), also the FP8,
 #      K-way and in-place tests and the ops' opcheck against those kernels;
-#   3. python/bench/host_cost.py (host cost per call: function, op, Triton launcher, zero_).
+#   3. with .device/ctxmask (tests/gpu-ctxmask.toml, generated before the run: nothing is generated
+#      here), python/tests/test_ctxmask.py (each fused `_ctxmask` merge bit for bit against
+#      mask_empty_context_lse + the plain merge) and python/bench/bench_ctxmask.py (fused vs the pair,
+#      cold L2 and hot in a CUDA graph); without it, a line saying they were skipped;
+#   4. python/bench/host_cost.py (host cost per call: function, op, Triton launcher, zero_).
 # Logs and host_cost.json go to $OUT (default .device/py-out); the last lines sum up.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-.device/py-out}"; mkdir -p "$OUT"
+rm -f "$OUT/pytest-ctxmask.log" "$OUT/bench_ctxmask.txt" "$OUT/ctxmask-skipped.txt"  # no stale summary lines
 PY="${PYTHON:-python3}"
 site="$(mktemp -d)"
 trap 'rm -rf "$site"' EXIT
@@ -31,10 +36,30 @@ if [ -d .device/gpu-extra ]; then
         | tee "$OUT/pytest-extra.log" | tail -n 5
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
+if [ -d .device/ctxmask ]; then
+    echo "== pytest with MLA_GEN_KERNELS=.device/ctxmask (fused empty-context mask vs mask + merge, bit for bit)"
+    (cd "$site" && MLA_GEN_KERNELS="$OLDPWD/.device/ctxmask" timeout 600 "$PY" -m pytest -q -p no:cacheprovider \
+        "$OLDPWD/python/tests/test_ctxmask.py" 2>&1) | tee "$OUT/pytest-ctxmask.log" | tail -n 6
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    echo "== fused mask vs mask + merge (python/bench/bench_ctxmask.py)"
+    MLA_GEN_KERNELS="$PWD/.device/ctxmask" OUT="$OUT" timeout 300 "$PY" python/bench/bench_ctxmask.py 2>&1 \
+        | tee "$OUT/bench_ctxmask.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+else
+    echo "== .device/ctxmask missing: test_ctxmask.py and bench_ctxmask.py skipped" \
+         "(mla-gen generate tests/gpu-ctxmask.toml --out .device/ctxmask, before the run)" | tee "$OUT/ctxmask-skipped.txt"
+fi
 echo "== host cost (python/bench/host_cost.py)"
 OUT="$OUT" "$PY" python/bench/host_cost.py 2>&1 | tee "$OUT/host_cost.txt" || status=1
 echo "== summary"
 echo "pytest: $(tail -n 1 "$OUT/pytest.log")"
 [ -f "$OUT/pytest-extra.log" ] && echo "pytest (gpu-extra kernels): $(tail -n 1 "$OUT/pytest-extra.log")"
+if [ -f "$OUT/pytest-ctxmask.log" ]; then
+    echo "pytest (ctxmask kernels): $(tail -n 1 "$OUT/pytest-ctxmask.log")"
+    grep -E "^ctxmask: " "$OUT/pytest-ctxmask.log" || echo "ctxmask: no summary line (see pytest-ctxmask.log)"
+    grep -E "^target " "$OUT/bench_ctxmask.txt" || echo "bench_ctxmask: no target line (see bench_ctxmask.txt)"
+else
+    cat "$OUT/ctxmask-skipped.txt" 2>/dev/null || true
+fi
 grep -E "function|op\)" "$OUT/host_cost.txt" || true
 exit $status

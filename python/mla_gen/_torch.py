@@ -315,27 +315,50 @@ def _set_last_pair(key, prep):
     _last_pair = (key, prep)
 
 
+_CTX_MASK = " with the empty-context mask (mask_empty_context = true)"
+
+
 def _select_pair(kf, tmap, options, free):
     (lse_layout,) = options
     prefix = tmap["prefix_output"]
     D = _dims(prefix, "prefix_output", 3)[2]
     fp8 = tmap["output_scale"] is not None
+    ctx = tmap.get("query_start_loc") is not None
     want = dict(output="fp8_e4m3" if fp8 else "same", output_lse=tmap["output_lse"] is not None,
-                threshold="prefill_tokens_with_context" in free, lse_layout=lse_layout)
+                threshold="prefill_tokens_with_context" in free, lse_layout=lse_layout, mask_empty_context=ctx)
     hit = _m.select(kf, "merge_attn_states", prefix.dtype, D, **want)
     if hit is None:
         raise _no_kernel(kf, "merge_attn_states", f"dtype={prefix.dtype}, head_size={D}, "
-                         f"output={want['output']}, lse_layout={lse_layout}")
+                         f"output={want['output']}, lse_layout={lse_layout}" + (_CTX_MASK if ctx else ""))
     return hit[0]
 
 
 _PAIR = _Kind("merge_attn_states", ("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output",
                                     "suffix_lse", "output_scale"), ("prefill_tokens_with_context",), _select_pair)
+# The same call with the empty-context mask fused (a `_ctxmask` kernel): two more tensors, whose
+# [B + 1] dims give num_requests through the contract like every other size.
+_PAIR_CTX = _Kind("merge_attn_states", _PAIR.names + ("query_start_loc", "context_start_loc"), _PAIR.free,
+                  _select_pair)
+_last_ctx = (None, None)
+
+
+def _set_last_ctx(key, prep):
+    global _last_ctx
+    _last_ctx = (key, prep)
+
+
+def _both_or_neither(query_start_loc, context_start_loc):
+    if query_start_loc is None or context_start_loc is None:
+        given, missing = (("query_start_loc", "context_start_loc") if context_start_loc is None
+                          else ("context_start_loc", "query_start_loc"))
+        raise ValueError(f"{given} given without {missing}: the empty-context mask needs both start locations "
+                         "(int32 [B + 1] each), or neither")
 
 
 def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
                       prefill_tokens_with_context=None, output_scale=None, *, output_group_scales=None,
-                      ue8m0: bool = False, lse_layout: str = "head_major") -> None:
+                      ue8m0: bool = False, lse_layout: str = "head_major", query_start_loc=None,
+                      context_start_loc=None) -> None:
     """vLLM's ``merge_attn_states``: output [T, H, D] (written), prefix/suffix outputs [T, H, D]
     (each with its own token and head strides, the head dim contiguous), lse float32 [H, T]
     (``lse_layout="token_major"``: [T, H], where the kernel folder has such kernels); tokens
@@ -347,14 +370,21 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
     (float32 [T, H * D / G], any strides) the output is e4m3 with one scale per group of G
     elements, computed by the kernel and written there (see merge_attn_states_fp8_group).
 
+    With ``query_start_loc`` and ``context_start_loc`` (int32 [B + 1] each, on the device; both
+    or neither) the empty-context mask is fused into the merge (a kernel generated with
+    ``mask_empty_context = true``): the tokens t < n of a request b (tokens
+    ``query_start_loc[b]:query_start_loc[b+1]``) whose context is empty
+    (``context_start_loc[b+1] == context_start_loc[b]``) read ``prefix_lse`` as -inf, bit for bit
+    what ``mask_empty_context_lse`` on a copy of prefix_lse followed by the plain merge gives;
+    ``prefix_lse`` itself is not written, and the start locations are not read on the host.
+    B = ``query_start_loc.numel() - 1``.
+
     Raises TypeError/ValueError for what the kernel cannot take; ArgumentError (a ValueError)
     carries the argument check's text ``"<kernel>: <problem>"``."""
-    if output_group_scales is not None:
-        if output_scale is not None:
-            raise ValueError("give output_scale (one per-tensor scale) or output_group_scales, not both")
-        return merge_attn_states_fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output,
-                                           suffix_lse, output_lse, prefill_tokens_with_context, ue8m0=ue8m0,
-                                           lse_layout=lse_layout)
+    if output_group_scales is not None or query_start_loc is not None or context_start_loc is not None:
+        return _merge_attn_states_other(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+                                        prefill_tokens_with_context, output_scale, output_group_scales, ue8m0,
+                                        lse_layout, query_start_loc, context_start_loc)
     # The plain function's fast path: _call's work written out for these seven tensors.
     o, ol, p, pl, s, sl, sc = output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale
     tensors = (o, ol, p, pl, s, sl, sc)
@@ -378,6 +408,47 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
                sl.data_ptr(), 0 if sc is None else sc.data_ptr()), free, _PAIR, (lse_layout,), tensors)
 
 
+def _merge_attn_states_other(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+                             prefill_tokens_with_context, output_scale, output_group_scales, ue8m0, lse_layout,
+                             query_start_loc, context_start_loc):
+    """merge_attn_states with per-token-group FP8 scales or the empty-context mask (off the plain
+    call's path)."""
+    if query_start_loc is not None or context_start_loc is not None:
+        _both_or_neither(query_start_loc, context_start_loc)
+    if output_group_scales is not None:
+        if output_scale is not None:
+            raise ValueError("give output_scale (one per-tensor scale) or output_group_scales, not both")
+        return merge_attn_states_fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output,
+                                           suffix_lse, output_lse, prefill_tokens_with_context, ue8m0=ue8m0,
+                                           lse_layout=lse_layout, query_start_loc=query_start_loc,
+                                           context_start_loc=context_start_loc)
+    # The fused mask's own fast path: the plain one's, with the start locations in the key (their
+    # [B + 1] shape gives num_requests: a plan per (T, B), reused while they stay).
+    o, ol, p, pl, s, sl, sc = output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale
+    q, c = query_start_loc, context_start_loc
+    tensors = (o, ol, p, pl, s, sl, sc, q, c)
+    free = (prefill_tokens_with_context,)
+    try:
+        key = (_PAIR_CTX, lse_layout, _env(), o.shape, o.stride(), o.dtype, o.get_device(),
+               None if ol is None else (ol.shape, ol.stride(), ol.dtype, ol.get_device()),
+               p.shape, p.stride(), p.dtype, p.get_device(), pl.shape, pl.stride(), pl.dtype, pl.get_device(),
+               s.shape, s.stride(), s.dtype, s.get_device(), sl.shape, sl.stride(), sl.dtype, sl.get_device(),
+               None if sc is None else (sc.shape, sc.stride(), sc.dtype, sc.get_device()),
+               q.shape, q.stride(), q.dtype, q.get_device(), c.shape, c.stride(), c.dtype, c.get_device(),
+               prefill_tokens_with_context is None)
+        last = _last_ctx
+        prep = last[1] if key == last[0] else _plans.get(key)
+    except (AttributeError, TypeError):
+        key = prep = None
+    if prep is None:
+        return _first(_PAIR_CTX, (lse_layout,), tensors, free, key)
+    if prep is not last[1]:
+        _set_last_ctx(key, prep)
+    _go(prep, (o.data_ptr(), 0 if ol is None else ol.data_ptr(), p.data_ptr(), pl.data_ptr(), s.data_ptr(),
+               sl.data_ptr(), 0 if sc is None else sc.data_ptr(), q.data_ptr(), c.data_ptr()), free, _PAIR_CTX,
+        (lse_layout,), tensors)
+
+
 def _select_group(kf, tmap, options, free):
     ue8m0, lse_layout = options
     prefix = tmap["prefix_output"]
@@ -389,28 +460,40 @@ def _select_group(kf, tmap, options, free):
         raise ValueError(f"output_group_scales must be [T, H * D / G] for a group size G, got {tuple(scales.shape)} "
                          f"for H * D = {H * D}")
     G = H * D // groups
+    ctx = tmap.get("query_start_loc") is not None
     want = dict(output="fp8_e4m3_group", group_size=G, ue8m0=bool(ue8m0), output_lse=tmap["output_lse"] is not None,
-                threshold="prefill_tokens_with_context" in free, lse_layout=lse_layout)
+                threshold="prefill_tokens_with_context" in free, lse_layout=lse_layout, mask_empty_context=ctx)
     hit = _m.select(kf, "merge_attn_states", prefix.dtype, D, **want)
     if hit is None:
         raise _no_kernel(kf, "merge_attn_states", f"dtype={prefix.dtype}, head_size={D}, output = fp8_e4m3_group, "
-                         f"group_size = {G}, ue8m0 = {bool(ue8m0)}, lse_layout={lse_layout}")
+                         f"group_size = {G}, ue8m0 = {bool(ue8m0)}, lse_layout={lse_layout}"
+                         + (_CTX_MASK if ctx else ""))
     return hit[0]
 
 
 _GROUP = _Kind("merge_attn_states", ("output", "output_scales", "output_lse", "prefix_output", "prefix_lse",
                                      "suffix_output", "suffix_lse"), ("prefill_tokens_with_context",), _select_group)
+_GROUP_CTX = _Kind("merge_attn_states", _GROUP.names + ("query_start_loc", "context_start_loc"), _GROUP.free,
+                   _select_group)
 
 
 def merge_attn_states_fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output, suffix_lse,
                                 output_lse=None, prefill_tokens_with_context=None, *, ue8m0: bool = False,
-                                lse_layout: str = "head_major") -> None:
+                                lse_layout: str = "head_major", query_start_loc=None,
+                                context_start_loc=None) -> None:
     """merge_attn_states with an e4m3 output quantized per token-group: output
     ``torch.float8_e4m3fn`` [T, H, D]; ``output_group_scales`` float32 [T, H * D / G] (any
     strides: row-major, column-major, padded) receives each group's scale, max(absmax, 1e-10) /
-    448 (rounded up to a power of two with ``ue8m0``); G = H * D / its second dimension."""
-    _call(_GROUP, (bool(ue8m0), lse_layout), (output, output_group_scales, output_lse, prefix_output, prefix_lse,
-                                               suffix_output, suffix_lse), (prefill_tokens_with_context,))
+    448 (rounded up to a power of two with ``ue8m0``); G = H * D / its second dimension.
+    ``query_start_loc``, ``context_start_loc``: the fused empty-context mask, as in
+    merge_attn_states."""
+    tensors = (output, output_group_scales, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)
+    if query_start_loc is None and context_start_loc is None:
+        _call(_GROUP, (bool(ue8m0), lse_layout), tensors, (prefill_tokens_with_context,))
+    else:
+        _both_or_neither(query_start_loc, context_start_loc)
+        _call(_GROUP_CTX, (bool(ue8m0), lse_layout), tensors + (query_start_loc, context_start_loc),
+              (prefill_tokens_with_context,))
 
 
 # ---- merge_states (K-way), merge_state_in_place, mask_empty_context_lse ----

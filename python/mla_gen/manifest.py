@@ -160,7 +160,8 @@ def select(kf: KernelFolder, family: str, dtype, head_size: int | None, **want):
     Options (all families take what applies): ``lse_layout``; merge_attn_states: ``output``
     ("same", "fp8_e4m3" or "fp8_e4m3_group" with ``group_size`` and ``ue8m0``), ``output_lse``
     (an output lse is given), ``threshold`` (prefill_tokens_with_context below num_tokens may be
-    given); merge_states: ``num_states``; merge_state_in_place: ``mask``.
+    given), ``mask_empty_context`` (the start locations are given: a ``_ctxmask`` kernel);
+    merge_states: ``num_states``; merge_state_in_place: ``mask``.
 
     Among kernels that serve the call the one with exactly the options asked wins; a kernel that
     lacks an option asked for (an output lse, the threshold) is returned only when nothing serves,
@@ -192,6 +193,9 @@ def _rank(fam, fields, v, dtype, head_size, want):
     if v.get("dtype") != dtype or v.get("head_size") != head_size:
         return None
     if fam == "merge_attn_states":
+        # A kernel with the fused mask takes the start locations (required), one without takes none.
+        if bool(v.get("mask_empty_context", False)) != bool(want.get("mask_empty_context", False)):
+            return None
         output = want.get("output", "same")
         if output == "fp8_e4m3_group":
             if v.get("output") != "fp8_e4m3_group" or v.get("fp8_group") != {
@@ -228,26 +232,29 @@ def _rank(fam, fields, v, dtype, head_size, want):
 
 def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output_lse: bool = False,
              threshold: bool = False, output: str = "same", group_size: int | None = None, ue8m0: bool = False,
-             lse_layout: str | None = None, num_states: int | None = None, mask: bool = False) -> bool:
+             lse_layout: str | None = None, num_states: int | None = None, mask: bool = False,
+             mask_empty_context: bool = False) -> bool:
     """Whether the current kernel folder has a kernel for this call, from the manifest alone (no
     driver, no GPU, nothing loaded). ``dtype``: the inputs' dtype (torch dtype or name);
     ``output_lse``: an output lse will be given; ``threshold``: prefill_tokens_with_context
     below num_tokens will be given; ``output``: "same", "fp8_e4m3" (per-tensor scale) or
-    "fp8_e4m3_group" (with group_size, ue8m0). Layout defaults: head-major lse for
+    "fp8_e4m3_group" (with group_size, ue8m0); ``mask_empty_context``: query_start_loc and
+    context_start_loc will be given (the empty-context mask fused into the merge). Layout defaults: head-major lse for
     merge_attn_states and mask_empty_context_lse, token-major for merge_state_in_place.
     A True answer means a kernel exists; the argument check still judges strides, alignment and
     overlap at the call."""
     want = _want(family, output_lse=output_lse, threshold=threshold, output=output, group_size=group_size,
-                 ue8m0=ue8m0, lse_layout=lse_layout, num_states=num_states, mask=mask)
+                 ue8m0=ue8m0, lse_layout=lse_layout, num_states=num_states, mask=mask,
+                 mask_empty_context=mask_empty_context)
     hit = select(folder(), family, None if family == "mask_empty_context_lse" else dtype, head_size, **want)
     return hit is not None and hit[1]
 
 
 def _want(family, *, output_lse=False, threshold=False, output="same", group_size=None, ue8m0=False,
-          lse_layout=None, num_states=None, mask=False) -> dict:
+          lse_layout=None, num_states=None, mask=False, mask_empty_context=False) -> dict:
     if family == "merge_attn_states":
         want = {"output": output, "output_lse": output_lse, "threshold": threshold,
-                "lse_layout": lse_layout or "head_major"}
+                "lse_layout": lse_layout or "head_major", "mask_empty_context": bool(mask_empty_context)}
         if output == "fp8_e4m3_group":
             want.update(group_size=group_size, ue8m0=bool(ue8m0))
         return want

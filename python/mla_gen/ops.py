@@ -4,7 +4,8 @@ dispatches through torch.ops. Registered once, at import, with
 costs 12-19 us a call); each op has a fake (meta) implementation, so torch.compile traces it
 and meta tensors run it. The plain functions in ``mla_gen`` stay the fast path (no dispatcher).
 
-- ``merge_attn_states``: vLLM's schema, ``torch.ops._C.merge_attn_states``'s arguments.
+- ``merge_attn_states``: vLLM's schema, ``torch.ops._C.merge_attn_states``'s arguments, then
+  ``query_start_loc``, ``context_start_loc`` (both or neither: the fused empty-context mask).
 - ``merge_attn_states_fp8_group``: per-token-group FP8 output, its scales written.
 - ``merge_states``: K-way merge, returns ``(output, output_lse)``.
 - ``merge_state_in_place``: mutates ``v`` and ``s``.
@@ -23,11 +24,12 @@ SCHEMAS = {
     "merge_attn_states": (
         "merge_attn_states(Tensor! output, Tensor!? output_lse, Tensor prefix_output, Tensor prefix_lse, "
         "Tensor suffix_output, Tensor suffix_lse, SymInt? prefill_tokens_with_context=None, "
-        "Tensor? output_scale=None) -> ()"),
+        "Tensor? output_scale=None, Tensor? query_start_loc=None, Tensor? context_start_loc=None) -> ()"),
     "merge_attn_states_fp8_group": (
         "merge_attn_states_fp8_group(Tensor! output, Tensor! output_group_scales, Tensor!? output_lse, "
         "Tensor prefix_output, Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse, "
-        "SymInt? prefill_tokens_with_context=None, bool ue8m0=False) -> ()"),
+        "SymInt? prefill_tokens_with_context=None, bool ue8m0=False, Tensor? query_start_loc=None, "
+        "Tensor? context_start_loc=None) -> ()"),
     "merge_states": "merge_states(Tensor v, Tensor s) -> (Tensor, Tensor)",
     "merge_state_in_place": (
         "merge_state_in_place(Tensor(a!) v, Tensor(b!) s, Tensor v_other, Tensor s_other, Tensor? mask=None, "
@@ -39,15 +41,23 @@ SCHEMAS = {
 
 
 def _merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
-                       prefill_tokens_with_context=None, output_scale=None):
-    _t.merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
-                         prefill_tokens_with_context, output_scale)
+                       prefill_tokens_with_context=None, output_scale=None, query_start_loc=None,
+                       context_start_loc=None):
+    if query_start_loc is None and context_start_loc is None:
+        _t.merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+                             prefill_tokens_with_context, output_scale)
+    else:
+        _t.merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+                             prefill_tokens_with_context, output_scale, query_start_loc=query_start_loc,
+                             context_start_loc=context_start_loc)
 
 
 def _merge_attn_states_fp8_group(output, output_group_scales, output_lse, prefix_output, prefix_lse, suffix_output,
-                                 suffix_lse, prefill_tokens_with_context=None, ue8m0=False):
+                                 suffix_lse, prefill_tokens_with_context=None, ue8m0=False, query_start_loc=None,
+                                 context_start_loc=None):
     _t.merge_attn_states_fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output,
-                                   suffix_lse, output_lse, prefill_tokens_with_context, ue8m0=ue8m0)
+                                   suffix_lse, output_lse, prefill_tokens_with_context, ue8m0=ue8m0,
+                                   query_start_loc=query_start_loc, context_start_loc=context_start_loc)
 
 
 def _merge_states(v, s):
@@ -72,8 +82,26 @@ IMPLS = {"merge_attn_states": _merge_attn_states, "merge_attn_states_fp8_group":
          "mask_empty_context_lse": _mask_empty_context_lse}
 
 
-# Fakes: the mutating ops return nothing; merge_states allocates on the input's device.
+# Fakes: the mutating ops return nothing; merge_states allocates on the input's device. The
+# merges' fakes refuse what the call would refuse before reaching any kernel: one start location
+# without the other.
 def _fake_none(*args, **kwargs):
+    return None
+
+
+def _fake_merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                            prefill_tokens_with_context=None, output_scale=None, query_start_loc=None,
+                            context_start_loc=None):
+    if (query_start_loc is None) != (context_start_loc is None):
+        _t._both_or_neither(query_start_loc, context_start_loc)
+    return None
+
+
+def _fake_merge_attn_states_fp8_group(output, output_group_scales, output_lse, prefix_output, prefix_lse,
+                                      suffix_output, suffix_lse, prefill_tokens_with_context=None, ue8m0=False,
+                                      query_start_loc=None, context_start_loc=None):
+    if (query_start_loc is None) != (context_start_loc is None):
+        _t._both_or_neither(query_start_loc, context_start_loc)
     return None
 
 
@@ -84,6 +112,8 @@ def _fake_merge_states(v, s):
 
 FAKES = {name: _fake_none for name in SCHEMAS}
 FAKES["merge_states"] = _fake_merge_states
+FAKES["merge_attn_states"] = _fake_merge_attn_states
+FAKES["merge_attn_states_fp8_group"] = _fake_merge_attn_states_fp8_group
 
 _lib = None
 

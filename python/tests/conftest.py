@@ -24,6 +24,8 @@ def _variant(name: str) -> dict:
          "output": "same", "lse_layout": "head_major"}
     if fam == "merge_attn_states":
         v["family"] = fam
+        if "ctxmask" in tags:
+            v["mask_empty_context"] = True
         for t in tags:
             if t == "fp8":
                 v["output"] = "fp8_e4m3"
@@ -80,6 +82,7 @@ def cpu_launch(monkeypatch):
     monkeypatch.setattr(_torch, "_DEVICE_TYPE", "cpu")
     monkeypatch.setattr(_torch, "_plans", {})
     monkeypatch.setattr(_torch, "_last_pair", (None, None))
+    monkeypatch.setattr(_torch, "_last_ctx", (None, None))
     monkeypatch.setattr(_cuda, "kernel", lambda folder, meta: FakeKernel(meta))
     monkeypatch.setattr(_cuda, "primary_context", lambda device: 0xC0)
     monkeypatch.setattr(_torch, "_stream", lambda device: 0)

@@ -96,12 +96,21 @@ torch = pytest.importorskip("torch")
 VLLM_SCHEMA = ("merge_attn_states(Tensor! output, Tensor!? output_lse, Tensor prefix_output, Tensor prefix_lse, "
                "Tensor suffix_output, Tensor suffix_lse, SymInt? prefill_tokens_with_context=None, "
                "Tensor? output_scale=None) -> ()")
+# vLLM's arguments, their order and meaning unchanged, then the fused empty-context mask's.
+SCHEMA = ("merge_attn_states(Tensor! output, Tensor!? output_lse, Tensor prefix_output, Tensor prefix_lse, "
+          "Tensor suffix_output, Tensor suffix_lse, SymInt? prefill_tokens_with_context=None, "
+          "Tensor? output_scale=None, Tensor? query_start_loc=None, Tensor? context_start_loc=None) -> ()")
 
 
 def test_ops_are_registered_with_their_schemas():
     from mla_gen import ops
     assert str(torch.ops.mla_gen.merge_attn_states.default._schema) == \
-        str(torch._C.parse_schema("mla_gen::" + VLLM_SCHEMA))
+        str(torch._C.parse_schema("mla_gen::" + SCHEMA))
+    ours = torch.ops.mla_gen.merge_attn_states.default._schema.arguments
+    vllm = torch._C.parse_schema("mla_gen::" + VLLM_SCHEMA).arguments
+    def spell(a):
+        return a.name, str(a.type), a.default_value, a.alias_info is not None and a.alias_info.is_write
+    assert [spell(a) for a in ours[:len(vllm)]] == [spell(a) for a in vllm]
     for name, schema in ops.SCHEMAS.items():
         assert str(getattr(torch.ops.mla_gen, name).default._schema) == str(torch._C.parse_schema("mla_gen::" + schema))
     mutated = {name: [a.name for a in getattr(torch.ops.mla_gen, name).default._schema.arguments

@@ -1,0 +1,130 @@
+"""Host cost of the Python layer alone, without a GPU: the torch layer on CPU tensors with the
+driver stubbed out as in the tests (python/tests/conftest.py, ``cpu_launch``): no kernel is
+loaded, ``_cuda.launch`` is a no-op, so what is timed is the package's per-call Python work (the
+plan lookup, the per-call pointer checks, the parameter gathering) and nothing of CUDA.
+
+Cases: the plain ``merge_attn_states`` call (with an output lse and a threshold, and without
+either), and, where the kernel folder has the kernel, the same call with the empty-context mask
+(``query_start_loc``/``context_start_loc``), and the pair it replaces
+(``mask_empty_context_lse``, then the plain call). Back-to-back calls timed with perf_counter, the
+cases interleaved round by round; the minimum over rounds is the least disturbed (the median is
+printed too). Compare two trees by running this with each on PYTHONPATH.
+
+Usage: python3 python/bench/host_cost_stub.py [--calls N] [--rounds R] [--ctx-kernels DIR]
+       (MLA_GEN_KERNELS: the folder for the plain calls; --ctx-kernels: the folder holding the
+       _ctxmask kernels, e.g. the output of `mla-gen generate tests/gpu-ctxmask.toml`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+if "mla_gen" not in sys.modules and not any(Path(p, "mla_gen").is_dir() for p in sys.path if p):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import mla_gen  # noqa: E402
+from mla_gen import _cuda, _torch  # noqa: E402
+
+
+class _FakeKernel:
+    def function(self, device):
+        return 0xF00
+
+
+def stub_driver():
+    """What conftest's cpu_launch does, for a script: CPU tensors, no driver, launches dropped."""
+    _torch._DEVICE_TYPE = "cpu"
+    _cuda.kernel = lambda folder, meta: _FakeKernel()
+    _cuda.primary_context = lambda device: 0xC0
+    _torch._stream = lambda device: 0
+    _cuda.launch = lambda launcher, values, gx, gy, stream: None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--ctx-kernels", default=None, help="a kernel folder with _ctxmask kernels")
+    args = ap.parse_args()
+    stub_driver()
+    T, H, D = 1, 1, 128
+    bf = torch.bfloat16
+    p, s, out = (torch.zeros(T, H, D, dtype=bf) for _ in range(3))
+    pl, sl, ol = (torch.zeros(H, T) for _ in range(3))
+    qsl = torch.tensor([0, T], dtype=torch.int32)
+    csl = torch.tensor([0, 0], dtype=torch.int32)
+    f = mla_gen.merge_attn_states
+    cases = {
+        "plain: output_lse, threshold": lambda: f(out, p, pl, s, sl, ol, 1),
+        "plain: no output_lse, no threshold": lambda: f(out, p, pl, s, sl),
+    }
+    env = os.environ.get("MLA_GEN_KERNELS")
+    if args.ctx_kernels:
+        def ctx():
+            os.environ["MLA_GEN_KERNELS"] = args.ctx_kernels
+            try:
+                f(out, p, pl, s, sl, ol, 1, query_start_loc=qsl, context_start_loc=csl)
+            finally:
+                if env is None:
+                    del os.environ["MLA_GEN_KERNELS"]
+                else:
+                    os.environ["MLA_GEN_KERNELS"] = env
+
+        def in_ctx_folder(body):
+            def timer(calls):
+                os.environ["MLA_GEN_KERNELS"] = args.ctx_kernels
+                try:
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        body()
+                    return time.perf_counter() - t0
+                finally:
+                    if env is None:
+                        del os.environ["MLA_GEN_KERNELS"]
+                    else:
+                        os.environ["MLA_GEN_KERNELS"] = env
+            return timer
+
+        def pair():
+            mla_gen.mask_empty_context_lse(pl, qsl, csl)
+            f(out, p, pl, s, sl, ol, 1)
+
+        ctx()  # fails here, before any timing, where the package or the folder has no such kernel
+
+    def loop(fn, calls):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return time.perf_counter() - t0
+
+    timers = {name: (lambda calls, fn=fn: loop(fn, calls)) for name, fn in cases.items()}
+    if args.ctx_kernels:
+        timers["ctxmask: output_lse, threshold, start locations"] = in_ctx_folder(
+            lambda: f(out, p, pl, s, sl, ol, 1, query_start_loc=qsl, context_start_loc=csl))
+        timers["pair: mask_empty_context_lse + plain call"] = in_ctx_folder(pair)
+    samples = {name: [] for name in timers}
+    for timer in timers.values():
+        timer(1000)
+    for _ in range(args.rounds):
+        for name, timer in timers.items():
+            samples[name].append(timer(args.calls) / args.calls * 1e6)
+    res = {name: {"min_us": min(v), "median_us": statistics.median(v)} for name, v in samples.items()}
+    print(f"# stubbed launch, CPU tensors; torch {torch.__version__}, python {sys.version.split()[0]}, "
+          f"mla_gen from {Path(mla_gen.__file__).parent}; {args.rounds} rounds x {args.calls} calls")
+    for name, r in res.items():
+        print(f"{name:52} min {r['min_us']:6.3f} us   median {r['median_us']:6.3f} us")
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        Path(out_dir, "host_cost_stub.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
