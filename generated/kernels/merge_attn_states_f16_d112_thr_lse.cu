@@ -220,14 +220,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
     const int* const query_starts = nullptr;  // no fused mask: never read
     const int* const context_starts = nullptr;
     const long long requests = 0;
-    // The fused mask searches once per row and warp, not per lane: the row's first lane in this
-    // warp searches and the row's other lanes in the warp take its answer (GPU run 28: a search
-    // in every lane made the fused kernel 0.6x the speed of mask + merge at 32K tokens).
-    const unsigned int row_first = max(group * THREADS_PER_ROW, static_cast<int>(threadIdx.x & ~31u));
-    const unsigned int row_end = min((group + 1) * THREADS_PER_ROW, static_cast<int>((threadIdx.x & ~31u) + 32));
-    const unsigned int row_leader = row_first % 32;
-    const unsigned int row_lanes = MASK_EMPTY_CONTEXT ? (row_end - row_first == 32 ? 0xffffffffu
-                                                        : ((1u << (row_end - row_first)) - 1u) << row_leader) : 0u;
     const RowWriter out{};
 
     Pack prefix[ROWS_PER_THREAD][VECS_PER_THREAD], suffix[ROWS_PER_THREAD][VECS_PER_THREAD];
@@ -264,13 +256,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
         if (t >= num_tokens) continue;  // the whole row skips (group FP8: its group lanes stay together)
         const long long lse_at = lse_index(t, h, num_tokens, num_heads);
         out_t* out_row = output + t * output_token_stride + h * output_head_stride;
-        // After the loads are in flight: the request search reads only the start locations. Every
-        // lane of a row takes the same branches (same t and h), so the row's lanes in this warp
-        // all reach the shuffle.
-        if (MASK_EMPTY_CONTEXT && t < n) {
-            bool empty = false;
-            if (threadIdx.x % 32 == row_leader) empty = in_empty_context(query_starts, context_starts, requests, t);
-            if (__shfl_sync(row_lanes, empty, row_leader)) p_lse[r] = -INF;
+        // After the loads are in flight: the request search reads only the start locations. (Measured
+        // against mask + merge, GPU runs 28-30: faster up to ~2K tokens x 16 heads, 0.6x at 32K. Not
+        // the search's traffic: one search per row and warp, shuffled to the other lanes, changed
+        // nothing; not its L1 residency: evict_last loads changed nothing; a k-ary search over the
+        // row's lanes was slower still. docs/PERFORMANCE.md.)
+        if (MASK_EMPTY_CONTEXT && t < n && in_empty_context(query_starts, context_starts, requests, t)) {
+            p_lse[r] = -INF;
         }
 
         if (GROUP_FP8) {
