@@ -1,6 +1,6 @@
 //! The argument contract of a kernel: what a caller must satisfy for every parameter, as data.
 //!
-//! [`crate::gen::abi`] writes one [`Contract`] per kernel into `manifest.json`; every host
+//! The generator (`gen::abi`) writes one [`Contract`] per kernel into `manifest.json`; every host
 //! (the Rust runtime through [`crate::host::check`], the generated C launcher, the Python
 //! package) reads it back and applies the same checks in the same order with the same messages
 //! (docs/MANIFEST.md). Serde only: a runtime-only build reads it without the code generator.
@@ -12,6 +12,9 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+/// The manifest's file name in a generated folder.
+pub const MANIFEST: &str = "manifest.json";
 
 /// Version of the manifest layout; hosts refuse a manifest of another major version.
 pub const SCHEMA_VERSION: u32 = 2;

@@ -5,7 +5,7 @@
 //! Environment: MLA_GEN_GPU_EXTRA = more generated folders, colon-separated (token-major, no-threshold, no-lse
 //! and odd head sizes, from tests/gpu-extra.toml); MLA_GEN_GPU_QUICK = 1 for the small subset run
 //! under compute-sanitizer; MLA_GEN_GPU_REPORT = a file to append the counts to.
-#![cfg(feature = "cuda")]
+#![cfg(feature = "runtime")]
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -13,9 +13,8 @@ use crate::gen::nvrtc::{self, Nvrtc};
 use crate::gen::render::{sha256_hex, Templates, TOOL_VERSION};
 use crate::gen::spec::{MergeVariant, Spec};
 
-pub const MANIFEST: &str = "manifest.json";
 pub const KERNEL_DIR: &str = "kernels";
-pub use crate::contract::SCHEMA_VERSION;
+pub use crate::contract::{MANIFEST, SCHEMA_VERSION};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmitError {

@@ -34,7 +34,7 @@ pub const EMBEDDED_TEMPLATES: [(&str, &str); 5] = [
     ),
 ];
 
-pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use crate::TOOL_VERSION;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {

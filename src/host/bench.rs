@@ -1,4 +1,4 @@
-//! GPU timing through the Rust runtime (feature `cuda`): `mla-gen tune` picks each (dtype, head
+//! GPU timing through the Rust runtime (feature `runtime`): `mla-gen tune` picks each (dtype, head
 //! size)'s fastest schedule among candidate kernels; `mla-gen bench` times kernels and the
 //! launcher's host cost. Median of CUDA-event times, L2 flushed before every launch, random data.
 
@@ -173,7 +173,7 @@ fn buffers_for<'a>(
 /// `bench` and `tune` time the pairwise merge; the K-way and in-place merges are timed by
 /// python/bench/bench.py.
 fn is_pairwise(k: &Kernel) -> bool {
-    k.meta.variant.family == crate::gen::spec::Family::MergeAttnStates
+    k.meta.variant.family == crate::variant::Family::MergeAttnStates
 }
 
 fn max_head_size(rt: &Runtime) -> usize {

@@ -1,4 +1,4 @@
-//! Runtime (feature `cuda`): load generated kernels from a manifest through the CUDA driver
+//! Runtime (feature `runtime`): load generated kernels from a manifest through the CUDA driver
 //! (cudarc) and launch them on a stream. Every launch is checked first by the one generic
 //! checker ([`crate::host::check`], docs/MANIFEST.md "The check"), so a wrong call gets an error
 //! instead of touching memory outside its tensors. No host-device synchronization happens in a
@@ -96,7 +96,7 @@ pub fn driver_present() -> bool {
     NAMES.iter().any(|name| {
         // SAFETY: only opens (and closes) the library; libcuda's initializers have no
         // preconditions.
-        unsafe { libloading::Library::new(name) }.is_ok()
+        unsafe { libloading::Library::new(*name) }.is_ok()
     })
 }
 
