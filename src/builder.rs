@@ -1,7 +1,7 @@
 //! The build-time API: a `build.rs` turns a spec into kernels in `OUT_DIR` and a Rust module to
 //! `include!`, with the images embedded, `load(ctx)` returning one resolved handle per kernel, one
 //! typed launch method per kernel and a run-time `dispatch` (the module's text:
-//! [`crate::host::rust_module`]). Needs NVRTC, no nvcc and no GPU. Unchanged inputs (spec,
+//! `src/host/rust_module.rs`). Needs NVRTC, no nvcc and no GPU. Unchanged inputs (spec,
 //! templates, tool and NVRTC versions, archs) reuse the previous output and compile nothing.
 //!
 //! In `build.rs` (the engine build-depends on mla-gen with feature `codegen`):

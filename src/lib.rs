@@ -33,8 +33,12 @@ pub mod variant;
 pub use gen::{abi, compile, emit, nvrtc, render, spec};
 #[cfg(feature = "codegen")]
 pub use host::bindings;
+// The GPU timing behind `mla-gen tune` and `mla-gen bench`: the CLI's, not an API.
 #[cfg(feature = "runtime")]
-pub use host::{bench, driver, runtime};
+#[doc(hidden)]
+pub use host::bench;
+#[cfg(feature = "runtime")]
+pub use host::{driver, runtime};
 
 #[cfg(feature = "codegen")]
 pub use builder::Builder;

@@ -15,6 +15,7 @@ pub const MIN_ARCH: u32 = 80;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OutputKind {
     /// Output dtype = input dtype.
     Same,
@@ -85,6 +86,7 @@ impl LseLayout {
 /// A GPU target: `sm_XY` (PTX for compute_XY + CUBIN for sm_XY) or `compute_XY` (PTX only).
 /// An `a` suffix (sm_90a) selects the architecture-specific feature set.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[non_exhaustive]
 pub struct Arch {
     pub major_minor: u32,
     pub arch_specific: bool,
@@ -174,6 +176,7 @@ pub struct Schedule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Family {
     /// `output = merge(prefix, suffix)`, with the prefix-token threshold (vLLM's kernel).
     MergeAttnStates,

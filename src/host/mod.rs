@@ -11,21 +11,22 @@ pub mod check;
 #[cfg(feature = "codegen")]
 pub mod bindings;
 #[cfg(feature = "codegen")]
-pub mod c;
+pub(crate) mod c;
 #[cfg(feature = "codegen")]
-pub mod rust_module;
+pub(crate) mod rust_module;
 
 #[cfg(feature = "runtime")]
+#[doc(hidden)]
 pub mod bench;
 #[cfg(feature = "runtime")]
 pub mod driver;
 #[cfg(feature = "runtime")]
-pub mod launch;
+pub(crate) mod launch;
 #[cfg(feature = "runtime")]
-pub mod load;
+pub(crate) mod load;
 #[cfg(feature = "runtime")]
-pub mod manifest;
+pub(crate) mod manifest;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 #[cfg(feature = "runtime")]
-pub mod typed;
+pub(crate) mod typed;

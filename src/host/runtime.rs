@@ -4,15 +4,15 @@
 //! instead of touching memory outside its tensors. No host-device synchronization happens in a
 //! launch, so launches can be captured in a CUDA graph.
 //!
-//! The layers, one module each:
-//! - [`crate::host::manifest`]: the manifest as the runtime reads it, and the artifact rule;
-//! - [`crate::host::load`]: [`Runtime`] and [`Kernel`], the loaded modules and their checkers;
-//! - [`crate::host::launch`]: launching from raw device addresses (`unsafe`) and the per-family
-//!   argument structs ([`MergeArgs`], ...) that name their arguments;
-//! - [`crate::host::typed`]: the safe API over cudarc slices and views ([`Launch`]) that the
-//!   Builder's generated module calls.
-//!
-//! This module gathers them under one path (`mla_gen::runtime::...`) and holds the error type.
+//! The layers, one source file each under `src/host/`, all public through this module
+//! (`mla_gen::runtime::...`), which also holds the error type:
+//! - `manifest.rs`: the manifest as the runtime reads it ([`ManifestView`], [`KernelView`]) and
+//!   the artifact rule ([`KernelView::artifact`]);
+//! - `load.rs`: [`Runtime`] and [`Kernel`], the loaded modules and their checkers;
+//! - `launch.rs`: launching from raw device addresses (`unsafe`) and the per-family argument
+//!   structs ([`MergeArgs`], ...) that name their arguments;
+//! - `typed.rs`: the safe API over cudarc slices and views ([`Launch`]) that the Builder's
+//!   generated module calls.
 
 use std::path::PathBuf;
 
