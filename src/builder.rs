@@ -354,6 +354,20 @@ impl Builder {
                 ),
             ));
         }
+        // Names become Rust identifiers in the module: nothing else may reach it from a folder.
+        let identifier = |s: &str| {
+            s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        };
+        for k in &kernels {
+            let names = std::iter::once(&k.name).chain(k.params.iter().map(|p| &p.name));
+            if let Some(bad) = names.into_iter().find(|n| !identifier(n)) {
+                return Err(prebuilt_err(
+                    &manifest_path,
+                    format!("kernel {:?}: {bad:?} is not an identifier, so it is not a name mla-gen generates", k.name),
+                ));
+            }
+        }
         let source = format!("the prebuilt folder {}", comment_safe(dir));
         if self.skip() {
             write_if_changed(module, rust_module(&kernels, &source, None).as_bytes())?;

@@ -319,6 +319,22 @@ fn a_prebuilt_folder_whose_file_differs_from_its_manifest_is_refused() {
     );
 
     let manifest = kernels.join("manifest.json");
+    let original = std::fs::read_to_string(&manifest).unwrap();
+    // Names become identifiers in the module: code in a name is refused.
+    std::fs::write(
+        &manifest,
+        original.replace(
+            "\"name\": \"merge_attn_states_bf16_d128_thr_lse\"",
+            "\"name\": \"x() {} fn y\"",
+        ),
+    )
+    .unwrap();
+    let text = build().unwrap_err().to_string();
+    assert!(
+        text.contains("\"x() {} fn y\" is not an identifier"),
+        "{text}"
+    );
+    std::fs::write(&manifest, &original).unwrap();
     let escaping = std::fs::read_to_string(&manifest).unwrap().replace(
         "\"kernels/merge_attn_states_f32_d128_thr_lse.sm_90.cubin\"",
         "\"../../etc/passwd\"",
