@@ -1,43 +1,55 @@
 //! The build-time API: a `build.rs` turns a spec into kernels in `OUT_DIR` and a Rust module to
 //! `include!`, with the images embedded, `load(ctx)` returning one resolved handle per kernel, one
 //! typed launch method per kernel and a run-time `dispatch` (the module's text:
-//! [`crate::host::rust_module`]). Needs NVRTC, no nvcc and no GPU. Unchanged inputs (spec,
+//! `src/host/rust_module.rs`). Needs NVRTC, no nvcc and no GPU. Unchanged inputs (spec,
 //! templates, tool and NVRTC versions, archs) reuse the previous output and compile nothing.
 //!
-//! In `build.rs`'s `main`:
+//! In `build.rs` (the engine build-depends on mla-gen with feature `codegen`):
 //!
 //! ```no_run
-//! let built = mla_gen::Builder::new()
-//!     .spec_file("kernels.toml")
-//!     .build()
-//!     .unwrap_or_else(|e| panic!("{e}"));
-//! assert!(built.module.ends_with("mla_gen_kernels.rs"));
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let built = mla_gen::Builder::new().spec_file("kernels.toml").build()?;
+//!     assert!(built.module.ends_with("mla_gen_kernels.rs"));
+//!     Ok(())
+//! }
 //! ```
 //!
-//! and in the crate: `mod kernels { include!(concat!(env!("OUT_DIR"), "/mla_gen_kernels.rs")); }`,
+//! and in the crate (which depends on mla-gen with feature `runtime`):
+//! `mod kernels { include!(concat!(env!("OUT_DIR"), "/mla_gen_kernels.rs")); }`,
 //! then `let k = kernels::load(ctx)?;` and `k.<kernel name>(&stream, ...)`.
+//!
+//! Two modes need no NVRTC: [`Builder::prebuilt`] embeds a committed folder that `mla-gen
+//! generate` wrote (and `mla-gen check` keeps fresh), each file checked against the sha256 its
+//! manifest records; and the skip mode (`MLA_GEN_SKIP_COMPILE=1`, [`Builder::skip_compile`], and
+//! always on docs.rs, which sets `DOCS_RS`) declares every method and embeds no kernel.
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
-use crate::gen::emit::{self, MANIFEST};
+use crate::contract::{MANIFEST, SCHEMA_VERSION};
+use crate::gen::emit;
 use crate::gen::nvrtc;
 use crate::gen::render::{sha256_hex, Templates, TOOL_VERSION};
 use crate::gen::spec::{self, Spec};
+#[doc(hidden)]
 pub use crate::host::rust_module::{rust_module, BindingKernel};
 use crate::Error;
 
 /// Environment variable: when `1`, build no kernels (documentation builds, machines without
 /// NVRTC); the module still declares every method, and loading returns an error.
-pub const ENV_SKIP: &str = "MLA_GEN_SKIP_COMPILE";
+pub const ENV_SKIP: &str = crate::ENV_SKIP;
+/// Environment variable docs.rs sets: the build then skips the kernels, as under [`ENV_SKIP`],
+/// and never loads NVRTC.
+pub const ENV_DOCS_RS: &str = "DOCS_RS";
 /// The module file written to the output folder.
 pub const MODULE_FILE: &str = "mla_gen_kernels.rs";
 const CACHE_KEY_FILE: &str = "cache-key";
 /// Variables whose change must rebuild.
-const WATCHED_ENV: [&str; 8] = [
+const WATCHED_ENV: [&str; 9] = [
     nvrtc::ENV_OVERRIDE,
     nvrtc::ENV_PYTHON,
     spec::ENV_ARCH,
     ENV_SKIP,
+    ENV_DOCS_RS,
     "CUDA_HOME",
     "CUDA_PATH",
     "VIRTUAL_ENV",
@@ -45,16 +57,17 @@ const WATCHED_ENV: [&str; 8] = [
 ];
 
 #[derive(Debug, Clone)]
-enum SpecSource {
+enum Source {
     Default,
     File(PathBuf),
     Text { name: String, text: String },
+    Prebuilt(PathBuf),
 }
 
 /// Configure and run a build-time generation.
 #[derive(Debug, Clone)]
 pub struct Builder {
-    spec: SpecSource,
+    source: Source,
     templates: Option<PathBuf>,
     archs: Option<Vec<String>>,
     out_dir: Option<PathBuf>,
@@ -64,15 +77,19 @@ pub struct Builder {
 
 /// What [`Builder::build`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Built {
     /// The Rust module to `include!`.
     pub module: PathBuf,
-    /// The folder holding the manifest and kernel files.
+    /// The folder holding the manifest and kernel files (the given folder for
+    /// [`Builder::prebuilt`]).
     pub dir: PathBuf,
     pub kernels: usize,
-    /// false: the cached output matched the inputs, nothing was compiled.
+    /// false: the cached output matched the inputs (or the folder was prebuilt), nothing was
+    /// compiled.
     pub compiled: bool,
-    /// true: built under MLA_GEN_SKIP_COMPILE=1 (no images).
+    /// true: built without kernels (`MLA_GEN_SKIP_COMPILE=1`, [`Builder::skip_compile`] or
+    /// docs.rs): no images.
     pub skipped: bool,
 }
 
@@ -86,7 +103,7 @@ impl Builder {
     /// The embedded default spec, archs from the spec (or `MLA_GEN_ARCH`), output in `OUT_DIR`.
     pub fn new() -> Builder {
         Builder {
-            spec: SpecSource::Default,
+            source: Source::Default,
             templates: None,
             archs: None,
             out_dir: None,
@@ -95,34 +112,44 @@ impl Builder {
         }
     }
     /// A spec file (watched: the build reruns when it changes).
-    pub fn spec_file(mut self, path: impl Into<PathBuf>) -> Builder {
-        self.spec = SpecSource::File(path.into());
+    pub fn spec_file(mut self, path: impl AsRef<Path>) -> Builder {
+        self.source = Source::File(path.as_ref().to_path_buf());
         self
     }
     /// A spec written in code; `name` appears in messages and generated headers.
-    pub fn spec_str(mut self, name: &str, text: &str) -> Builder {
-        self.spec = SpecSource::Text {
-            name: name.to_string(),
-            text: text.to_string(),
+    pub fn spec_str(mut self, name: impl AsRef<str>, text: impl AsRef<str>) -> Builder {
+        self.source = Source::Text {
+            name: name.as_ref().to_string(),
+            text: text.as_ref().to_string(),
         };
         self
     }
+    /// Kernels generated beforehand instead of a spec: `dir` is a folder `mla-gen generate`
+    /// wrote (committed, and kept fresh by `mla-gen check` in CI). The module embeds the files
+    /// of `dir/manifest.json` after checking each one's size and sha256 against the manifest,
+    /// so a folder edited by hand (or a merge gone wrong) fails the build. No NVRTC is loaded.
+    /// Watched: the build reruns when the manifest or a file changes.
+    pub fn prebuilt(mut self, dir: impl AsRef<Path>) -> Builder {
+        self.source = Source::Prebuilt(dir.as_ref().to_path_buf());
+        self
+    }
     /// Templates from a folder instead of the embedded ones (watched).
-    pub fn templates(mut self, dir: impl Into<PathBuf>) -> Builder {
-        self.templates = Some(dir.into());
+    pub fn templates(mut self, dir: impl AsRef<Path>) -> Builder {
+        self.templates = Some(dir.as_ref().to_path_buf());
         self
     }
     /// Architectures, replacing the spec's (nothing probes a GPU at build time).
-    pub fn archs(mut self, archs: &[&str]) -> Builder {
-        self.archs = Some(archs.iter().map(|a| a.to_string()).collect());
+    pub fn archs(mut self, archs: impl IntoIterator<Item = impl AsRef<str>>) -> Builder {
+        self.archs = Some(archs.into_iter().map(|a| a.as_ref().to_string()).collect());
         self
     }
     /// Output folder (default: `OUT_DIR`).
-    pub fn out_dir(mut self, dir: impl Into<PathBuf>) -> Builder {
-        self.out_dir = Some(dir.into());
+    pub fn out_dir(mut self, dir: impl AsRef<Path>) -> Builder {
+        self.out_dir = Some(dir.as_ref().to_path_buf());
         self
     }
     /// Build no kernels (as `MLA_GEN_SKIP_COMPILE=1`, which sets the default): for docs builds.
+    /// On docs.rs (`DOCS_RS` set) kernels are always skipped.
     pub fn skip_compile(mut self, skip: bool) -> Builder {
         self.skip_compile = Some(skip);
         self
@@ -137,11 +164,18 @@ impl Builder {
         std::env::var_os("CARGO_MANIFEST_DIR").is_some() && std::env::var_os("OUT_DIR").is_some()
     }
 
+    fn skip(&self) -> bool {
+        std::env::var_os(ENV_DOCS_RS).is_some()
+            || self
+                .skip_compile
+                .unwrap_or_else(|| std::env::var(ENV_SKIP).is_ok_and(|v| v == "1"))
+    }
+
     fn load_spec(&self) -> Result<(Spec, Option<PathBuf>), Error> {
-        let (mut spec, watched) = match &self.spec {
-            SpecSource::Default => (spec::default_spec()?, None),
-            SpecSource::Text { name, text } => (spec::parse(name, text)?, None),
-            SpecSource::File(path) => {
+        let (mut spec, watched) = match &self.source {
+            Source::Default => (spec::default_spec()?, None),
+            Source::Text { name, text } => (spec::parse(name, text)?, None),
+            Source::File(path) => {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     Error::Spec(spec::SpecError::Whole {
                         origin: path.display().to_string(),
@@ -152,6 +186,9 @@ impl Builder {
                     spec::parse(&path.display().to_string(), &text)?,
                     Some(path.clone()),
                 )
+            }
+            Source::Prebuilt(dir) => {
+                return Err(prebuilt_err(dir, "a prebuilt folder has no spec".into()))
             }
         };
         spec::apply_arch_override(&mut spec, self.archs.as_deref())?;
@@ -174,6 +211,10 @@ impl Builder {
                 }))
             }
         };
+        let module = out_dir.join(MODULE_FILE);
+        if let Source::Prebuilt(dir) = &self.source {
+            return self.build_prebuilt(dir, &module);
+        }
         let (spec, watched_spec) = self.load_spec()?;
         let templates = match &self.templates {
             Some(d) => Templates::from_dir(d)?,
@@ -193,12 +234,8 @@ impl Builder {
             }
         }
         let dir = out_dir.join("mla-gen");
-        let module = out_dir.join(MODULE_FILE);
 
-        let skip = self
-            .skip_compile
-            .unwrap_or_else(|| std::env::var(ENV_SKIP).is_ok_and(|v| v == "1"));
-        if skip {
+        if self.skip() {
             let kernels: Vec<BindingKernel> = spec
                 .variants
                 .iter()
@@ -245,15 +282,7 @@ impl Builder {
         let manifest: serde_json::Value = serde_json::from_slice(&manifest_text)
             .map_err(|e| Error::Emit(emit::EmitError::Json(e)))?;
         let kernels = BindingKernel::from_manifest(&manifest);
-        let files: Vec<String> = manifest["kernels"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|k| k["archs"].as_array().into_iter().flatten())
-            .flat_map(|a| [a["ptx"]["file"].as_str(), a["cubin"]["file"].as_str()])
-            .flatten()
-            .map(str::to_string)
-            .collect();
+        let files: Vec<String> = image_files(&manifest).into_iter().map(|f| f.file).collect();
         let text = rust_module(&kernels, &spec.source_name(), Some((&dir, &files)));
         write_if_changed(&module, text.as_bytes())?;
         Ok(Built {
@@ -264,6 +293,194 @@ impl Builder {
             skipped: false,
         })
     }
+
+    /// [`Builder::prebuilt`]: the module from `dir`'s manifest, its images checked and embedded.
+    fn build_prebuilt(&self, dir: &Path, module: &Path) -> Result<Built, Error> {
+        let conflict = if self.archs.is_some() {
+            Some("archs")
+        } else if self.templates.is_some() {
+            Some("templates")
+        } else {
+            None
+        };
+        if let Some(what) = conflict {
+            return Err(prebuilt_err(
+                dir,
+                format!("Builder::{what} does not apply to a prebuilt folder: its kernels are already generated (set it with `mla-gen generate`)"),
+            ));
+        }
+        let manifest_path = dir.join(MANIFEST);
+        if Self::in_build_script() {
+            println!("cargo:rerun-if-changed={}", manifest_path.display());
+            for var in [ENV_SKIP, ENV_DOCS_RS] {
+                println!("cargo:rerun-if-env-changed={var}");
+            }
+        }
+        let text = std::fs::read(&manifest_path).map_err(|e| {
+            prebuilt_err(
+                &manifest_path,
+                format!("cannot read it ({e}): prebuilt() takes a folder `mla-gen generate --out` wrote"),
+            )
+        })?;
+        let manifest: serde_json::Value = serde_json::from_slice(&text)
+            .map_err(|e| prebuilt_err(&manifest_path, format!("not a manifest: {e}")))?;
+        match manifest["schema_version"].as_u64() {
+            Some(v) if v == u64::from(SCHEMA_VERSION) => {}
+            v => {
+                return Err(prebuilt_err(
+                    &manifest_path,
+                    format!(
+                        "schema_version {}; this mla-gen {TOOL_VERSION} reads schema_version {SCHEMA_VERSION}: regenerate the folder with it",
+                        v.map_or("missing".to_string(), |v| v.to_string())
+                    ),
+                ))
+            }
+        }
+        let kernels = BindingKernel::from_manifest(&manifest);
+        let listed = manifest["kernels"].as_array().map_or(0, Vec::len);
+        if kernels.len() != listed {
+            let unread: Vec<&str> = manifest["kernels"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|k| k["name"].as_str())
+                .filter(|n| !kernels.iter().any(|b| b.name == *n))
+                .collect();
+            return Err(prebuilt_err(
+                &manifest_path,
+                format!(
+                    "cannot read the entries of {}: regenerate the folder with this mla-gen ({TOOL_VERSION})",
+                    if unread.is_empty() { "some kernels".to_string() } else { unread.join(", ") }
+                ),
+            ));
+        }
+        // Names become Rust identifiers in the module: nothing else may reach it from a folder.
+        let identifier = |s: &str| {
+            s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        };
+        for k in &kernels {
+            let names = std::iter::once(&k.name).chain(k.params.iter().map(|p| &p.name));
+            if let Some(bad) = names.into_iter().find(|n| !identifier(n)) {
+                return Err(prebuilt_err(
+                    &manifest_path,
+                    format!("kernel {:?}: {bad:?} is not an identifier, so it is not a name mla-gen generates", k.name),
+                ));
+            }
+        }
+        let source = format!("the prebuilt folder {}", comment_safe(dir));
+        if self.skip() {
+            write_if_changed(module, rust_module(&kernels, &source, None).as_bytes())?;
+            return Ok(Built {
+                module: module.to_path_buf(),
+                dir: dir.to_path_buf(),
+                kernels: kernels.len(),
+                compiled: false,
+                skipped: true,
+            });
+        }
+        // Absolute: the module's include_bytes! paths resolve against the module's own folder.
+        let abs = std::fs::canonicalize(dir)
+            .map_err(|e| prebuilt_err(dir, format!("cannot resolve the folder: {e}")))?;
+        let mut files = Vec::new();
+        for f in image_files(&manifest) {
+            let relative = Path::new(&f.file);
+            if f.file.is_empty()
+                || !relative
+                    .components()
+                    .all(|c| matches!(c, Component::Normal(_)))
+            {
+                return Err(prebuilt_err(
+                    &manifest_path,
+                    format!(
+                        "names the file {:?}, which is not a path inside the folder",
+                        f.file
+                    ),
+                ));
+            }
+            let path = abs.join(relative);
+            if Self::in_build_script() {
+                println!("cargo:rerun-if-changed={}", path.display());
+            }
+            let bytes = std::fs::read(&path).map_err(|e| {
+                prebuilt_err(
+                    &path,
+                    format!("cannot read it ({e}); the manifest lists it: regenerate the folder (mla-gen generate)"),
+                )
+            })?;
+            let got = sha256_hex(&bytes);
+            if got != f.sha256 || f.bytes != Some(bytes.len() as u64) {
+                return Err(prebuilt_err(
+                    &path,
+                    format!(
+                        "sha256 {got} ({} bytes) differs from the manifest's {} ({} bytes): the folder changed after it was generated; regenerate it (mla-gen generate) or run `mla-gen check` to see what differs",
+                        bytes.len(),
+                        f.sha256,
+                        f.bytes.map_or("?".to_string(), |b| b.to_string()),
+                    ),
+                ));
+            }
+            files.push(f.file);
+        }
+        let text = rust_module(&kernels, &source, Some((&abs, &files)));
+        write_if_changed(module, text.as_bytes())?;
+        Ok(Built {
+            module: module.to_path_buf(),
+            dir: dir.to_path_buf(),
+            kernels: kernels.len(),
+            compiled: false,
+            skipped: false,
+        })
+    }
+}
+
+/// The folder's name as it may appear in the module's comments: one line, no code.
+fn comment_safe(dir: &Path) -> String {
+    let name = dir.file_name().map_or_else(
+        || dir.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+' | ' ') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn prebuilt_err(path: &Path, detail: String) -> Error {
+    Error::Prebuilt {
+        path: path.to_path_buf(),
+        detail,
+    }
+}
+
+/// A kernel image the manifest lists: its path in the folder, size and hash.
+struct ImageFile {
+    file: String,
+    bytes: Option<u64>,
+    sha256: String,
+}
+
+/// Every PTX and CUBIN file of a manifest, in manifest order.
+fn image_files(manifest: &serde_json::Value) -> Vec<ImageFile> {
+    manifest["kernels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|k| k["archs"].as_array().into_iter().flatten())
+        .flat_map(|a| [&a["ptx"], &a["cubin"]])
+        .filter_map(|f| {
+            Some(ImageFile {
+                file: f["file"].as_str()?.to_string(),
+                bytes: f["bytes"].as_u64(),
+                sha256: f["sha256"].as_str().unwrap_or_default().to_string(),
+            })
+        })
+        .collect()
 }
 
 fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<(), Error> {

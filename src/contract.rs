@@ -1,6 +1,6 @@
 //! The argument contract of a kernel: what a caller must satisfy for every parameter, as data.
 //!
-//! [`crate::gen::abi`] writes one [`Contract`] per kernel into `manifest.json`; every host
+//! The generator (`gen::abi`) writes one [`Contract`] per kernel into `manifest.json`; every host
 //! (the Rust runtime through [`crate::host::check`], the generated C launcher, the Python
 //! package) reads it back and applies the same checks in the same order with the same messages
 //! (docs/MANIFEST.md). Serde only: a runtime-only build reads it without the code generator.
@@ -13,6 +13,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// The manifest's file name in a generated folder.
+pub const MANIFEST: &str = "manifest.json";
+
 /// Version of the manifest layout; hosts refuse a manifest of another major version.
 pub const SCHEMA_VERSION: u32 = 2;
 
@@ -20,6 +23,7 @@ pub const SCHEMA_VERSION: u32 = 2;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Role {
     /// A buffer it only reads.
     Read,
@@ -42,6 +46,7 @@ impl Role {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ParamKind {
     /// Device pointer to `elem` values.
     Pointer,

@@ -6,6 +6,7 @@ use serde::Serialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Dtype {
     F32,
     F16,
@@ -19,6 +20,7 @@ pub enum Dtype {
     U8,
 }
 
+#[non_exhaustive]
 pub struct DtypeInfo {
     pub dtype: Dtype,
     /// Spelling in specs, kernel names and file names.

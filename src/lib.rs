@@ -1,9 +1,16 @@
 //! mla-gen: spec-driven, ahead-of-time CUDA for attention-state merges.
 //!
 //! Data flows one way, one module per stage:
-//! [`gen`]: spec -> variants -> ABI -> CUDA source -> NVRTC -> files and manifest;
-//! [`host`]: what loads and launches the artifacts (runtime, C launcher, benchmarks);
-//! [`builder`]: the build.rs API; [`mod@reference`]: the float64 semantics every kernel must match.
+//! `gen`: spec -> variants -> ABI -> CUDA source -> NVRTC -> files and manifest (feature
+//! `codegen`); [`host`]: what loads and launches the artifacts (the runtime: feature `runtime`;
+//! the C launcher and Rust module writers: `codegen`); `builder`: the build.rs API (`codegen`);
+//! [`mod@reference`]: the float64 semantics every kernel must match.
+//!
+//! Features: `runtime` (load and launch: cudarc, serde, thiserror, half), `codegen` (generation
+//! and `Builder` for build scripts, no cudarc), `cli` (the binary; both
+//! of them, the default). An engine depends on `runtime` and build-depends on `codegen`. With
+//! neither, the crate is the manifest's types and the launch checker ([`contract`],
+//! [`host::check`], [`variant`], [`dtype`], [`mod@reference`]).
 
 // No panics reachable from user input: errors are typed and returned (tests may unwrap).
 #![cfg_attr(
@@ -11,28 +18,50 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+#[cfg(feature = "codegen")]
 pub mod builder;
 pub mod contract;
 pub mod dtype;
+#[cfg(feature = "codegen")]
 pub mod gen;
 pub mod host;
 pub mod reference;
+pub mod variant;
 
 // The stages under their short paths (`mla_gen::spec`, `mla_gen::runtime`, ...).
-pub use gen::{abi, compile, emit, nvrtc, render, spec, variant};
-#[cfg(feature = "cuda")]
-pub use host::{bench, runtime};
-pub use host::{bindings, driver};
+#[cfg(feature = "codegen")]
+pub use gen::{abi, compile, emit, nvrtc, render, spec};
+#[cfg(feature = "codegen")]
+pub use host::bindings;
+// The GPU timing behind `mla-gen tune` and `mla-gen bench`: the CLI's, not an API.
+#[cfg(feature = "runtime")]
+#[doc(hidden)]
+pub use host::bench;
+#[cfg(feature = "runtime")]
+pub use host::{driver, runtime};
 
+#[cfg(feature = "codegen")]
 pub use builder::Builder;
 
 /// The cudarc and half versions the runtime and generated bindings use, for engines to share.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "runtime")]
 pub use cudarc;
 pub use half;
 
-/// Any failure of a generation, from spec to files.
-#[derive(Debug, thiserror::Error)]
+/// This mla-gen's version: in every manifest, generated header and cache key.
+pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Environment variable: when `1`, `Builder` builds no kernels (see `builder::ENV_SKIP`).
+#[cfg(any(feature = "runtime", feature = "codegen"))]
+pub(crate) const ENV_SKIP: &str = "MLA_GEN_SKIP_COMPILE";
+
+/// Any failure of a generation, from spec to files, or of a [`Builder`].
+///
+/// `Debug` prints the message (`{:#?}` the structure), so a build script's
+/// `fn main() -> Result<(), Box<dyn std::error::Error>>` shows the reason and the fix.
+#[cfg(feature = "codegen")]
+#[derive(thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     #[error(transparent)]
     Spec(#[from] spec::SpecError),
@@ -42,9 +71,37 @@ pub enum Error {
     Compile(#[from] compile::CompileError),
     #[error(transparent)]
     Emit(#[from] emit::EmitError),
+    /// A [`Builder::prebuilt`] folder that cannot be embedded: no readable manifest, or a file
+    /// missing or differing from the size and sha256 its manifest records.
+    #[error("{path}: {detail}")]
+    Prebuilt {
+        path: std::path::PathBuf,
+        detail: String,
+    },
+}
+
+#[cfg(feature = "codegen")]
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !f.alternate() {
+            return std::fmt::Display::fmt(self, f);
+        }
+        match self {
+            Error::Spec(e) => f.debug_tuple("Spec").field(e).finish(),
+            Error::Render(e) => f.debug_tuple("Render").field(e).finish(),
+            Error::Compile(e) => f.debug_tuple("Compile").field(e).finish(),
+            Error::Emit(e) => f.debug_tuple("Emit").field(e).finish(),
+            Error::Prebuilt { path, detail } => f
+                .debug_struct("Prebuilt")
+                .field("path", path)
+                .field("detail", detail)
+                .finish(),
+        }
+    }
 }
 
 /// Compile a spec and plan its files (nothing is written).
+#[cfg(feature = "codegen")]
 pub fn generate_files(
     spec: &spec::Spec,
     templates: &render::Templates,
@@ -55,6 +112,7 @@ pub fn generate_files(
 }
 
 /// As [`generate_files`], adding the bindings `extra` asks for (e.g. the C launcher).
+#[cfg(feature = "codegen")]
 pub fn generate_files_with(
     spec: &spec::Spec,
     templates: &render::Templates,
@@ -67,6 +125,7 @@ pub fn generate_files_with(
 }
 
 /// As [`generate_files_with`], the C launcher's names starting with `c_prefix`.
+#[cfg(feature = "codegen")]
 pub fn generate_files_with_c_prefix(
     spec: &spec::Spec,
     templates: &render::Templates,

@@ -1,5 +1,9 @@
 //! The build-time API: output in a given folder, a cache that makes an unchanged second build
-//! compile nothing, and a skip mode for documentation builds.
+//! compile nothing, a skip mode for documentation builds (and docs.rs), and prebuilt folders
+//! embedded without NVRTC, each file checked against its manifest.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use mla_gen::Builder;
 
@@ -66,7 +70,7 @@ fn a_second_build_with_nothing_changed_compiles_nothing() {
     assert_eq!(third.kernels, 4);
     let fourth = Builder::new()
         .spec_str("engine.toml", SPEC)
-        .archs(&["sm_80"])
+        .archs(["sm_80"])
         .out_dir(tmp.path())
         .build()
         .unwrap();
@@ -155,4 +159,209 @@ fn spec_errors_and_a_missing_out_dir_are_reported() {
             "{e}"
         );
     }
+}
+
+/// Runs the ignored test `name` of this binary in a child process with `env` set (the build
+/// reads its environment, which a test cannot change under the others running in parallel).
+fn in_child(name: &str, env: &[(&str, &Path)]) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--ignored", "--nocapture"])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
+        .env("MLA_GEN_NVRTC", "/nonexistent")
+        .env_remove("MLA_GEN_SKIP_COMPILE")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{name} in a child process:\n{text}"
+    );
+}
+
+const CHILD: &str = "run by its parent test in a child process";
+
+#[test]
+fn docs_rs_builds_the_module_without_kernels_or_nvrtc() {
+    let tmp = tempfile::tempdir().unwrap();
+    in_child(
+        "docs_rs_child",
+        &[
+            ("DOCS_RS", Path::new("1")),
+            ("MLA_GEN_TEST_OUT", tmp.path()),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "run by its parent test in a child process"]
+fn docs_rs_child() {
+    let out = std::env::var_os("MLA_GEN_TEST_OUT").expect(CHILD);
+    // MLA_GEN_NVRTC=/nonexistent: loading NVRTC would fail the build.
+    let built = Builder::new()
+        .spec_str("engine.toml", SPEC)
+        .out_dir(&out)
+        .build()
+        .unwrap();
+    assert!(built.skipped && !built.compiled);
+    assert_eq!(built.kernels, 2);
+    let module = std::fs::read_to_string(&built.module).unwrap();
+    assert!(module.contains("pub fn merge_attn_states_bf16_d128_thr_lse("));
+    assert!(module.contains("pub const FILES: &[(&str, &[u8])] = &[];"));
+    assert!(!built.dir.exists());
+}
+
+/// What `mla-gen generate --out DIR` writes, for SPEC.
+fn generate(dir: &Path) {
+    let spec = mla_gen::spec::parse("engine.toml", SPEC).unwrap();
+    let templates = mla_gen::render::Templates::embedded().unwrap();
+    let (files, _) = mla_gen::generate_files(&spec, &templates, 1, false).unwrap();
+    mla_gen::emit::write(dir, &files).unwrap();
+}
+
+/// The files a module embeds: `include_bytes!`/`include_str!` paths.
+fn included(module: &str) -> Vec<PathBuf> {
+    module
+        .split("include_")
+        .skip(1)
+        .filter_map(|s| s.split_once("!(\"")?.1.split_once('"'))
+        .map(|(path, _)| PathBuf::from(path))
+        .collect()
+}
+
+#[test]
+fn a_prebuilt_folder_needs_no_nvrtc_and_its_kernels_are_embedded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kernels = tmp.path().join("kernels");
+    generate(&kernels);
+    let out = tmp.path().join("out");
+    in_child(
+        "prebuilt_child",
+        &[
+            ("MLA_GEN_TEST_KERNELS", &kernels),
+            ("MLA_GEN_TEST_OUT", &out),
+        ],
+    );
+    let module = std::fs::read_to_string(out.join("mla_gen_kernels.rs")).unwrap();
+    assert!(module.contains("pub fn merge_attn_states_bf16_d128_thr_lse("));
+    assert!(module.contains("pub fn merge_attn_states_f32_d128_thr_lse("));
+    assert!(module.contains("K::MergeAttnStates { dtype: D::Bf16, head_size: 128,"));
+    // Absolute paths into the folder: the manifest, and every PTX and CUBIN it lists.
+    let real = std::fs::canonicalize(&kernels).unwrap();
+    let files = included(&module);
+    assert!(files.contains(&real.join("manifest.json")), "{module}");
+    for name in [
+        "merge_attn_states_bf16_d128_thr_lse",
+        "merge_attn_states_f32_d128_thr_lse",
+    ] {
+        for ext in ["sm_90.ptx", "sm_90.cubin"] {
+            let f = real.join(format!("kernels/{name}.{ext}"));
+            assert!(
+                files.contains(&f),
+                "{} not embedded:\n{module}",
+                f.display()
+            );
+        }
+    }
+    assert_eq!(files.len(), 5);
+    assert!(files.iter().all(|f| f.is_file()));
+}
+
+#[test]
+#[ignore = "run by its parent test in a child process"]
+fn prebuilt_child() {
+    let dir = std::env::var_os("MLA_GEN_TEST_KERNELS").expect(CHILD);
+    let out = std::env::var_os("MLA_GEN_TEST_OUT").expect(CHILD);
+    let built = Builder::new().prebuilt(&dir).out_dir(&out).build().unwrap();
+    assert!(!built.compiled && !built.skipped);
+    assert_eq!(built.kernels, 2);
+    assert_eq!(built.dir, PathBuf::from(dir));
+}
+
+#[test]
+fn a_prebuilt_folder_whose_file_differs_from_its_manifest_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kernels = tmp.path().join("kernels");
+    generate(&kernels);
+    let build = || {
+        Builder::new()
+            .prebuilt(&kernels)
+            .out_dir(tmp.path().join("out"))
+            .build()
+    };
+    build().unwrap();
+
+    let cubin = kernels.join("kernels/merge_attn_states_f32_d128_thr_lse.sm_90.cubin");
+    let mut bytes = std::fs::read(&cubin).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&cubin, &bytes).unwrap();
+    let e = build().unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("merge_attn_states_f32_d128_thr_lse.sm_90.cubin: sha256 ")
+            && text.contains("differs from the manifest's")
+            && text.contains("mla-gen generate")
+            && text.contains("mla-gen check"),
+        "{text}"
+    );
+    // What a build script's `main() -> Result<(), Box<dyn Error>>` prints is the message.
+    assert_eq!(format!("{e:?}"), text);
+
+    std::fs::remove_file(&cubin).unwrap();
+    let text = build().unwrap_err().to_string();
+    assert!(
+        text.contains("merge_attn_states_f32_d128_thr_lse.sm_90.cubin: cannot read it"),
+        "{text}"
+    );
+
+    let manifest = kernels.join("manifest.json");
+    let original = std::fs::read_to_string(&manifest).unwrap();
+    // Names become identifiers in the module: code in a name is refused.
+    std::fs::write(
+        &manifest,
+        original.replace(
+            "\"name\": \"merge_attn_states_bf16_d128_thr_lse\"",
+            "\"name\": \"x() {} fn y\"",
+        ),
+    )
+    .unwrap();
+    let text = build().unwrap_err().to_string();
+    assert!(
+        text.contains("\"x() {} fn y\" is not an identifier"),
+        "{text}"
+    );
+    std::fs::write(&manifest, &original).unwrap();
+    let escaping = std::fs::read_to_string(&manifest).unwrap().replace(
+        "\"kernels/merge_attn_states_f32_d128_thr_lse.sm_90.cubin\"",
+        "\"../../etc/passwd\"",
+    );
+    std::fs::write(&manifest, escaping).unwrap();
+    let text = build().unwrap_err().to_string();
+    assert!(
+        text.contains("\"../../etc/passwd\", which is not a path inside the folder"),
+        "{text}"
+    );
+
+    std::fs::remove_file(&manifest).unwrap();
+    let text = build().unwrap_err().to_string();
+    assert!(
+        text.contains("manifest.json: cannot read it")
+            && text.contains("a folder `mla-gen generate --out` wrote"),
+        "{text}"
+    );
+    let text = Builder::new()
+        .prebuilt(&kernels)
+        .archs(["sm_80"])
+        .out_dir(tmp.path())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("Builder::archs does not apply to a prebuilt folder"),
+        "{text}"
+    );
 }

@@ -1,7 +1,7 @@
 //! Every argument that could make a kernel touch memory outside its tensors is refused before
 //! launch. Runs without a GPU: validation reads only the manifest. The refusals come from the one
 //! generic check (docs/MANIFEST.md "The check"); tests/contract.rs runs the shared table.
-#![cfg(feature = "cuda")]
+#![cfg(feature = "runtime")]
 
 use mla_gen::dtype::Dtype;
 use mla_gen::reference::Layout;

@@ -385,7 +385,6 @@ fn inspect(args: &SpecArgs, json: bool, jobs: usize) -> Result<(), Failure> {
     Ok(())
 }
 
-#[cfg(feature = "cuda")]
 mod gpu {
     use super::Failure;
     use std::path::Path;
@@ -454,20 +453,6 @@ mod gpu {
             std::fs::write(path, serde_json::to_vec_pretty(&result)?)?;
         }
         Ok(())
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-mod gpu {
-    use super::Failure;
-    use std::path::Path;
-    const MSG: &str =
-        "this mla-gen was built without the `cuda` feature; rebuild with default features";
-    pub fn tune(_: &Path, _: &Path, _: usize) -> Result<(), Failure> {
-        Err(Failure(MSG.into(), 1))
-    }
-    pub fn bench(_: &Path, _: Option<&Path>, _: usize) -> Result<(), Failure> {
-        Err(Failure(MSG.into(), 1))
     }
 }
 

@@ -451,6 +451,7 @@ fn strides(prefix: &str, tensor: &str) -> [Param; 2] {
 /// How a variant's threads map onto rows, and the launch rule that follows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct Launch {
     /// Elements per vector access.
     pub vec_elems: u32,

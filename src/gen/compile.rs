@@ -17,6 +17,7 @@ pub const BASE_OPTIONS: [&str; 1] = ["-std=c++17"];
 /// Registers, spills and memory of one kernel on one real architecture (from ptxas -v).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct Resources {
     pub registers: u32,
     pub spill_store_bytes: u32,
@@ -26,6 +27,7 @@ pub struct Resources {
 }
 
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ArchOutput {
     pub arch: Arch,
     pub options: Vec<String>,
@@ -35,6 +37,7 @@ pub struct ArchOutput {
 }
 
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct CompiledKernel {
     pub variant: MergeVariant,
     pub name: String,
@@ -43,6 +46,7 @@ pub struct CompiledKernel {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CompileError {
     #[error(transparent)]
     Nvrtc(#[from] NvrtcError),
@@ -59,6 +63,7 @@ pub enum CompileError {
 #[error(
     "NVRTC failed to compile {kernel} for {arch} ({message})\noptions: {options}\n{log}{context}"
 )]
+#[non_exhaustive]
 pub struct FailedCompile {
     pub kernel: String,
     pub arch: String,
@@ -81,7 +86,7 @@ pub fn options_for(arch: &Arch) -> Vec<String> {
 }
 
 /// Parse ptxas' `-v` report for one entry.
-pub fn parse_resources(log: &str) -> Option<Resources> {
+pub(crate) fn parse_resources(log: &str) -> Option<Resources> {
     let mut r = Resources::default();
     let mut seen = false;
     for line in log.lines() {

@@ -13,11 +13,11 @@ use crate::gen::nvrtc::{self, Nvrtc};
 use crate::gen::render::{sha256_hex, Templates, TOOL_VERSION};
 use crate::gen::spec::{MergeVariant, Spec};
 
-pub const MANIFEST: &str = "manifest.json";
 pub const KERNEL_DIR: &str = "kernels";
-pub use crate::contract::SCHEMA_VERSION;
+pub use crate::contract::{MANIFEST, SCHEMA_VERSION};
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EmitError {
     #[error("{path}: {what}: {source}")]
     Io {
@@ -49,6 +49,7 @@ pub(crate) fn io_err<'a>(
 
 #[derive(Debug, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct Manifest {
     pub schema_version: u32,
     pub generator: Generator,
@@ -60,6 +61,7 @@ pub struct Manifest {
 
 #[derive(Debug, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct Generator {
     pub name: &'static str,
     pub version: &'static str,
@@ -67,6 +69,7 @@ pub struct Generator {
 
 #[derive(Debug, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct NvrtcInfo {
     /// major.minor from nvrtcVersion.
     pub version: String,
@@ -80,6 +83,7 @@ pub struct NvrtcInfo {
 
 #[derive(Debug, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct SpecInfo {
     pub source: String,
     pub sha256: String,
@@ -88,6 +92,7 @@ pub struct SpecInfo {
 
 #[derive(Debug, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct FileRef {
     pub file: String,
     pub bytes: usize,
@@ -96,6 +101,7 @@ pub struct FileRef {
 
 #[derive(Debug, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct ArchEntry {
     pub arch: String,
     pub nvrtc_options: Vec<String>,
@@ -108,6 +114,7 @@ pub struct ArchEntry {
 
 #[derive(Debug, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub struct KernelEntry {
     pub name: String,
     pub family: &'static str,
@@ -271,6 +278,7 @@ pub fn read_tree(dir: &Path) -> Result<FileSet, EmitError> {
 
 /// How a folder differs from the planned files.
 #[derive(Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Diff {
     pub stale: Vec<String>,
     pub missing: Vec<String>,

@@ -18,6 +18,7 @@ pub const ENV_OVERRIDE: &str = "MLA_GEN_NVRTC";
 pub const ENV_PYTHON: &str = "MLA_GEN_PYTHON";
 
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum NvrtcError {
     #[error(
         "NVRTC (libnvrtc) not found. Looked in:\n{}\nInstall the pinned NVRTC with:\n    {INSTALL_COMMAND}\nor point {ENV_OVERRIDE} at a libnvrtc.so file or its folder.",
@@ -67,6 +68,7 @@ struct Api {
 }
 
 /// A loaded NVRTC.
+#[non_exhaustive]
 pub struct Nvrtc {
     api: Api,
     /// Where it was loaded from (shown by `doctor`; never written into artifacts).
@@ -79,6 +81,7 @@ pub struct Nvrtc {
 
 /// One place the locator looked, and what it found there.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Candidate {
     pub place: String,
     pub found: Option<PathBuf>,
@@ -322,6 +325,7 @@ pub fn load() -> Result<&'static Nvrtc, NvrtcError> {
 }
 
 /// The output of one compilation.
+#[non_exhaustive]
 pub struct Compiled {
     pub ptx: Option<Vec<u8>>,
     pub cubin: Option<Vec<u8>>,
@@ -329,6 +333,7 @@ pub struct Compiled {
 }
 
 /// A failed compilation: the log, for the caller to show with the source.
+#[non_exhaustive]
 pub struct CompileFailure {
     pub log: String,
     pub message: String,

@@ -34,9 +34,10 @@ pub const EMBEDDED_TEMPLATES: [(&str, &str); 5] = [
     ),
 ];
 
-pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use crate::TOOL_VERSION;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RenderError {
     #[error("cannot read template {path}: {source}")]
     Read {
@@ -211,6 +212,6 @@ fn tidy(text: &str) -> String {
     out
 }
 
-pub fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -22,6 +22,7 @@ pub const DEFAULT_ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 
 /// A validated, expanded spec.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Spec {
     /// Where it came from, for messages: a path or the embedded default.
     pub origin: String,
@@ -61,6 +62,7 @@ impl Spec {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SpecError {
     #[error("{origin}:{line}:{column}: {message}")]
     At {
@@ -753,7 +755,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
 /// group's scale is a shuffle reduction over those lanes, so: the group divides the row and holds
 /// whole vectors, its lanes (a power of two up to 32) divide the threads of a row, and every
 /// thread walks whole rows (no partial last pass).
-pub fn group_fits(v: &MergeVariant, group_size: u32) -> bool {
+pub(crate) fn group_fits(v: &MergeVariant, group_size: u32) -> bool {
     let l = crate::gen::abi::Launch::for_variant(v);
     let lanes = group_size / l.vec_elems.max(1);
     v.head_size % group_size == 0
@@ -793,7 +795,7 @@ pub fn apply_arch_override(spec: &mut Spec, explicit: Option<&[String]>) -> Resu
 }
 
 /// Replace the spec's architectures (from `--arch` or an environment variable).
-pub fn override_archs(spec: &mut Spec, archs: &[String]) -> Result<(), SpecError> {
+pub(crate) fn override_archs(spec: &mut Spec, archs: &[String]) -> Result<(), SpecError> {
     let mut out = Vec::new();
     for a in archs {
         let parsed = Arch::parse(a).map_err(|message| SpecError::Whole {

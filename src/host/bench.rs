@@ -1,4 +1,4 @@
-//! GPU timing through the Rust runtime (feature `cuda`): `mla-gen tune` picks each (dtype, head
+//! GPU timing through the Rust runtime (feature `runtime`): `mla-gen tune` picks each (dtype, head
 //! size)'s fastest schedule among candidate kernels; `mla-gen bench` times kernels and the
 //! launcher's host cost. Median of CUDA-event times, L2 flushed before every launch, random data.
 
@@ -14,7 +14,7 @@ use crate::reference::Layout;
 
 /// Bytes a merge moves: rows with context read two rows and write one (and three lse), rows
 /// without context read and write one row (and two lse).
-pub fn merge_bytes(t: usize, h: usize, d: usize, size: usize, n: usize, lse: bool) -> u64 {
+pub(crate) fn merge_bytes(t: usize, h: usize, d: usize, size: usize, n: usize, lse: bool) -> u64 {
     let (ctx, plain) = ((n * h) as u64, ((t - n) * h) as u64);
     let (l3, l2) = if lse { (12, 8) } else { (8, 4) };
     ctx * (3 * (d * size) as u64 + l3) + plain * (2 * (d * size) as u64 + l2)
@@ -173,7 +173,7 @@ fn buffers_for<'a>(
 /// `bench` and `tune` time the pairwise merge; the K-way and in-place merges are timed by
 /// python/bench/bench.py.
 fn is_pairwise(k: &Kernel) -> bool {
-    k.meta.variant.family == crate::gen::spec::Family::MergeAttnStates
+    k.meta.variant.family == crate::variant::Family::MergeAttnStates
 }
 
 fn max_head_size(rt: &Runtime) -> usize {
@@ -224,7 +224,7 @@ fn time_kernel(
 }
 
 /// Shapes the tuner scores a schedule on: (tokens, heads, threshold at T/2).
-pub const TUNE_SHAPES: [(usize, usize, bool); 8] = [
+pub(crate) const TUNE_SHAPES: [(usize, usize, bool); 8] = [
     (1024, 16, false),
     (1024, 128, false),
     (8192, 16, true),

@@ -1,5 +1,5 @@
 //! Bindings derived from the manifest, the only description of the kernel ABI: a C launcher
-//! (`--emit c`, [`crate::host::c`]). Each reads the manifest and the planned files; none knows the
+//! (`--emit c`, written by `src/host/c.rs`). Each reads the manifest and the planned files; none knows the
 //! templates' insides.
 
 use crate::gen::emit::{FileSet, Manifest};
@@ -10,6 +10,7 @@ pub use crate::host::c::{CPrefix, C_DIR};
 /// Extra outputs `generate --emit` can add.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[non_exhaustive]
 pub enum Emit {
     /// `c/<prefix>_kernels.h` + `c/<prefix>_kernels.c`: embedded images and checked C launchers.
     C,

@@ -13,6 +13,7 @@ pub const MAX_PARAMS: usize = 32;
 
 /// One argument of a launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Arg<'a> {
     /// A device buffer: address, length in elements and, where the host knows it, the
     /// element type's manifest name (`bf16`, `f32`, `u8`, ...).
@@ -31,6 +32,7 @@ pub enum Arg<'a> {
 /// What a passing check returns: parameter values in signature order (pointers as addresses)
 /// and the launch shape; `grid` is `None` when there is nothing to launch (T = 0 or H = 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Checked {
     values: [u64; MAX_PARAMS],
     len: usize,
@@ -45,7 +47,8 @@ impl Checked {
     pub fn values(&self) -> &[u64] {
         &self.values[..self.len]
     }
-    pub fn values_mut(&mut self) -> &mut [u64] {
+    #[cfg(feature = "runtime")]
+    pub(crate) fn values_mut(&mut self) -> &mut [u64] {
         &mut self.values[..self.len]
     }
 }
@@ -53,6 +56,7 @@ impl Checked {
 /// An argument the kernel cannot take: the kernel's name and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{kernel}: {problem}")]
+#[non_exhaustive]
 pub struct Refusal {
     pub kernel: String,
     pub problem: String,

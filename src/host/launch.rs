@@ -176,7 +176,7 @@ impl<'a> NamedArgs<'a> {
     pub fn new() -> Self {
         Self::default()
     }
-    /// Add one argument (past [`MAX_ARGS`] arguments, [`NamedArgs::overflowed`] turns true and
+    /// Add one argument (past `MAX_ARGS` arguments, [`NamedArgs::overflowed`] turns true and
     /// the argument is dropped).
     pub fn push(&mut self, name: &'a str, arg: Arg<'a>) -> &mut Self {
         match self.items.get_mut(self.len) {

@@ -98,7 +98,7 @@ const _: () = {
 impl Runtime {
     /// Load every kernel of `dir/manifest.json` into `ctx`.
     pub fn load(ctx: Arc<CudaContext>, dir: &Path) -> Result<Runtime, RuntimeError> {
-        let path = dir.join(crate::gen::emit::MANIFEST);
+        let path = dir.join(crate::contract::MANIFEST);
         let read = |p: PathBuf| {
             std::fs::read(&p).map_err(|e| RuntimeError::Manifest {
                 path: p,
@@ -121,8 +121,8 @@ impl Runtime {
             return Err(RuntimeError::Manifest {
                 path: origin,
                 detail: format!(
-                    "no kernels are embedded: the module was built with {}=1",
-                    crate::builder::ENV_SKIP
+                    "no kernels are embedded: the module was built without them ({}=1, or on docs.rs)",
+                    crate::ENV_SKIP
                 ),
             });
         }

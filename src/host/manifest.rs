@@ -8,10 +8,10 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::contract::{Contract, LaunchRule, Param, SCHEMA_VERSION};
-use crate::gen::variant::{Family, Fp8Group, LseLayout, OutputKind, Schedule};
 use crate::host::check::Plan;
 use crate::host::runtime::RuntimeError;
 use crate::host::typed::KernelKey;
+use crate::variant::{Arch, Family, Fp8Group, LseLayout, OutputKind, Schedule};
 
 /// The manifest: the NVRTC that made the files and every kernel.
 #[derive(Debug, Clone, Deserialize)]
@@ -107,7 +107,7 @@ impl ManifestView {
             Some(v) => {
                 return Err(bad(format!(
                     "schema_version {v}; this mla-gen {} reads schema_version {SCHEMA_VERSION}: regenerate the kernels with it",
-                    crate::gen::render::TOOL_VERSION
+                    crate::TOOL_VERSION
                 )))
             }
             None => {
@@ -179,7 +179,7 @@ impl KernelView {
         let mut best_cubin: Option<(u32, &str)> = None;
         let mut best_ptx: Option<(u32, &str)> = None;
         for a in &self.archs {
-            let Ok(arch) = crate::gen::variant::Arch::parse(&a.arch) else {
+            let Ok(arch) = Arch::parse(&a.arch) else {
                 continue;
             };
             let n = arch.major_minor;

@@ -1,23 +1,32 @@
-//! The hosts' side: what loads and launches generated kernels. The C launcher emitter
-//! ([`bindings`], [`c`]), the Rust module writer ([`rust_module`]) and the checker ([`check`])
-//! need no GPU; the runtime (`runtime` and its layers `manifest`, `load`, `launch`, `typed`) and
-//! the benchmarks need feature `cuda`.
+//! The hosts' side: what loads and launches generated kernels, and what writes bindings for them.
+//!
+//! - always: [`check`], the one launch checker over a manifest's argument contract (no GPU);
+//! - feature `runtime`: `runtime` and its layers (`manifest`, `load`, `launch`, `typed`), the
+//!   driver probe (`driver`) and the benchmarks (`bench`);
+//! - feature `codegen`: the C launcher emitter (`bindings`, `c`) and the Rust module the
+//!   `Builder` writes (`rust_module`), which write files from a manifest and need no GPU.
 
-pub mod bindings;
-pub mod c;
 pub mod check;
-pub mod driver;
-pub mod rust_module;
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "codegen")]
+pub mod bindings;
+#[cfg(feature = "codegen")]
+pub(crate) mod c;
+#[cfg(feature = "codegen")]
+pub(crate) mod rust_module;
+
+#[cfg(feature = "runtime")]
+#[doc(hidden)]
 pub mod bench;
-#[cfg(feature = "cuda")]
-pub mod launch;
-#[cfg(feature = "cuda")]
-pub mod load;
-#[cfg(feature = "cuda")]
-pub mod manifest;
-#[cfg(feature = "cuda")]
+#[cfg(feature = "runtime")]
+pub mod driver;
+#[cfg(feature = "runtime")]
+pub(crate) mod launch;
+#[cfg(feature = "runtime")]
+pub(crate) mod load;
+#[cfg(feature = "runtime")]
+pub(crate) mod manifest;
+#[cfg(feature = "runtime")]
 pub mod runtime;
-#[cfg(feature = "cuda")]
-pub mod typed;
+#[cfg(feature = "runtime")]
+pub(crate) mod typed;

@@ -1,18 +1,18 @@
-//! Runtime (feature `cuda`): load generated kernels from a manifest through the CUDA driver
+//! Runtime (feature `runtime`): load generated kernels from a manifest through the CUDA driver
 //! (cudarc) and launch them on a stream. Every launch is checked first by the one generic
 //! checker ([`crate::host::check`], docs/MANIFEST.md "The check"), so a wrong call gets an error
 //! instead of touching memory outside its tensors. No host-device synchronization happens in a
 //! launch, so launches can be captured in a CUDA graph.
 //!
-//! The layers, one module each:
-//! - [`crate::host::manifest`]: the manifest as the runtime reads it, and the artifact rule;
-//! - [`crate::host::load`]: [`Runtime`] and [`Kernel`], the loaded modules and their checkers;
-//! - [`crate::host::launch`]: launching from raw device addresses (`unsafe`) and the per-family
-//!   argument structs ([`MergeArgs`], ...) that name their arguments;
-//! - [`crate::host::typed`]: the safe API over cudarc slices and views ([`Launch`]) that the
-//!   Builder's generated module calls.
-//!
-//! This module gathers them under one path (`mla_gen::runtime::...`) and holds the error type.
+//! The layers, one source file each under `src/host/`, all public through this module
+//! (`mla_gen::runtime::...`), which also holds the error type:
+//! - `manifest.rs`: the manifest as the runtime reads it ([`ManifestView`], [`KernelView`]) and
+//!   the artifact rule ([`KernelView::artifact`]);
+//! - `load.rs`: [`Runtime`] and [`Kernel`], the loaded modules and their checkers;
+//! - `launch.rs`: launching from raw device addresses (`unsafe`) and the per-family argument
+//!   structs ([`MergeArgs`], ...) that name their arguments;
+//! - `typed.rs`: the safe API over cudarc slices and views ([`Launch`]) that the Builder's
+//!   generated module calls.
 
 use std::path::PathBuf;
 
@@ -96,7 +96,7 @@ pub fn driver_present() -> bool {
     NAMES.iter().any(|name| {
         // SAFETY: only opens (and closes) the library; libcuda's initializers have no
         // preconditions.
-        unsafe { libloading::Library::new(name) }.is_ok()
+        unsafe { libloading::Library::new(*name) }.is_ok()
     })
 }
 

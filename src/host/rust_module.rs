@@ -2,16 +2,16 @@
 //! images embedded, `load(ctx)` returning a `Kernels` struct with one resolved handle per
 //! kernel, one typed method per kernel over cudarc views (`mla_gen::runtime::Launch`), and
 //! `dispatch`, which picks a kernel from a `mla_gen::runtime::KernelKey` at run time. Writing it
-//! needs no GPU and no cudarc (build scripts run without feature `cuda`).
+//! needs no GPU and no cudarc (build scripts build-depend on feature `codegen` only).
 
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::contract::MANIFEST;
 use crate::contract::{Param, ParamKind};
 use crate::dtype::Dtype;
-use crate::gen::emit::MANIFEST;
-use crate::gen::render::TOOL_VERSION;
 use crate::gen::spec::{self, LseLayout};
+use crate::TOOL_VERSION;
 
 /// What a typed binding needs to know of a kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -308,8 +308,8 @@ pub fn rust_module(
         None => {
             let _ = write!(
                 s,
-                "/// Built with {}=1: no kernels are embedded.\n#[allow(dead_code)]\npub const MANIFEST: &str = \"\";\n#[allow(dead_code)]\npub const FILES: &[(&str, &[u8])] = &[];\n\n",
-                crate::builder::ENV_SKIP
+                "/// Built without kernels ({}=1, or on docs.rs): none are embedded.\n#[allow(dead_code)]\npub const MANIFEST: &str = \"\";\n#[allow(dead_code)]\npub const FILES: &[(&str, &[u8])] = &[];\n\n",
+                crate::ENV_SKIP
             );
         }
     }

@@ -11,12 +11,12 @@
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use crate::dtype::Dtype;
-use crate::gen::variant::{Fp8Group, LseLayout, OutputKind};
 use crate::host::check::{Arg, MAX_PARAMS};
 use crate::host::launch::{strides, NamedArgs, StatesLayout, OTHER, OUTPUT, PREFIX, STATE, SUFFIX};
 use crate::host::load::Kernel;
 use crate::host::runtime::RuntimeError;
 use crate::reference::Layout;
+use crate::variant::{Fp8Group, LseLayout, OutputKind};
 
 mod sealed {
     pub trait Sealed {}
