@@ -257,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
         const long long lse_at = lse_index(t, h, num_tokens, num_heads);
         out_t* out_row = output + t * output_token_stride + h * output_head_stride;
         // After the loads are in flight: the request search reads only the start locations. (Measured
-        // against mask + merge, GPU runs 28-30: faster up to ~2K tokens x 16 heads, 0.6x at 32K. Not
+        // against mask + merge, GPU runs 28-31: faster up to ~2K tokens x 16 heads, 0.6x at 32K. Not
         // the search's traffic: one search per row and warp, shuffled to the other lanes, changed
         // nothing; not its L1 residency: evict_last loads changed nothing; a k-ary search over the
         // row's lanes was slower still. docs/PERFORMANCE.md.)
