@@ -1,0 +1,286 @@
+//! Unit tests of the parent module.
+
+use super::*;
+
+fn err(text: &str) -> String {
+    match parse("t.toml", text) {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn the_fused_context_mask_is_a_pairwise_key() {
+    let s = parse(
+        "t.toml",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nmask_empty_context = [false, true]\n",
+    )
+    .unwrap();
+    let names = s.kernel_names();
+    assert_eq!(
+        names,
+        [
+            "merge_attn_states_bf16_d128_thr_lse",
+            "merge_attn_states_bf16_d128_thr_lse_ctxmask"
+        ]
+    );
+    let p = crate::gen::abi::params(&s.variants[1]);
+    let names: Vec<&str> = p.iter().map(|p| p.name.as_str()).collect();
+    assert!(names.contains(&"query_start_loc") && names.contains(&"context_start_loc"));
+    assert_eq!(names.last(), Some(&"num_requests"));
+    for table in [
+        "merge_states",
+        "merge_state_in_place",
+        "mask_empty_context_lse",
+    ] {
+        let text = format!("[[{table}]]\nmask_empty_context = true\n");
+        let e = parse("t.toml", &text).unwrap_err().to_string();
+        assert!(e.contains("`mask_empty_context` is not a key of"), "{e}");
+    }
+    let e = parse(
+        "t.toml",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nmask_empty_context = 1\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("t.toml:4:"), "{e}");
+}
+
+#[test]
+fn default_spec_is_the_vllm_set() {
+    let s = default_spec().unwrap();
+    assert_eq!(s.variants.len(), 27);
+    assert_eq!(
+        s.archs.iter().map(Arch::name).collect::<Vec<_>>(),
+        ["sm_80", "sm_90", "sm_100", "sm_120"]
+    );
+    assert!(s
+        .variants
+        .iter()
+        .all(|v| v.prefix_threshold && v.output_lse));
+    let heads: std::collections::BTreeSet<u32> = s.variants.iter().map(|v| v.head_size).collect();
+    assert_eq!(
+        heads.into_iter().collect::<Vec<_>>(),
+        [64, 80, 96, 112, 128, 192, 256, 512, 576]
+    );
+}
+
+#[test]
+fn lists_expand_to_their_cross_product_in_order() {
+    let s = parse(
+        "t.toml",
+        "[[merge_attn_states]]\ndtype = [\"f16\", \"bf16\"]\nhead_size = [64, 128]\nprefix_threshold = [true, false]\n",
+    )
+    .unwrap();
+    let names = s.kernel_names();
+    assert_eq!(names.len(), 8);
+    assert_eq!(names[0], "merge_attn_states_f16_d64_thr_lse");
+    assert_eq!(names[1], "merge_attn_states_f16_d64_lse");
+    assert_eq!(names[7], "merge_attn_states_bf16_d128_lse");
+    assert_eq!(s.archs.len(), 2, "default archs");
+}
+
+#[test]
+fn errors_name_the_place_the_key_and_the_allowed_values() {
+    assert_eq!(
+        err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 0\n"),
+        "t.toml:3:13: `head_size`: 0 is out of range; allowed: 1..=1024"
+    );
+    assert!(
+        err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput = \"fp4\"\n")
+            .contains("\"fp4\" is not allowed; allowed: same")
+    );
+    assert!(err("[[merge_attn_states]]\ndtype = []\nhead_size = 64\n").contains("empty list"));
+    assert!(
+        err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = [64, 64]\n")
+            .contains("lists 64 twice")
+    );
+    assert!(
+        err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput_lse = \"yes\"\n")
+            .contains("expected true or false")
+    );
+    assert!(
+        err("arch = [\"sm_9x\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n")
+            .contains("must be digits")
+    );
+    assert!(
+        err("arch = [\"gfx90a\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n")
+            .contains("not an architecture")
+    );
+    assert!(err("").contains("names no kernels"));
+    assert!(err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n")
+        .contains("also produced by the table at line 1"));
+}
+
+#[test]
+fn fp8_is_an_output_kind_not_an_input_dtype() {
+    let e = err("[[merge_attn_states]]\ndtype = \"fp8_e4m3\"\nhead_size = 64\n");
+    assert!(e.contains("write output = \"fp8_e4m3\""), "{e}");
+    let s = parse(
+        "t.toml",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput = [\"same\", \"fp8_e4m3\"]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        s.kernel_names(),
+        [
+            "merge_attn_states_bf16_d64_thr_lse",
+            "merge_attn_states_bf16_d64_thr_lse_fp8"
+        ]
+    );
+}
+
+#[test]
+fn k_way_and_in_place_tables() {
+    let s = parse(
+        "t.toml",
+        "[[merge_states]]\ndtype = \"f32\"\nhead_size = 64\nnum_states = [2, 16, \"runtime\"]\noutput_lse = [true, false]\n\
+         [[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 64\nmask = [true, false]\nlse_layout = \"token_major\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        s.kernel_names(),
+        [
+            "merge_states_f32_d64_k2_lse",
+            "merge_states_f32_d64_k2",
+            "merge_states_f32_d64_k16_lse",
+            "merge_states_f32_d64_k16",
+            "merge_states_f32_d64_kvar_lse",
+            "merge_states_f32_d64_kvar",
+            "merge_state_in_place_bf16_d64_mask_tm",
+            "merge_state_in_place_bf16_d64_tm",
+        ]
+    );
+    assert!(s.variants.iter().all(|v| !v.prefix_threshold));
+    let e = err("[[merge_states]]\ndtype = \"f32\"\nhead_size = 64\n");
+    assert!(e.contains("missing the required key `num_states`"), "{e}");
+    for bad in ["1", "17", "\"any\"", "2.0"] {
+        let e = err(&format!(
+            "[[merge_states]]\ndtype = \"f32\"\nhead_size = 64\nnum_states = {bad}\n"
+        ));
+        assert!(
+            e.contains("allowed: integers 2..=16, or \"runtime\""),
+            "{e}"
+        );
+    }
+    // Keys of another family are refused where they would be silently ignored.
+    for (table, key) in [
+        ("merge_states", "prefix_threshold = true"),
+        ("merge_states", "rows_per_thread = 2"),
+        ("merge_states", "lse_layout = \"head_major\""),
+        ("merge_state_in_place", "output_lse = false"),
+        ("merge_state_in_place", "output = \"fp8_e4m3\""),
+        ("merge_attn_states", "num_states = 4"),
+        ("merge_attn_states", "mask = true"),
+    ] {
+        let extra = if table == "merge_states" {
+            "num_states = 4\n"
+        } else {
+            ""
+        };
+        let e = err(&format!(
+            "[[{table}]]\ndtype = \"f32\"\nhead_size = 64\n{extra}{key}\n"
+        ));
+        let name = key.split(' ').next().unwrap();
+        assert!(
+            e.contains(&format!("`{name}` is not a key of [[{table}]]")),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn per_token_group_fp8_keys() {
+    let s = parse(
+        "t.toml",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = [\"fp8_e4m3\", \"fp8_e4m3_group\"]\ngroup_size = [16, 128]\nue8m0 = [false, true]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        s.kernel_names(),
+        [
+            "merge_attn_states_bf16_d128_thr_lse_fp8",
+            "merge_attn_states_bf16_d128_thr_lse_fp8g16",
+            "merge_attn_states_bf16_d128_thr_lse_fp8g16_ue8m0",
+            "merge_attn_states_bf16_d128_thr_lse_fp8g128",
+            "merge_attn_states_bf16_d128_thr_lse_fp8g128_ue8m0",
+        ]
+    );
+    let base = "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n";
+    let e = err(&format!("{base}output = \"fp8_e4m3_group\"\n"));
+    assert!(e.contains("needs `group_size`"), "{e}");
+    let e = err(&format!("{base}group_size = 64\n"));
+    assert!(
+        e.contains("`group_size` applies only with output = \"fp8_e4m3_group\""),
+        "{e}"
+    );
+    let e = err(&format!("{base}ue8m0 = true\n"));
+    assert!(e.contains("`ue8m0` applies only with"), "{e}");
+    let e = err(&format!(
+        "{base}output = \"fp8_e4m3_group\"\ngroup_size = 48\n"
+    ));
+    assert!(
+        e.contains("48 is not allowed; allowed: 16, 32, 64, 128"),
+        "{e}"
+    );
+    // f32 d576 has 72 threads per row, two vectors each: a 64-element group (16 lanes) would
+    // straddle them.
+    let e = err(
+        "[[merge_attn_states]]\ndtype = \"f32\"\nhead_size = 576\noutput = \"fp8_e4m3_group\"\ngroup_size = 64\n",
+    );
+    assert!(
+        e.contains("`group_size` = 64 does not fit f32 d576") && e.contains("allowed here: 16, 32"),
+        "{e}"
+    );
+    let e =
+        err("[[merge_states]]\ndtype = \"f32\"\nhead_size = 64\nnum_states = 2\ngroup_size = 16\n");
+    assert!(
+        e.contains("`group_size` is not a key of [[merge_states]]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn expansion_is_capped() {
+    let heads: Vec<String> = (1..=1024).map(|n| n.to_string()).collect();
+    let text = format!(
+        "[[merge_attn_states]]\ndtype = [\"f16\", \"bf16\", \"f32\"]\nhead_size = [{}]\nprefix_threshold = [true, false]\n",
+        heads.join(", ")
+    );
+    assert!(err(&text).contains("more than 4096 kernels"));
+}
+
+#[test]
+fn every_tuned_entry_reaches_the_variants() {
+    // A tuned table that fails to parse would silently fall back to the default schedule.
+    let file: TunedFile = toml::from_str(TUNED_SCHEDULES).expect("specs/tuned.toml parses");
+    assert!(!file.schedule.is_empty());
+    let spec = default_spec().unwrap();
+    for e in &file.schedule {
+        let dtype = Dtype::from_name(&e.dtype).expect("known dtype");
+        let want = Schedule {
+            rows_per_thread: e.rows_per_thread,
+            min_blocks_per_sm: e.min_blocks_per_sm,
+            block_threads: e.block_threads,
+            heads_per_block: e.heads_per_block,
+        };
+        assert_eq!(tuned_schedule(dtype, e.head_size), want);
+        for v in spec
+            .variants
+            .iter()
+            .filter(|v| v.dtype == dtype && v.head_size == e.head_size)
+        {
+            assert_eq!(v.schedule, want, "{}", v.kernel_name());
+            assert!(!v.explicit_schedule);
+        }
+    }
+}
+
+#[test]
+fn arch_names_round_trip() {
+    for a in ["sm_80", "sm_90a", "compute_90", "sm_120"] {
+        assert_eq!(Arch::parse(a).unwrap().name(), a);
+    }
+    assert_eq!(Arch::parse("sm_90").unwrap().virtual_name(), "compute_90");
+    assert_eq!(Arch::parse("compute_90").unwrap().real_name(), None);
+}
