@@ -35,7 +35,7 @@ fn a_second_build_with_nothing_changed_compiles_nothing() {
         "pub merge_attn_states_f32_d128_thr_lse: std::sync::Arc<mla_gen::runtime::Kernel>,"
     ));
     assert!(module.contains("merge_attn_states_f32_d128_thr_lse: runtime.require(\"merge_attn_states_f32_d128_thr_lse\")?,"));
-    assert!(module.contains("K::MergeAttnStates { dtype: D::F32, head_size: 128, output: O::Same, fp8_group: None, prefix_threshold: true, output_lse: true, lse_layout: L::HeadMajor } => Some(self.merge_attn_states_f32_d128_thr_lse.as_ref()),"));
+    assert!(module.contains("K::MergeAttnStates { dtype: D::F32, head_size: 128, output: O::Same, fp8_group: None, prefix_threshold: true, output_lse: true, lse_layout: L::HeadMajor, mask_empty_context: false } => Some(self.merge_attn_states_f32_d128_thr_lse.as_ref()),"));
     assert!(module.contains("pub fn merge_attn_states_f32_d128_thr_lse("));
     assert!(module.contains("kernels/merge_attn_states_f32_d128_thr_lse.sm_90.cubin"));
     let stamp = std::fs::metadata(&first.module)

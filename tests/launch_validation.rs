@@ -712,7 +712,7 @@ fn every_kernel_has_the_run_time_key_that_selects_it() {
     use mla_gen::runtime::KernelKey;
     use mla_gen::variant::{LseLayout, OutputKind};
     let ks = kernels_of(
-        "[[merge_attn_states]]\ndtype = [\"bf16\", \"f16\"]\nhead_size = [64, 128]\noutput = [\"same\", \"fp8_e4m3\"]\n\
+        "[[merge_attn_states]]\ndtype = [\"bf16\", \"f16\"]\nhead_size = [64, 128]\noutput = [\"same\", \"fp8_e4m3\"]\nmask_empty_context = [false, true]\n\
          [[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n\
          [[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 128\nmask = [true, false]\n\
          [[mask_empty_context_lse]]\nlse_layout = [\"head_major\", \"token_major\"]\n",
@@ -729,6 +729,7 @@ fn every_kernel_has_the_run_time_key_that_selects_it() {
         prefix_threshold: true,
         output_lse: true,
         lse_layout: LseLayout::HeadMajor,
+        mask_empty_context: false,
     }));
     assert!(keys.contains(&KernelKey::MergeStates {
         dtype: Dtype::Bf16,

@@ -46,6 +46,9 @@ pub struct VariantView {
     pub output_lse: bool,
     pub lse_layout: String,
     pub schedule: Schedule,
+    /// The empty-context mask fused in (absent: false).
+    #[serde(default)]
+    pub mask_empty_context: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -153,6 +156,7 @@ impl KernelView {
                 prefix_threshold: v.prefix_threshold,
                 output_lse: v.output_lse,
                 lse_layout,
+                mask_empty_context: v.mask_empty_context,
             },
             Family::MergeStates { num_states } => KernelKey::MergeStates {
                 dtype,

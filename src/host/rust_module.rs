@@ -27,6 +27,8 @@ pub struct BindingKernel {
     pub fp8_output: bool,
     /// Writes FP8 e4m3 codes (`u8`) with per-token-group scales: (group size, UE8M0).
     pub fp8_group: Option<(u32, bool)>,
+    /// Fuses the empty-context lse mask (takes the requests' start locations).
+    pub mask_empty_context: bool,
     /// The parameters in signature order, with their contracts.
     pub params: Vec<Param>,
 }
@@ -43,6 +45,7 @@ impl BindingKernel {
             head_major: v.lse_layout == LseLayout::HeadMajor,
             fp8_output: v.output == spec::OutputKind::Fp8E4m3,
             fp8_group: v.fp8_group.map(|g| (g.group_size, g.ue8m0)),
+            mask_empty_context: v.mask_empty_context,
             params: crate::gen::abi::params(v),
         }
     }
@@ -74,6 +77,7 @@ impl BindingKernel {
                     head_major: v["lse_layout"].as_str()? == "head_major",
                     fp8_output: v["output"].as_str() == Some("fp8_e4m3"),
                     fp8_group,
+                    mask_empty_context: v["mask_empty_context"].as_bool().unwrap_or(false),
                     params: serde_json::from_value(k["params"].clone()).ok()?,
                 })
             })
@@ -184,8 +188,8 @@ impl BindingKernel {
                     (None, false) => ("O::Same", "None".into()),
                 };
                 format!(
-                    "K::MergeAttnStates {{ dtype: {dtype}, head_size: {}, output: {output}, fp8_group: {group}, prefix_threshold: {}, output_lse: {}, lse_layout: {lse} }}",
-                    self.head_size, self.prefix_threshold, self.output_lse
+                    "K::MergeAttnStates {{ dtype: {dtype}, head_size: {}, output: {output}, fp8_group: {group}, prefix_threshold: {}, output_lse: {}, lse_layout: {lse}, mask_empty_context: {} }}",
+                    self.head_size, self.prefix_threshold, self.output_lse, self.mask_empty_context
                 )
             }
             spec::Family::MergeStates { num_states } => format!(

@@ -372,6 +372,8 @@ pub enum KernelKey {
         prefix_threshold: bool,
         output_lse: bool,
         lse_layout: LseLayout,
+        /// Takes the requests' start locations and fuses the empty-context lse mask.
+        mask_empty_context: bool,
     },
     MergeStates {
         dtype: Dtype,
