@@ -149,7 +149,8 @@ pub struct Contract {
     pub launch: LaunchRule,
 }
 
-/// A parsed size or stride expression: `mul * product(factors) + add`.
+/// A parsed size or stride expression: `mul * product(factors) + add` (`host::check` resolves
+/// the names to parameter indexes once, and evaluates that).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Expr {
     pub mul: i64,
@@ -184,14 +185,5 @@ impl Expr {
             }
         }
         Ok(e)
-    }
-
-    /// The value, with each name looked up by `value`; `None` on overflow or an unknown name.
-    pub fn eval(&self, value: impl Fn(&str) -> Option<i64>) -> Option<i64> {
-        let mut v = self.mul;
-        for f in &self.factors {
-            v = v.checked_mul(value(f)?)?;
-        }
-        v.checked_add(self.add)
     }
 }

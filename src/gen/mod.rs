@@ -1,11 +1,12 @@
 //! Generation, one stage a module, data flowing one way:
 //! [`spec`] (parse, validate, expand into [`variant`]s) -> [`abi`] (each kernel's argument
-//! contract and launch rule) -> [`render`] (Tera -> CUDA) -> [`compile`] ([`nvrtc`] -> PTX,
+//! contract; its thread geometry and grid rule in [`launch`]) -> [`render`] (Tera -> CUDA) -> [`compile`] ([`nvrtc`] -> PTX,
 //! CUBIN) -> [`emit`] (files, manifest). No stage knows the ones after it.
 
 pub mod abi;
 pub mod compile;
 pub mod emit;
+pub mod launch;
 pub mod nvrtc;
 pub mod render;
 pub mod spec;
