@@ -23,7 +23,7 @@ const MAX_DIMS: usize = 8;
 /// does not make.
 const MAX_DEFAULT_SHARED_MEM: u32 = 48 * 1024;
 
-const TEMPLATES: [(&str, &str); 2] = [
+const TEMPLATES: [(&str, &str); 3] = [
     (
         "mla_kernels.h.tera",
         include_str!("../../templates/c/mla_kernels.h.tera"),
@@ -31,6 +31,11 @@ const TEMPLATES: [(&str, &str); 2] = [
     (
         "mla_kernels.c.tera",
         include_str!("../../templates/c/mla_kernels.c.tera"),
+    ),
+    // Section 3 of the .c, the generic check, included by it.
+    (
+        "mla_check.c.tera",
+        include_str!("../../templates/c/mla_check.c.tera"),
     ),
 ];
 
