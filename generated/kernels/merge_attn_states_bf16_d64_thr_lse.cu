@@ -29,12 +29,15 @@ __device__ __forceinline__ long long lse_index(long long t, long long h, long lo
 // query_start_loc[b] .. query_start_loc[b+1] and has an empty context when
 // context_start_loc[b+1] == context_start_loc[b]; tokens outside every request do not. One
 // binary search over the B + 1 boundaries; whatever they hold, only t's own answer changes.
+// In 32 bits: the start locations are int32, so a t past INT_MAX is outside every request, and
+// the merges are issue-bound, where a 64-bit search cost 1.6x a 32-bit one (GPU run 35).
 __device__ __forceinline__ bool in_empty_context(const int* query_start_loc, const int* context_start_loc,
-                                                 long long num_requests, long long t) {
-    if (num_requests <= 0) return false;
-    long long lo = 0, hi = num_requests - 1;  // the last request starting at or before t
+                                                 long long num_requests, long long token) {
+    if (num_requests <= 0 || token > 0x7fffffffll) return false;
+    const int t = static_cast<int>(token);
+    int lo = 0, hi = static_cast<int>(num_requests) - 1;  // the last request starting at or before t
     while (lo < hi) {
-        const long long mid = (lo + hi + 1) / 2;
+        const int mid = static_cast<int>((static_cast<unsigned int>(lo) + hi + 1u) >> 1);  // no overflow
         if (query_start_loc[mid] <= t) lo = mid; else hi = mid - 1;
     }
     return query_start_loc[lo] <= t && t < query_start_loc[lo + 1] &&
@@ -162,9 +165,6 @@ __device__ __forceinline__ MergeWeights merge_weights(float prefix_lse, float su
 // The FP8 outputs keep launch order: they are issue-bound, and renumbering the blocks (a division
 // per warp, place_block) made them 5-6% slower (GPU run 23).
 constexpr bool PLACE_BLOCKS = true;
-// The empty-context lse mask fused in: the rows of requests without context merge as if
-// mask_empty_context_lse had set their prefix_lse to -inf first (bit for bit the same result).
-constexpr bool MASK_EMPTY_CONTEXT = false;
 // Group FP8 picks each element by selects instead of branching per row: with a branch per row
 // kind, each inlining the group reduction, ptxas took 38 registers instead of 32.
 constexpr bool GROUP_FP8 = false;
@@ -215,9 +215,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
                                   group / HEADS_PER_BLOCK;
     const long long n = prefill_tokens_with_context;
     float* const lse_out = output_lse;  // null: not written
-    const int* const query_starts = nullptr;  // no fused mask: never read
-    const int* const context_starts = nullptr;
-    const long long requests = 0;
     const RowWriter out{};
 
     Pack prefix[ROWS_PER_THREAD][VECS_PER_THREAD], suffix[ROWS_PER_THREAD][VECS_PER_THREAD];
@@ -254,14 +251,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
         if (t >= num_tokens) continue;  // the whole row skips (group FP8: its group lanes stay together)
         const long long lse_at = lse_index(t, h, num_tokens, num_heads);
         out_t* out_row = output + t * output_token_stride + h * output_head_stride;
-        // After the loads are in flight: the request search reads only the start locations. (Measured
-        // against mask + merge, GPU runs 28-31: faster up to ~2K tokens x 16 heads, 0.6x at 32K. Not
-        // the search's traffic: one search per row and warp, shuffled to the other lanes, changed
-        // nothing; not its L1 residency: evict_last loads changed nothing; a k-ary search over the
-        // row's lanes was slower still. docs/PERFORMANCE.md.)
-        if (MASK_EMPTY_CONTEXT && t < n && in_empty_context(query_starts, context_starts, requests, t)) {
-            p_lse[r] = -INF;
-        }
 
         if (GROUP_FP8) {
             // Each element selected from the row's rule: past the threshold the suffix as is, no

@@ -309,6 +309,11 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                         .iter()
                         .flat_map(|&t| ctx_masks.iter().map(move |&c| (t, c)));
                     for (prefix_threshold, mask_empty_context) in prefix_choices {
+                        let tuned = if mask_empty_context {
+                            fused_mask_schedule(tuned)
+                        } else {
+                            tuned
+                        };
                         for &output_lse in &lses {
                             for &(output, fp8_group) in &output_choices {
                                 for &lse_layout in &layouts {
@@ -344,7 +349,13 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                 }
             }
         }
-        for v in expanded {
+        for mut v in expanded {
+            if v.mask_empty_context && f.min_blocks_per_sm.is_none() && v.dtype.size_bytes() <= 2 {
+                // Full occupancy for the fused mask (variant.rs, fused_mask_schedule); float32
+                // rows need more registers (d576 spilled at 32).
+                let block = crate::gen::abi::Launch::for_variant(&v).block_threads;
+                v.schedule.min_blocks_per_sm = (MAX_THREADS_PER_SM / block).max(1);
+            }
             if let Some(g) = v.fp8_group {
                 if !group_fits(&v, g.group_size) {
                     let fits: Vec<String> = GROUP_SIZES_ALLOWED

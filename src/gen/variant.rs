@@ -89,6 +89,18 @@ pub fn tuned_schedule(dtype: Dtype, head_size: u32) -> Schedule {
         })
 }
 
+/// The default schedule of a merge with the fused empty-context mask: its blocks wait at a barrier
+/// for their tokens' flags, so they are at most 256 threads (a shorter wait per block), and unless
+/// the spec says otherwise 16-bit ones ask ptxas for full occupancy (spec.rs), which the search's
+/// registers would otherwise cost (40 registers: 6 blocks of 256). At 1K-32K tokens x 16 heads,
+/// bf16 D = 128 and 512, 256 threads with 8 blocks per SM beat 128 and 512 (GPU runs 35-39).
+pub fn fused_mask_schedule(tuned: Schedule) -> Schedule {
+    Schedule {
+        block_threads: tuned.block_threads.min(256),
+        ..tuned
+    }
+}
+
 /// Compile-time K of `[[merge_states]]`: enough for split-KV decode; more goes to the runtime-K
 /// variant, which loops.
 pub const MAX_NUM_STATES: u32 = 16;
