@@ -155,14 +155,15 @@ def _prepare(kind: _Kind, options: tuple, tensors: tuple, free: tuple):
     prep.name = meta["name"]
     prep.grid = checked.grid
     prep.gx, prep.gy = checked.grid[:2] if checked.grid else (0, 0)
-    prep.device = device.index if device is not None else 0
+    prep.device = (device.index or 0) if device is not None else 0  # CPU tensors (tests): 0
     prep.launcher = None
     if checked.grid is not None:
         kern = _cuda.kernel(kf, meta)
         function = kern.function(prep.device)
         prep.launcher = _cuda.Launcher(function, _cuda.primary_context(prep.device), len(plan.params),
                                        checked.block_threads, checked.shared_mem_bytes, kf.manifest.get("nvrtc"),
-                                       meta["name"])
+                                       meta["name"], _cuda.param_kinds(meta["params"]),
+                                       _cuda.uses_pdl(meta, prep.device))
     # Parameter values per call: pool = tensors' pointers + free integers + this plan's values.
     pos = {name: k for k, name in enumerate(kind.names)}
     nt, nf = len(kind.names), len(kind.free)
@@ -409,7 +410,8 @@ def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None
     device = torch.cuda.current_device() if device is None or device < 0 else device
     launcher = _cuda.Launcher(_cuda.kernel(kf, meta).function(device), _cuda.primary_context(device),
                               len(plan.params), checked.block_threads, checked.shared_mem_bytes,
-                              kf.manifest.get("nvrtc"), kernel)
+                              kf.manifest.get("nvrtc"), kernel, _cuda.param_kinds(meta["params"]),
+                              _cuda.uses_pdl(meta, device))
     _cuda.launch(launcher, checked.values, checked.grid[0], checked.grid[1], _stream(device))
 
 
