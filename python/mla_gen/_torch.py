@@ -19,8 +19,6 @@ keeps every tensor inside its storage, and the plan checked these layouts.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from . import _cuda
@@ -78,8 +76,7 @@ class _Kind:
 
 
 class _Prepared:
-    __slots__ = ("launcher", "gather", "check", "ext", "bounds", "grid", "device", "consts", "meta", "name", "gx",
-                 "gy")
+    __slots__ = ("launcher", "fast", "guard", "grid", "device", "meta", "name", "gx", "gy")
 
 
 def _layout_error(name, t, sizes, strides, labels):
@@ -175,15 +172,11 @@ def _prepare(kind: _Kind, options: tuple, tensors: tuple, free: tuple):
             order.append(nt + kind.free.index(p.name))
         else:
             order.append(nt + nf + i)
-    prep.consts = tuple(values)
-    prep.gather = operator.itemgetter(*order) if len(order) > 1 else (lambda pool, k=order[0]: (pool[k],))
     # What a call with the same layouts still checks: alignment, overlap, the free integers.
     ext = [0] * nt
     for i, p in enumerate(plan.params):
         if p.pointer and p.name in pos and tmap[p.name] is not None:
             ext[pos[p.name]] = checked.extents[i] * p.elem_bytes
-    prep.ext = tuple(ext)
-    prep.check = _pointer_check(kind, plan, pos)
     bounds = []
     for name in given_free:
         k = kind.free.index(name)
@@ -202,9 +195,11 @@ def _prepare(kind: _Kind, options: tuple, tensors: tuple, free: tuple):
                 break
             lo = hi = c.eval(values)
         bounds.append((k, lo, hi))
-    prep.bounds = None if bounds is None else tuple(bounds)
+    prep.fast = _fast_path(kind, plan, pos, order, tuple(values), tuple(ext), bounds)
+    prep.guard = None
     stats["plans"] += 1
-    return prep, prep.gather(tuple(_ptr(t) for t in tensors) + tuple(free) + prep.consts)
+    pool = tuple(_ptr(t) for t in tensors) + tuple(free) + tuple(values)
+    return prep, tuple(pool[k] for k in order)
 
 
 def _ptr(t):
@@ -215,14 +210,19 @@ def _key(t):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
 
 
-_checks: dict = {}
+_fast_sources: dict = {}
 
 
-def _pointer_check(kind: _Kind, plan, pos: dict):
-    """``check(P, E) -> bool``: the pointer rules a call with a planned layout still needs, as
-    straight-line code compiled once per kernel and call kind: P are the call's pointers (call
-    order, 0 for None), E the plan's byte extents (0: absent or empty). True: alignment holds
-    and no written buffer overlaps another (docs/MANIFEST.md steps 7 and 8, pointer parts)."""
+def _fast_path(kind: _Kind, plan, pos: dict, order: list, consts: tuple, ext: tuple, bounds):
+    """``fast(p0, .., f0, ..) -> values or None``: what a call with a planned layout still checks,
+    as straight-line code generated once per kernel, call kind and set of non-empty buffers
+    (the plan's numbers are bound in a closure): the pointers p (call order, 0 for None) are
+    aligned and no written buffer overlaps another (docs/MANIFEST.md steps 7 and 8, pointer
+    parts), each given free integer f is an int inside its bounds; then the parameter values in
+    signature order. None: something is off, the full check decides (and names it)."""
+    nt, nf = len(kind.names), len(kind.free)
+    if bounds is None:
+        return lambda *args: None
     aligns: dict = {}
     present = []
     for p in plan.params:
@@ -237,47 +237,110 @@ def _pointer_check(kind: _Kind, plan, pos: dict):
     for x in range(len(present)):
         for y in range(x + 1, len(present)):
             p, q = present[x], present[y]
-            if p.writes or q.writes:
-                a, b = pos[p.name], pos[q.name]
-                conds.append(f"(e{a} and e{b} and p{a} < p{b} + e{b} and p{b} < p{a} + e{a})")
-    n = len(kind.names)
-    unpack = "".join(f"p{k}, " for k in range(n))
-    unpack_e = "".join(f"e{k}, " for k in range(n))
-    src = (f"def check(P, E):\n    {unpack}= P\n    {unpack_e}= E\n"
-           f"    return not ({' or '.join(conds) or 'False'})\n")
-    fn = _checks.get(src)
-    if fn is None:
+            a, b = pos[p.name], pos[q.name]
+            if (p.writes or q.writes) and ext[a] and ext[b]:
+                # [pa, pa + ea) and [pb, pb + eb) overlap: -ea < pa - pb < eb
+                conds.append(f"n{a} < p{a} - p{b} < e{b}")
+    for k, _, _ in bounds:
+        conds.append(f"type(f{k}) is not int or f{k} < lo{k} or hi{k} < f{k}")
+    vals = ", ".join(f"p{j}" if j < nt else f"f{j - nt}" if j < nt + nf else f"c{j - nt - nf}" for j in order)
+    args = ", ".join([f"p{k}" for k in range(nt)] + [f"f{k}" for k in range(nf)])
+    body = "".join(f"        if {c}:\n            return None\n" for c in conds)
+    bind = f"    {''.join(f'c{i}, ' for i in range(len(consts)))}= C\n"
+    bind += f"    {''.join(f'e{k}, ' for k in range(nt))}= E\n    {''.join(f'n{k}, ' for k in range(nt))}= [-e for e in E]\n"
+    if bounds:
+        bind += f"    {''.join(f'lo{k}, hi{k}, ' for k, _, _ in bounds)}= [x for _, lo, hi in B for x in (lo, hi)]\n"
+    src = f"def make(C, E, B):\n{bind}    def fast({args}):\n{body}        return ({vals},)\n    return fast\n"
+    make = _fast_sources.get(src)
+    if make is None:
         scope: dict = {}
-        exec(compile(src, f"<mla_gen pointer check: {plan.kernel}>", "exec"), scope)  # noqa: S102 - generated above
-        fn = _checks[src] = scope["check"]
-    return fn
+        exec(compile(src, f"<mla_gen fast path: {plan.kernel}>", "exec"), scope)  # noqa: S102 - generated above
+        make = _fast_sources[src] = scope["make"]
+    return make(consts, ext, bounds)
+
+
+try:  # a C++ check of dtype, device, shape, strides (and dispatch keys, requires_grad) of many tensors
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # pragma: no cover - torch without it: _LayoutKey, the same check in Python
+    _TensorGuards = None
+# Stand for absent (None) tensors in a guard, one per argument slot (TensorGuards refuses one
+# tensor object in two slots); the None-ness itself is part of the call's `how`.
+_NO_TENSORS = tuple(torch.empty(0) for _ in range(12))
+
+
+class _LayoutKey:
+    """The guard where torch has no TensorGuards: the tensors' (shape, strides, dtype, device)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, tensors):
+        self.key = tuple([_key(t) for t in tensors])
+
+    def check(self, *tensors):
+        return tuple([_key(t) for t in tensors]) == self.key
+
+
+def _guarded(tensors) -> tuple:
+    return tuple([_NO_TENSORS[i] if t is None else t for i, t in enumerate(tensors)])
+
+
+def _layout_guard(tensors: tuple):
+    """A check that later tensors have the layouts (dtype, device, shape, strides) these have:
+    torch's TensorGuards (one C++ call, ~0.1 us a tensor; stricter: also the dispatch keys and
+    requires_grad, so it may say no where the plan would serve, and the call then looks the plan
+    up by its key; it refuses one tensor object in two slots, and then _LayoutKey serves), else
+    _LayoutKey. A None in slot i is _NO_TENSORS[i]."""
+    ts = _guarded(tensors)
+    if _TensorGuards is not None:
+        try:
+            g = _TensorGuards(*ts, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+            if g.check(*ts):
+                return g
+        except (TypeError, RuntimeError):
+            pass
+    return _LayoutKey(ts)
+
+
+_NO_PLAN = (None, None, None)  # (guard, how, plan) of a call kind's previous call
+
+
+def _planned(kind: _Kind, how: tuple, options: tuple, tensors: tuple, free: tuple):
+    """The plan for a call whose guard said no: looked up by the layouts' key (its guard
+    renewed: the previous one may have been made under other dispatch keys); None where there was
+    none, after the full check, the plan and the launch (_first)."""
+    try:
+        key = (kind, how, tuple([_key(t) for t in tensors]))
+        prep = _plans.get(key)
+    except (AttributeError, TypeError):
+        key = prep = None
+    if prep is None:
+        _first(kind, options, tensors, free, key)
+        return None
+    prep.guard = _layout_guard(tensors)
+    return prep
 
 
 def _go(prep, ptrs: tuple, free: tuple, kind, options, tensors):
     """A planned call: the per-call checks, then the launch (the full check where they fail)."""
-    if prep.grid is None:
+    if prep.launcher is None:
         return
-    if prep.check(ptrs, prep.ext) and prep.bounds is not None:
-        for k, lo, hi in prep.bounds:
-            v = free[k]
-            if type(v) is not int or v < lo or v > hi:
-                break
-        else:
-            _cuda.launch(prep.launcher, prep.gather(ptrs + free + prep.consts), prep.gx, prep.gy, _stream(prep.device))
+    values = prep.fast(*ptrs, *free)
+    if values is None:
+        prep, values = _prepare(kind, options, tensors, free)  # raises the error that names the problem
+        if prep.launcher is None:
             return
-    prep, values = _prepare(kind, options, tensors, free)  # raises the error that names the problem
-    if prep.grid is not None:
-        _cuda.launch(prep.launcher, values, prep.gx, prep.gy, _stream(prep.device))
+    _cuda.launch(prep.launcher, values, prep.gx, prep.gy, _stream(prep.device))
 
 
 def _first(kind, options, tensors, free, key):
     """A call whose layouts have no plan yet: the full check, the plan, the launch."""
     prep, values = _prepare(kind, options, tensors, free)
     if key is not None:
+        prep.guard = _layout_guard(tensors)
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
         _plans[key] = prep
-    if prep.grid is not None:
+    if prep.launcher is not None:
         _cuda.launch(prep.launcher, values, prep.gx, prep.gy, _stream(prep.device))
 
 
@@ -308,12 +371,12 @@ def _dims(t, name, rank):
 
 # ---- merge_attn_states (vLLM's), per-tensor FP8 included ----
 
-_last_pair = (None, None)
+_last_pair = _NO_PLAN
 
 
-def _set_last_pair(key, prep):
+def _set_last_pair(guard, how, prep):
     global _last_pair
-    _last_pair = (key, prep)
+    _last_pair = (guard, how, prep)
 
 
 _CTX_MASK = " with the empty-context mask (mask_empty_context = true)"
@@ -366,27 +429,20 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
         return _merge_attn_states_other(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
                                         prefill_tokens_with_context, output_scale, output_group_scales, ue8m0,
                                         lse_layout, query_start_loc, context_start_loc)
-    # The plain function's fast path: _call's work written out for these seven tensors.
+    # The plain function's fast path: the previous call's plan where its guard passes these
+    # tensors and the call has the same options; the per-call checks; the launch.
     o, ol, p, pl, s, sl, sc = output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale
-    tensors = (o, ol, p, pl, s, sl, sc)
-    free = (prefill_tokens_with_context,)
-    try:
-        key = (_PAIR, lse_layout, _env(), o.shape, o.stride(), o.dtype, o.get_device(),
-               None if ol is None else (ol.shape, ol.stride(), ol.dtype, ol.get_device()),
-               p.shape, p.stride(), p.dtype, p.get_device(), pl.shape, pl.stride(), pl.dtype, pl.get_device(),
-               s.shape, s.stride(), s.dtype, s.get_device(), sl.shape, sl.stride(), sl.dtype, sl.get_device(),
-               None if sc is None else (sc.shape, sc.stride(), sc.dtype, sc.get_device()),
-               prefill_tokens_with_context is None)
-        last = _last_pair  # (key, plan) of the previous call: equality, unlike a dict lookup, hashes nothing
-        prep = last[1] if key == last[0] else _plans.get(key)
-    except (AttributeError, TypeError):
-        key = prep = None
-    if prep is None:
-        return _first(_PAIR, (lse_layout,), tensors, free, key)
-    if prep is not last[1]:
-        _set_last_pair(key, prep)
+    n = prefill_tokens_with_context
+    how = (lse_layout, _env(), ol is None, sc is None, n is None)
+    guard, last_how, prep = _last_pair
+    if how != last_how or not guard.check(o, _NO_TENSORS[1] if ol is None else ol, p, pl, s, sl,
+                                          _NO_TENSORS[6] if sc is None else sc):
+        prep = _planned(_PAIR, how, (lse_layout,), (o, ol, p, pl, s, sl, sc), (n,))
+        if prep is None:
+            return
+        _set_last_pair(prep.guard, how, prep)
     _go(prep, (o.data_ptr(), 0 if ol is None else ol.data_ptr(), p.data_ptr(), pl.data_ptr(), s.data_ptr(),
-               sl.data_ptr(), 0 if sc is None else sc.data_ptr()), free, _PAIR, (lse_layout,), tensors)
+               sl.data_ptr(), 0 if sc is None else sc.data_ptr()), (n,), _PAIR, (lse_layout,), (o, ol, p, pl, s, sl, sc))
 
 
 def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from . import _torch as _t
 from . import manifest as _m
-from ._torch import _CTX_MASK, _PAIR, _Kind, _call, _dims, _first, _go, _no_kernel, _select_pair
+from ._torch import _CTX_MASK, _PAIR, _Kind, _call, _dims, _go, _no_kernel, _select_pair
 
 _env = _m.env_value
 
@@ -18,12 +18,12 @@ _env = _m.env_value
 # [B + 1] dims give num_requests through the contract like every other size.
 _PAIR_CTX = _Kind("merge_attn_states", _PAIR.names + ("query_start_loc", "context_start_loc"), _PAIR.free,
                   _select_pair)
-_last_ctx = (None, None)
+_last_ctx = _t._NO_PLAN
 
 
-def _set_last_ctx(key, prep):
+def _set_last_ctx(guard, how, prep):
     global _last_ctx
-    _last_ctx = (key, prep)
+    _last_ctx = (guard, how, prep)
 
 
 def _both_or_neither(query_start_loc, context_start_loc):
@@ -53,27 +53,16 @@ def _merge_attn_states_other(output, prefix_output, prefix_lse, suffix_output, s
     # [B + 1] shape gives num_requests: a plan per (T, B), reused while they stay).
     o, ol, p, pl, s, sl, sc = output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale
     q, c = query_start_loc, context_start_loc
+    n = prefill_tokens_with_context
     tensors = (o, ol, p, pl, s, sl, sc, q, c)
-    free = (prefill_tokens_with_context,)
-    try:
-        key = (_PAIR_CTX, lse_layout, _env(), o.shape, o.stride(), o.dtype, o.get_device(),
-               None if ol is None else (ol.shape, ol.stride(), ol.dtype, ol.get_device()),
-               p.shape, p.stride(), p.dtype, p.get_device(), pl.shape, pl.stride(), pl.dtype, pl.get_device(),
-               s.shape, s.stride(), s.dtype, s.get_device(), sl.shape, sl.stride(), sl.dtype, sl.get_device(),
-               None if sc is None else (sc.shape, sc.stride(), sc.dtype, sc.get_device()),
-               q.shape, q.stride(), q.dtype, q.get_device(), c.shape, c.stride(), c.dtype, c.get_device(),
-               prefill_tokens_with_context is None)
-        last = _last_ctx
-        prep = last[1] if key == last[0] else _t._plans.get(key)
-    except (AttributeError, TypeError):
-        key = prep = None
-    if prep is None:
-        return _first(_PAIR_CTX, (lse_layout,), tensors, free, key)
-    if prep is not last[1]:
-        _set_last_ctx(key, prep)
-    _go(prep, (o.data_ptr(), 0 if ol is None else ol.data_ptr(), p.data_ptr(), pl.data_ptr(), s.data_ptr(),
-               sl.data_ptr(), 0 if sc is None else sc.data_ptr(), q.data_ptr(), c.data_ptr()), free, _PAIR_CTX,
-        (lse_layout,), tensors)
+    how = (lse_layout, _env(), ol is None, sc is None, n is None)
+    guard, last_how, prep = _last_ctx
+    if how != last_how or not guard.check(*_t._guarded(tensors)):
+        prep = _t._planned(_PAIR_CTX, how, (lse_layout,), tensors, (n,))
+        if prep is None:
+            return
+        _set_last_ctx(prep.guard, how, prep)
+    _go(prep, tuple([0 if t is None else t.data_ptr() for t in tensors]), (n,), _PAIR_CTX, (lse_layout,), tensors)
 
 
 def _select_group(kf, tmap, options, free):

@@ -93,8 +93,8 @@ def driver(monkeypatch, tmp_path):
     monkeypatch.setattr(_cuda, "_cc", {})
     monkeypatch.setattr(_torch, "_DEVICE_TYPE", "cpu")
     monkeypatch.setattr(_torch, "_plans", {})
-    monkeypatch.setattr(_torch, "_last_pair", (None, None))
-    monkeypatch.setattr(_torch_families, "_last_ctx", (None, None))
+    monkeypatch.setattr(_torch, "_last_pair", _torch._NO_PLAN)
+    monkeypatch.setattr(_torch_families, "_last_ctx", _torch._NO_PLAN)
     monkeypatch.setattr(_torch, "_stream", lambda device: STREAM)
     monkeypatch.setattr(_cuda, "primary_context", lambda device: PRIMARY)
 
