@@ -4,7 +4,8 @@ loaded, ``_cuda.launch`` is a no-op, so what is timed is the package's per-call 
 plan lookup, the per-call pointer checks, the parameter gathering) and nothing of CUDA.
 
 Cases: the plain ``merge_attn_states`` call (with an output lse and a threshold, and without
-either), and, where the kernel folder has the kernel, the same call with the empty-context mask
+either), the package's op registered again for the CPU key (torch.ops.mla_gen_stub, called as
+the packet and as ``.default``: the dispatcher's cost over the function), and, where the kernel folder has the kernel, the same call with the empty-context mask
 (``query_start_loc``/``context_start_loc``), and the pair it replaces
 (``mask_empty_context_lse``, then the plain call). Back-to-back calls timed with perf_counter, the
 cases interleaved round by round; the minimum over rounds is the least disturbed (the median is
@@ -60,6 +61,18 @@ def stub_driver(driver: bool = False):
         _cuda.launch = lambda launcher, values, gx, gy, stream: None
 
 
+def stub_op():
+    """torch.ops.mla_gen_stub.merge_attn_states: the package's op (schema, implementation, fake)
+    registered the same way for the CPU key, so the dispatcher's cost shows on CPU tensors."""
+    from mla_gen import ops
+    lib = torch.library.Library("mla_gen_stub", "DEF")
+    lib.define(ops.SCHEMAS["merge_attn_states"])
+    lib.impl("merge_attn_states", ops.IMPLS["merge_attn_states"], "CPU")
+    torch.library.register_fake("mla_gen_stub::merge_attn_states", ops.FAKES["merge_attn_states"], lib=lib)
+    stub_op.lib = lib  # the op lives as long as the library object
+    return torch.ops.mla_gen_stub.merge_attn_states
+
+
 _STUB_DIR = "MLA_GEN_STUB_LIBCUDA_DIR"
 
 
@@ -96,9 +109,12 @@ def main():
     qsl = torch.tensor([0, T], dtype=torch.int32)
     csl = torch.tensor([0, 0], dtype=torch.int32)
     f = mla_gen.merge_attn_states
+    op = stub_op()
     cases = {
         "plain: output_lse, threshold": lambda: f(out, p, pl, s, sl, ol, 1),
         "plain: no output_lse, no threshold": lambda: f(out, p, pl, s, sl),
+        "op (CPU copy), packet: output_lse, threshold": lambda: op(out, ol, p, pl, s, sl, 1),
+        "op (CPU copy), .default: output_lse, threshold": lambda: op.default(out, ol, p, pl, s, sl, 1),
     }
     env = os.environ.get("MLA_GEN_KERNELS")
     if args.ctx_kernels:
