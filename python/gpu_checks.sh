@@ -15,7 +15,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-.device/py-out}"; mkdir -p "$OUT"
-rm -f "$OUT/pytest-ctxmask.log" "$OUT/bench_ctxmask.txt" "$OUT/ctxmask-skipped.txt"  # no stale summary lines
+rm -f "$OUT/pytest-ctxmask.log" "$OUT/bench_ctxmask.txt" "$OUT/ctxmask-skipped.txt" "$OUT/pytest-pdl.log" \
+      "$OUT/pdl-skipped.txt"  # no stale summary lines
 PY="${PYTHON:-python3}"
 site="$(mktemp -d)"
 trap 'rm -rf "$site"' EXIT
@@ -49,6 +50,15 @@ else
     echo "== .device/ctxmask missing: test_ctxmask.py and bench_ctxmask.py skipped" \
          "(mla-gen generate tests/gpu-ctxmask.toml --out .device/ctxmask, before the run)" | tee "$OUT/ctxmask-skipped.txt"
 fi
+if [ -n "${MLA_GEN_PDL_PRODUCER:-}" ] && [ -n "${MLA_GEN_PDL_KERNELS:-}" ]; then
+    echo "== pytest test_pdl.py (pdl merge behind a late producer: MLA_GEN_PDL_PRODUCER, MLA_GEN_PDL_KERNELS)"
+    (cd "$site" && MLA_GEN_PDL_PRODUCER="$(realpath "$MLA_GEN_PDL_PRODUCER")" \
+        MLA_GEN_PDL_KERNELS="$(realpath "$MLA_GEN_PDL_KERNELS")" timeout 300 "$PY" -m pytest -q -p no:cacheprovider \
+        -rs "$OLDPWD/python/tests/test_pdl.py" 2>&1) | tee "$OUT/pytest-pdl.log" | tail -n 5
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+else
+    echo "== MLA_GEN_PDL_PRODUCER / MLA_GEN_PDL_KERNELS unset: test_pdl.py skipped" | tee "$OUT/pdl-skipped.txt"
+fi
 echo "== host cost (python/bench/host_cost.py)"
 OUT="$OUT" "$PY" python/bench/host_cost.py 2>&1 | tee "$OUT/host_cost.txt" || status=1
 echo "== summary"
@@ -61,5 +71,7 @@ if [ -f "$OUT/pytest-ctxmask.log" ]; then
 else
     cat "$OUT/ctxmask-skipped.txt" 2>/dev/null || true
 fi
-grep -E "function|op\)" "$OUT/host_cost.txt" || true
+[ -f "$OUT/pytest-pdl.log" ] && echo "pytest (pdl): $(tail -n 1 "$OUT/pytest-pdl.log")"
+cat "$OUT/pdl-skipped.txt" 2>/dev/null || true
+grep -E "function|op\)|\.default" "$OUT/host_cost.txt" || true
 exit $status

@@ -4,13 +4,20 @@ loaded, ``_cuda.launch`` is a no-op, so what is timed is the package's per-call 
 plan lookup, the per-call pointer checks, the parameter gathering) and nothing of CUDA.
 
 Cases: the plain ``merge_attn_states`` call (with an output lse and a threshold, and without
-either), and, where the kernel folder has the kernel, the same call with the empty-context mask
+either), the package's op registered again for the CPU key (torch.ops.mla_gen_stub, called as
+the packet and as ``.default``: the dispatcher's cost over the function), and, where the kernel folder has the kernel, the same call with the empty-context mask
 (``query_start_loc``/``context_start_loc``), and the pair it replaces
 (``mask_empty_context_lse``, then the plain call). Back-to-back calls timed with perf_counter, the
 cases interleaved round by round; the minimum over rounds is the least disturbed (the median is
 printed too). Compare two trees by running this with each on PYTHONPATH.
 
-Usage: python3 python/bench/host_cost_stub.py [--calls N] [--rounds R] [--ctx-kernels DIR]
+With ``--driver-stub`` the launch is not dropped: ``_cuda.launch`` runs as on a GPU (the
+parameter buffer, the context check, the ctypes call) into ``stub_libcuda.c``, compiled here with
+``cc`` and loaded as libcuda.so.1 (the script re-executes itself with LD_LIBRARY_PATH set), whose
+functions return at once: the package's whole host cost but the driver's. Works with any tree
+that opens "libcuda.so.1" (so it compares old and new trees alike).
+
+Usage: python3 python/bench/host_cost_stub.py [--calls N] [--rounds R] [--ctx-kernels DIR] [--driver-stub]
        (MLA_GEN_KERNELS: the folder for the plain calls; --ctx-kernels: the folder holding the
        _ctxmask kernels, e.g. the output of `mla-gen generate tests/gpu-ctxmask.toml`)
 """
@@ -38,13 +45,51 @@ class _FakeKernel:
         return 0xF00
 
 
-def stub_driver():
-    """What conftest's cpu_launch does, for a script: CPU tensors, no driver, launches dropped."""
+def stub_driver(driver: bool = False):
+    """What conftest's cpu_launch does, for a script: CPU tensors, no kernel loaded, launches
+    dropped; with `driver`, launches go through _cuda.launch into the stub libcuda instead."""
     _torch._DEVICE_TYPE = "cpu"
     _cuda.kernel = lambda folder, meta: _FakeKernel()
     _cuda.primary_context = lambda device: 0xC0
-    _torch._stream = lambda device: 0
-    _cuda.launch = lambda launcher, values, gx, gy, stream: None
+    _torch._stream = lambda device: 0x7F00C0DE0000
+    if driver:
+        import ctypes
+        if not hasattr(ctypes.CDLL("libcuda.so.1"), "mla_gen_stub_driver"):
+            sys.exit("libcuda.so.1 here is not the stub (run with --driver-stub)")
+        _cuda.lib()
+    else:
+        _cuda.launch = lambda launcher, values, gx, gy, stream: None
+
+
+def stub_op():
+    """torch.ops.mla_gen_stub.merge_attn_states: the package's op (schema, implementation, fake)
+    registered the same way for the CPU key, so the dispatcher's cost shows on CPU tensors."""
+    from mla_gen import ops
+    lib = torch.library.Library("mla_gen_stub", "DEF")
+    lib.define(ops.SCHEMAS["merge_attn_states"])
+    lib.impl("merge_attn_states", ops.IMPLS["merge_attn_states"], "CPU")
+    torch.library.register_fake("mla_gen_stub::merge_attn_states", ops.FAKES["merge_attn_states"], lib=lib)
+    stub_op.lib = lib  # the op lives as long as the library object
+    return torch.ops.mla_gen_stub.merge_attn_states
+
+
+_STUB_DIR = "MLA_GEN_STUB_LIBCUDA_DIR"
+
+
+def _reexec_with_stub_driver():
+    """Compile stub_libcuda.c as libcuda.so.1 into a temporary folder and rerun this script with
+    that folder first on LD_LIBRARY_PATH (the loader reads it at process start only)."""
+    import shutil
+    import subprocess
+    import tempfile
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        sys.exit("--driver-stub needs a C compiler (cc, or $CC)")
+    d = tempfile.mkdtemp(prefix="mla-gen-stub-libcuda-")
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", os.path.join(d, "libcuda.so.1"),
+                    str(Path(__file__).with_name("stub_libcuda.c"))], check=True)
+    env = dict(os.environ, **{_STUB_DIR: d, "LD_LIBRARY_PATH": d + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")})
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
 
 def main():
@@ -52,8 +97,11 @@ def main():
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--ctx-kernels", default=None, help="a kernel folder with _ctxmask kernels")
+    ap.add_argument("--driver-stub", action="store_true", help="launch through ctypes into a stub libcuda")
     args = ap.parse_args()
-    stub_driver()
+    if args.driver_stub and _STUB_DIR not in os.environ:
+        _reexec_with_stub_driver()
+    stub_driver(args.driver_stub)
     T, H, D = 1, 1, 128
     bf = torch.bfloat16
     p, s, out = (torch.zeros(T, H, D, dtype=bf) for _ in range(3))
@@ -61,9 +109,12 @@ def main():
     qsl = torch.tensor([0, T], dtype=torch.int32)
     csl = torch.tensor([0, 0], dtype=torch.int32)
     f = mla_gen.merge_attn_states
+    op = stub_op()
     cases = {
         "plain: output_lse, threshold": lambda: f(out, p, pl, s, sl, ol, 1),
         "plain: no output_lse, no threshold": lambda: f(out, p, pl, s, sl),
+        "op (CPU copy), packet: output_lse, threshold": lambda: op(out, ol, p, pl, s, sl, 1),
+        "op (CPU copy), .default: output_lse, threshold": lambda: op.default(out, ol, p, pl, s, sl, 1),
     }
     env = os.environ.get("MLA_GEN_KERNELS")
     if args.ctx_kernels:
@@ -116,7 +167,8 @@ def main():
         for name, timer in timers.items():
             samples[name].append(timer(args.calls) / args.calls * 1e6)
     res = {name: {"min_us": min(v), "median_us": statistics.median(v)} for name, v in samples.items()}
-    print(f"# stubbed launch, CPU tensors; torch {torch.__version__}, python {sys.version.split()[0]}, "
+    what = "ctypes launch into a stub libcuda" if args.driver_stub else "launch dropped"
+    print(f"# {what}, CPU tensors; torch {torch.__version__}, python {sys.version.split()[0]}, "
           f"mla_gen from {Path(mla_gen.__file__).parent}; {args.rounds} rounds x {args.calls} calls")
     for name, r in res.items():
         print(f"{name:52} min {r['min_us']:6.3f} us   median {r['median_us']:6.3f} us")

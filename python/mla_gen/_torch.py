@@ -19,8 +19,6 @@ keeps every tensor inside its storage, and the plan checked these layouts.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from . import _cuda
@@ -78,8 +76,7 @@ class _Kind:
 
 
 class _Prepared:
-    __slots__ = ("launcher", "gather", "check", "ext", "bounds", "grid", "device", "consts", "meta", "name", "gx",
-                 "gy")
+    __slots__ = ("launcher", "fast", "guard", "grid", "device", "meta", "name", "gx", "gy")
 
 
 def _layout_error(name, t, sizes, strides, labels):
@@ -155,14 +152,15 @@ def _prepare(kind: _Kind, options: tuple, tensors: tuple, free: tuple):
     prep.name = meta["name"]
     prep.grid = checked.grid
     prep.gx, prep.gy = checked.grid[:2] if checked.grid else (0, 0)
-    prep.device = device.index if device is not None else 0
+    prep.device = (device.index or 0) if device is not None else 0  # CPU tensors (tests): 0
     prep.launcher = None
     if checked.grid is not None:
         kern = _cuda.kernel(kf, meta)
         function = kern.function(prep.device)
         prep.launcher = _cuda.Launcher(function, _cuda.primary_context(prep.device), len(plan.params),
                                        checked.block_threads, checked.shared_mem_bytes, kf.manifest.get("nvrtc"),
-                                       meta["name"])
+                                       meta["name"], _cuda.param_kinds(meta["params"]),
+                                       _cuda.uses_pdl(meta, prep.device))
     # Parameter values per call: pool = tensors' pointers + free integers + this plan's values.
     pos = {name: k for k, name in enumerate(kind.names)}
     nt, nf = len(kind.names), len(kind.free)
@@ -174,15 +172,11 @@ def _prepare(kind: _Kind, options: tuple, tensors: tuple, free: tuple):
             order.append(nt + kind.free.index(p.name))
         else:
             order.append(nt + nf + i)
-    prep.consts = tuple(values)
-    prep.gather = operator.itemgetter(*order) if len(order) > 1 else (lambda pool, k=order[0]: (pool[k],))
     # What a call with the same layouts still checks: alignment, overlap, the free integers.
     ext = [0] * nt
     for i, p in enumerate(plan.params):
         if p.pointer and p.name in pos and tmap[p.name] is not None:
             ext[pos[p.name]] = checked.extents[i] * p.elem_bytes
-    prep.ext = tuple(ext)
-    prep.check = _pointer_check(kind, plan, pos)
     bounds = []
     for name in given_free:
         k = kind.free.index(name)
@@ -201,9 +195,11 @@ def _prepare(kind: _Kind, options: tuple, tensors: tuple, free: tuple):
                 break
             lo = hi = c.eval(values)
         bounds.append((k, lo, hi))
-    prep.bounds = None if bounds is None else tuple(bounds)
+    prep.fast = _fast_path(kind, plan, pos, order, tuple(values), tuple(ext), bounds)
+    prep.guard = None
     stats["plans"] += 1
-    return prep, prep.gather(tuple(_ptr(t) for t in tensors) + tuple(free) + prep.consts)
+    pool = tuple(_ptr(t) for t in tensors) + tuple(free) + tuple(values)
+    return prep, tuple(pool[k] for k in order)
 
 
 def _ptr(t):
@@ -214,14 +210,19 @@ def _key(t):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
 
 
-_checks: dict = {}
+_fast_sources: dict = {}
 
 
-def _pointer_check(kind: _Kind, plan, pos: dict):
-    """``check(P, E) -> bool``: the pointer rules a call with a planned layout still needs, as
-    straight-line code compiled once per kernel and call kind: P are the call's pointers (call
-    order, 0 for None), E the plan's byte extents (0: absent or empty). True: alignment holds
-    and no written buffer overlaps another (docs/MANIFEST.md steps 7 and 8, pointer parts)."""
+def _fast_path(kind: _Kind, plan, pos: dict, order: list, consts: tuple, ext: tuple, bounds):
+    """``fast(p0, .., f0, ..) -> values or None``: what a call with a planned layout still checks,
+    as straight-line code generated once per kernel, call kind and set of non-empty buffers
+    (the plan's numbers are bound in a closure): the pointers p (call order, 0 for None) are
+    aligned and no written buffer overlaps another (docs/MANIFEST.md steps 7 and 8, pointer
+    parts), each given free integer f is an int inside its bounds; then the parameter values in
+    signature order. None: something is off, the full check decides (and names it)."""
+    nt, nf = len(kind.names), len(kind.free)
+    if bounds is None:
+        return lambda *args: None
     aligns: dict = {}
     present = []
     for p in plan.params:
@@ -236,47 +237,110 @@ def _pointer_check(kind: _Kind, plan, pos: dict):
     for x in range(len(present)):
         for y in range(x + 1, len(present)):
             p, q = present[x], present[y]
-            if p.writes or q.writes:
-                a, b = pos[p.name], pos[q.name]
-                conds.append(f"(e{a} and e{b} and p{a} < p{b} + e{b} and p{b} < p{a} + e{a})")
-    n = len(kind.names)
-    unpack = "".join(f"p{k}, " for k in range(n))
-    unpack_e = "".join(f"e{k}, " for k in range(n))
-    src = (f"def check(P, E):\n    {unpack}= P\n    {unpack_e}= E\n"
-           f"    return not ({' or '.join(conds) or 'False'})\n")
-    fn = _checks.get(src)
-    if fn is None:
+            a, b = pos[p.name], pos[q.name]
+            if (p.writes or q.writes) and ext[a] and ext[b]:
+                # [pa, pa + ea) and [pb, pb + eb) overlap: -ea < pa - pb < eb
+                conds.append(f"n{a} < p{a} - p{b} < e{b}")
+    for k, _, _ in bounds:
+        conds.append(f"type(f{k}) is not int or f{k} < lo{k} or hi{k} < f{k}")
+    vals = ", ".join(f"p{j}" if j < nt else f"f{j - nt}" if j < nt + nf else f"c{j - nt - nf}" for j in order)
+    args = ", ".join([f"p{k}" for k in range(nt)] + [f"f{k}" for k in range(nf)])
+    body = "".join(f"        if {c}:\n            return None\n" for c in conds)
+    bind = f"    {''.join(f'c{i}, ' for i in range(len(consts)))}= C\n"
+    bind += f"    {''.join(f'e{k}, ' for k in range(nt))}= E\n    {''.join(f'n{k}, ' for k in range(nt))}= [-e for e in E]\n"
+    if bounds:
+        bind += f"    {''.join(f'lo{k}, hi{k}, ' for k, _, _ in bounds)}= [x for _, lo, hi in B for x in (lo, hi)]\n"
+    src = f"def make(C, E, B):\n{bind}    def fast({args}):\n{body}        return ({vals},)\n    return fast\n"
+    make = _fast_sources.get(src)
+    if make is None:
         scope: dict = {}
-        exec(compile(src, f"<mla_gen pointer check: {plan.kernel}>", "exec"), scope)  # noqa: S102 - generated above
-        fn = _checks[src] = scope["check"]
-    return fn
+        exec(compile(src, f"<mla_gen fast path: {plan.kernel}>", "exec"), scope)  # noqa: S102 - generated above
+        make = _fast_sources[src] = scope["make"]
+    return make(consts, ext, bounds)
+
+
+try:  # a C++ check of dtype, device, shape, strides (and dispatch keys, requires_grad) of many tensors
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # pragma: no cover - torch without it: _LayoutKey, the same check in Python
+    _TensorGuards = None
+# Stand for absent (None) tensors in a guard, one per argument slot (TensorGuards refuses one
+# tensor object in two slots); the None-ness itself is part of the call's `how`.
+_NO_TENSORS = tuple(torch.empty(0) for _ in range(12))
+
+
+class _LayoutKey:
+    """The guard where torch has no TensorGuards: the tensors' (shape, strides, dtype, device)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, tensors):
+        self.key = tuple([_key(t) for t in tensors])
+
+    def check(self, *tensors):
+        return tuple([_key(t) for t in tensors]) == self.key
+
+
+def _guarded(tensors) -> tuple:
+    return tuple([_NO_TENSORS[i] if t is None else t for i, t in enumerate(tensors)])
+
+
+def _layout_guard(tensors: tuple):
+    """A check that later tensors have the layouts (dtype, device, shape, strides) these have:
+    torch's TensorGuards (one C++ call, ~0.1 us a tensor; stricter: also the dispatch keys and
+    requires_grad, so it may say no where the plan would serve, and the call then looks the plan
+    up by its key; it refuses one tensor object in two slots, and then _LayoutKey serves), else
+    _LayoutKey. A None in slot i is _NO_TENSORS[i]."""
+    ts = _guarded(tensors)
+    if _TensorGuards is not None:
+        try:
+            g = _TensorGuards(*ts, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+            if g.check(*ts):
+                return g
+        except (TypeError, RuntimeError):
+            pass
+    return _LayoutKey(ts)
+
+
+_NO_PLAN = (None, None, None)  # (guard, how, plan) of a call kind's previous call
+
+
+def _planned(kind: _Kind, how: tuple, options: tuple, tensors: tuple, free: tuple):
+    """The plan for a call whose guard said no: looked up by the layouts' key (its guard
+    renewed: the previous one may have been made under other dispatch keys); None where there was
+    none, after the full check, the plan and the launch (_first)."""
+    try:
+        key = (kind, how, tuple([_key(t) for t in tensors]))
+        prep = _plans.get(key)
+    except (AttributeError, TypeError):
+        key = prep = None
+    if prep is None:
+        _first(kind, options, tensors, free, key)
+        return None
+    prep.guard = _layout_guard(tensors)
+    return prep
 
 
 def _go(prep, ptrs: tuple, free: tuple, kind, options, tensors):
     """A planned call: the per-call checks, then the launch (the full check where they fail)."""
-    if prep.grid is None:
+    if prep.launcher is None:
         return
-    if prep.check(ptrs, prep.ext) and prep.bounds is not None:
-        for k, lo, hi in prep.bounds:
-            v = free[k]
-            if type(v) is not int or v < lo or v > hi:
-                break
-        else:
-            _cuda.launch(prep.launcher, prep.gather(ptrs + free + prep.consts), prep.gx, prep.gy, _stream(prep.device))
+    values = prep.fast(*ptrs, *free)
+    if values is None:
+        prep, values = _prepare(kind, options, tensors, free)  # raises the error that names the problem
+        if prep.launcher is None:
             return
-    prep, values = _prepare(kind, options, tensors, free)  # raises the error that names the problem
-    if prep.grid is not None:
-        _cuda.launch(prep.launcher, values, prep.gx, prep.gy, _stream(prep.device))
+    _cuda.launch(prep.launcher, values, prep.gx, prep.gy, _stream(prep.device))
 
 
 def _first(kind, options, tensors, free, key):
     """A call whose layouts have no plan yet: the full check, the plan, the launch."""
     prep, values = _prepare(kind, options, tensors, free)
     if key is not None:
+        prep.guard = _layout_guard(tensors)
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
         _plans[key] = prep
-    if prep.grid is not None:
+    if prep.launcher is not None:
         _cuda.launch(prep.launcher, values, prep.gx, prep.gy, _stream(prep.device))
 
 
@@ -307,12 +371,12 @@ def _dims(t, name, rank):
 
 # ---- merge_attn_states (vLLM's), per-tensor FP8 included ----
 
-_last_pair = (None, None)
+_last_pair = _NO_PLAN
 
 
-def _set_last_pair(key, prep):
+def _set_last_pair(guard, how, prep):
     global _last_pair
-    _last_pair = (key, prep)
+    _last_pair = (guard, how, prep)
 
 
 _CTX_MASK = " with the empty-context mask (mask_empty_context = true)"
@@ -335,26 +399,6 @@ def _select_pair(kf, tmap, options, free):
 
 _PAIR = _Kind("merge_attn_states", ("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output",
                                     "suffix_lse", "output_scale"), ("prefill_tokens_with_context",), _select_pair)
-# The same call with the empty-context mask fused (a `_ctxmask` kernel): two more tensors, whose
-# [B + 1] dims give num_requests through the contract like every other size.
-_PAIR_CTX = _Kind("merge_attn_states", _PAIR.names + ("query_start_loc", "context_start_loc"), _PAIR.free,
-                  _select_pair)
-_last_ctx = (None, None)
-
-
-def _set_last_ctx(key, prep):
-    global _last_ctx
-    _last_ctx = (key, prep)
-
-
-def _both_or_neither(query_start_loc, context_start_loc):
-    if query_start_loc is None or context_start_loc is None:
-        given, missing = (("query_start_loc", "context_start_loc") if context_start_loc is None
-                          else ("context_start_loc", "query_start_loc"))
-        raise ValueError(f"{given} given without {missing}: the empty-context mask needs both start locations "
-                         "(int32 [B + 1] each), or neither")
-
-
 def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
                       prefill_tokens_with_context=None, output_scale=None, *, output_group_scales=None,
                       ue8m0: bool = False, lse_layout: str = "head_major", query_start_loc=None,
@@ -385,207 +429,20 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
         return _merge_attn_states_other(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
                                         prefill_tokens_with_context, output_scale, output_group_scales, ue8m0,
                                         lse_layout, query_start_loc, context_start_loc)
-    # The plain function's fast path: _call's work written out for these seven tensors.
+    # The plain function's fast path: the previous call's plan where its guard passes these
+    # tensors and the call has the same options; the per-call checks; the launch.
     o, ol, p, pl, s, sl, sc = output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale
-    tensors = (o, ol, p, pl, s, sl, sc)
-    free = (prefill_tokens_with_context,)
-    try:
-        key = (_PAIR, lse_layout, _env(), o.shape, o.stride(), o.dtype, o.get_device(),
-               None if ol is None else (ol.shape, ol.stride(), ol.dtype, ol.get_device()),
-               p.shape, p.stride(), p.dtype, p.get_device(), pl.shape, pl.stride(), pl.dtype, pl.get_device(),
-               s.shape, s.stride(), s.dtype, s.get_device(), sl.shape, sl.stride(), sl.dtype, sl.get_device(),
-               None if sc is None else (sc.shape, sc.stride(), sc.dtype, sc.get_device()),
-               prefill_tokens_with_context is None)
-        last = _last_pair  # (key, plan) of the previous call: equality, unlike a dict lookup, hashes nothing
-        prep = last[1] if key == last[0] else _plans.get(key)
-    except (AttributeError, TypeError):
-        key = prep = None
-    if prep is None:
-        return _first(_PAIR, (lse_layout,), tensors, free, key)
-    if prep is not last[1]:
-        _set_last_pair(key, prep)
+    n = prefill_tokens_with_context
+    how = (lse_layout, _env(), ol is None, sc is None, n is None)
+    guard, last_how, prep = _last_pair
+    if how != last_how or not guard.check(o, _NO_TENSORS[1] if ol is None else ol, p, pl, s, sl,
+                                          _NO_TENSORS[6] if sc is None else sc):
+        prep = _planned(_PAIR, how, (lse_layout,), (o, ol, p, pl, s, sl, sc), (n,))
+        if prep is None:
+            return
+        _set_last_pair(prep.guard, how, prep)
     _go(prep, (o.data_ptr(), 0 if ol is None else ol.data_ptr(), p.data_ptr(), pl.data_ptr(), s.data_ptr(),
-               sl.data_ptr(), 0 if sc is None else sc.data_ptr()), free, _PAIR, (lse_layout,), tensors)
-
-
-def _merge_attn_states_other(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
-                             prefill_tokens_with_context, output_scale, output_group_scales, ue8m0, lse_layout,
-                             query_start_loc, context_start_loc):
-    """merge_attn_states with per-token-group FP8 scales or the empty-context mask (off the plain
-    call's path)."""
-    if query_start_loc is not None or context_start_loc is not None:
-        _both_or_neither(query_start_loc, context_start_loc)
-    if output_group_scales is not None:
-        if output_scale is not None:
-            raise ValueError("give output_scale (one per-tensor scale) or output_group_scales, not both")
-        return merge_attn_states_fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output,
-                                           suffix_lse, output_lse, prefill_tokens_with_context, ue8m0=ue8m0,
-                                           lse_layout=lse_layout, query_start_loc=query_start_loc,
-                                           context_start_loc=context_start_loc)
-    # The fused mask's own fast path: the plain one's, with the start locations in the key (their
-    # [B + 1] shape gives num_requests: a plan per (T, B), reused while they stay).
-    o, ol, p, pl, s, sl, sc = output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale
-    q, c = query_start_loc, context_start_loc
-    tensors = (o, ol, p, pl, s, sl, sc, q, c)
-    free = (prefill_tokens_with_context,)
-    try:
-        key = (_PAIR_CTX, lse_layout, _env(), o.shape, o.stride(), o.dtype, o.get_device(),
-               None if ol is None else (ol.shape, ol.stride(), ol.dtype, ol.get_device()),
-               p.shape, p.stride(), p.dtype, p.get_device(), pl.shape, pl.stride(), pl.dtype, pl.get_device(),
-               s.shape, s.stride(), s.dtype, s.get_device(), sl.shape, sl.stride(), sl.dtype, sl.get_device(),
-               None if sc is None else (sc.shape, sc.stride(), sc.dtype, sc.get_device()),
-               q.shape, q.stride(), q.dtype, q.get_device(), c.shape, c.stride(), c.dtype, c.get_device(),
-               prefill_tokens_with_context is None)
-        last = _last_ctx
-        prep = last[1] if key == last[0] else _plans.get(key)
-    except (AttributeError, TypeError):
-        key = prep = None
-    if prep is None:
-        return _first(_PAIR_CTX, (lse_layout,), tensors, free, key)
-    if prep is not last[1]:
-        _set_last_ctx(key, prep)
-    _go(prep, (o.data_ptr(), 0 if ol is None else ol.data_ptr(), p.data_ptr(), pl.data_ptr(), s.data_ptr(),
-               sl.data_ptr(), 0 if sc is None else sc.data_ptr(), q.data_ptr(), c.data_ptr()), free, _PAIR_CTX,
-        (lse_layout,), tensors)
-
-
-def _select_group(kf, tmap, options, free):
-    ue8m0, lse_layout = options
-    prefix = tmap["prefix_output"]
-    T, H, D = _dims(prefix, "prefix_output", 3)
-    scales = tmap["output_scales"]
-    _dims(scales, "output_group_scales", 2)
-    groups = scales.shape[1]
-    if groups < 1 or (H * D) % groups:
-        raise ValueError(f"output_group_scales must be [T, H * D / G] for a group size G, got {tuple(scales.shape)} "
-                         f"for H * D = {H * D}")
-    G = H * D // groups
-    ctx = tmap.get("query_start_loc") is not None
-    want = dict(output="fp8_e4m3_group", group_size=G, ue8m0=bool(ue8m0), output_lse=tmap["output_lse"] is not None,
-                threshold="prefill_tokens_with_context" in free, lse_layout=lse_layout, mask_empty_context=ctx)
-    hit = _m.select(kf, "merge_attn_states", prefix.dtype, D, **want)
-    if hit is None:
-        raise _no_kernel(kf, "merge_attn_states", f"dtype={prefix.dtype}, head_size={D}, output = fp8_e4m3_group, "
-                         f"group_size = {G}, ue8m0 = {bool(ue8m0)}, lse_layout={lse_layout}"
-                         + (_CTX_MASK if ctx else ""))
-    return hit[0]
-
-
-_GROUP = _Kind("merge_attn_states", ("output", "output_scales", "output_lse", "prefix_output", "prefix_lse",
-                                     "suffix_output", "suffix_lse"), ("prefill_tokens_with_context",), _select_group)
-_GROUP_CTX = _Kind("merge_attn_states", _GROUP.names + ("query_start_loc", "context_start_loc"), _GROUP.free,
-                   _select_group)
-
-
-def merge_attn_states_fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output, suffix_lse,
-                                output_lse=None, prefill_tokens_with_context=None, *, ue8m0: bool = False,
-                                lse_layout: str = "head_major", query_start_loc=None,
-                                context_start_loc=None) -> None:
-    """merge_attn_states with an e4m3 output quantized per token-group: output
-    ``torch.float8_e4m3fn`` [T, H, D]; ``output_group_scales`` float32 [T, H * D / G] (any
-    strides: row-major, column-major, padded) receives each group's scale, max(absmax, 1e-10) /
-    448 (rounded up to a power of two with ``ue8m0``); G = H * D / its second dimension.
-    ``query_start_loc``, ``context_start_loc``: the fused empty-context mask, as in
-    merge_attn_states."""
-    tensors = (output, output_group_scales, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)
-    if query_start_loc is None and context_start_loc is None:
-        _call(_GROUP, (bool(ue8m0), lse_layout), tensors, (prefill_tokens_with_context,))
-    else:
-        _both_or_neither(query_start_loc, context_start_loc)
-        _call(_GROUP_CTX, (bool(ue8m0), lse_layout), tensors + (query_start_loc, context_start_loc),
-              (prefill_tokens_with_context,))
-
-
-# ---- merge_states (K-way), merge_state_in_place, mask_empty_context_lse ----
-
-def _select_states(kf, tmap, options, free):
-    v = tmap["states"]
-    T, K, H, D = _dims(v, "v", 4)
-    hit = _m.select(kf, "merge_states", v.dtype, D, num_states=K, output_lse=tmap["output_lse"] is not None)
-    if hit is None:
-        raise _no_kernel(kf, "merge_states", f"dtype={v.dtype}, head_size={D} merging {K} states "
-                         f"(no kernel with num_states = {K} or \"runtime\")")
-    return hit[0]
-
-
-_STATES = _Kind("merge_states", ("output", "output_lse", "states", "states_lse"), (), _select_states)
-
-
-def merge_states(v, s, output=None, output_lse=None):
-    """Merge K attention states per token in one pass (FlashInfer's ``merge_states``).
-
-    v: [T, K, H, D] partial outputs (f32/f16/bf16; the D dimension contiguous, other strides
-    free), s: [T, K, H] float32 lse, contiguous. Returns ``(output [T, H, D], output_lse [T, H])``,
-    allocated when not given (``output_lse`` is None when the kernel has none). +inf lse means
-    "no keys" like -inf; a row with no keys in any state gets state 0's row and lse -inf. Uses
-    the compile-time-K kernel for this K when the folder has one, else the runtime-K kernel."""
-    T, K, H, D = _dims(v, "v", 4)
-    if v.device.type != _DEVICE_TYPE:
-        raise ValueError(f"v is on {v.device}; the kernels run on a CUDA device")
-    if output is None or output_lse is None:
-        kf = _m.folder()
-        hit = _m.select(kf, "merge_states", v.dtype, D, num_states=K, output_lse=True)
-        if hit is None:
-            raise _no_kernel(kf, "merge_states", f"dtype={v.dtype}, head_size={D} merging {K} states "
-                             f"(no kernel with num_states = {K} or \"runtime\")")
-        if output is None:
-            output = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
-        if output_lse is None and hit[0]["variant"]["output_lse"]:
-            output_lse = torch.empty((T, H), dtype=torch.float32, device=v.device)
-    _call(_STATES, (), (output, output_lse, v, s), ())
-    return output, output_lse
-
-
-def _select_in_place(kf, tmap, options, free):
-    (lse_layout,) = options
-    v = tmap["state"]
-    D = _dims(v, "v", 3)[2]
-    hit = _m.select(kf, "merge_state_in_place", v.dtype, D, mask=tmap["mask"] is not None, lse_layout=lse_layout)
-    if hit is None:
-        raise _no_kernel(kf, "merge_state_in_place", f"dtype={v.dtype}, head_size={D}, lse_layout={lse_layout}"
-                         + (" and a mask" if tmap["mask"] is not None else ""))
-    return hit[0]
-
-
-_IN_PLACE = _Kind("merge_state_in_place", ("state", "state_lse", "other", "other_lse", "mask"), (), _select_in_place)
-
-
-def merge_state_in_place(v, s, v_other, s_other, mask=None, *, lse_layout: str = "token_major") -> None:
-    """``v, s := merge((v, s), (v_other, s_other))`` in place (FlashInfer's
-    ``merge_state_in_place``). v, v_other: [T, H, D]; s, s_other: float32 lse, [T, H] with
-    ``lse_layout="token_major"`` (FlashInfer's, the default) or [H, T] with ``"head_major"``
-    (vLLM's). ``mask``: [T] bool or uint8; tokens where it is 0 are left untouched (needs a
-    kernel generated with ``mask = true``)."""
-    if lse_layout not in ("token_major", "head_major"):
-        raise ValueError('lse_layout must be "token_major" or "head_major"')
-    _call(_IN_PLACE, (lse_layout,), (v, s, v_other, s_other, mask), ())
-
-
-def _select_mask(kf, tmap, options, free):
-    (lse_layout,) = options
-    hit = _m.select(kf, "mask_empty_context_lse", None, None, lse_layout=lse_layout)
-    if hit is None:
-        raise _no_kernel(kf, "mask_empty_context_lse", f"lse_layout={lse_layout}")
-    return hit[0]
-
-
-_MASK = _Kind("mask_empty_context_lse", ("lse", "query_start_loc", "context_start_loc"), (), _select_mask)
-
-
-def mask_empty_context_lse(lse, query_start_loc, context_start_loc, *, lse_layout: str = "head_major") -> None:
-    """Set ``lse`` to -inf, in place, for every head of the tokens of requests whose context is
-    empty, before a merge. ``lse``: float32 [H, T] (``lse_layout="head_major"``, vLLM's) or
-    [T, H] (``"token_major"``). ``query_start_loc``, ``context_start_loc``: int32 [B + 1] on
-    the device; request b holds tokens ``query_start_loc[b]:query_start_loc[b+1]`` and has an
-    empty context when ``context_start_loc[b+1] == context_start_loc[b]``. Their contents are
-    not read on the host (no sync): whatever they hold, only lse is written, inside its bounds."""
-    if lse_layout not in ("token_major", "head_major"):
-        raise ValueError('lse_layout must be "token_major" or "head_major"')
-    _call(_MASK, (lse_layout,), (lse, query_start_loc, context_start_loc), ())
-
-
-__all__ = ["merge_attn_states", "merge_attn_states_fp8_group", "merge_states", "merge_state_in_place",
-           "mask_empty_context_lse", "ArgumentError"]
+               sl.data_ptr(), 0 if sc is None else sc.data_ptr()), (n,), _PAIR, (lse_layout,), (o, ol, p, pl, s, sl, sc))
 
 
 def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None:
@@ -609,5 +466,16 @@ def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None
     device = torch.cuda.current_device() if device is None or device < 0 else device
     launcher = _cuda.Launcher(_cuda.kernel(kf, meta).function(device), _cuda.primary_context(device),
                               len(plan.params), checked.block_threads, checked.shared_mem_bytes,
-                              kf.manifest.get("nvrtc"), kernel)
+                              kf.manifest.get("nvrtc"), kernel, _cuda.param_kinds(meta["params"]),
+                              _cuda.uses_pdl(meta, device))
     _cuda.launch(launcher, checked.values, checked.grid[0], checked.grid[1], _stream(device))
+
+
+# The other calls (per-token-group FP8, the fused empty-context mask, the K-way and in-place
+# merges, the lse mask) live in _torch_families; imported last, as they build on this module.
+from ._torch_families import (_PAIR_CTX, _both_or_neither, _merge_attn_states_other,  # noqa: E402,F401
+                              mask_empty_context_lse, merge_attn_states_fp8_group, merge_state_in_place,
+                              merge_states)
+
+__all__ = ["merge_attn_states", "merge_attn_states_fp8_group", "merge_states", "merge_state_in_place",
+           "mask_empty_context_lse", "ArgumentError"]

@@ -15,7 +15,7 @@ import threading
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["KernelFolder", "folder", "load", "supports", "select", "family_of", "SCHEMA_VERSION"]
+__all__ = ["KernelFolder", "folder", "load", "supports", "select", "family_of", "launch_pdl", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 2
 ENV = "MLA_GEN_KERNELS"
@@ -266,6 +266,13 @@ def _want(family, *, output_lse=False, threshold=False, output="same", group_siz
         return {"lse_layout": lse_layout or "head_major"}
     raise ValueError(f"unknown family {family!r} (merge_attn_states, merge_states, merge_state_in_place, "
                      "mask_empty_context_lse)")
+
+
+def launch_pdl(kernel: dict) -> bool:
+    """The kernel's ``launch.pdl``: built with ``pdl = true`` (it executes griddepcontrol.wait
+    before touching its inputs), so a host may launch it with programmatic stream serialization
+    on sm_90 and newer. Absent (manifests before the field): False."""
+    return bool(kernel.get("launch", {}).get("pdl", False))
 
 
 def pick_artifact(kernel: dict, cc: int) -> str | None:

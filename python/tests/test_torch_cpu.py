@@ -93,7 +93,16 @@ def test_the_contract_decides(cpu_launch, case):
     assert not cpu_launch.launches
 
 
-def test_planned_layouts_still_check_pointers_every_call(cpu_launch):
+@pytest.fixture(params=["TensorGuards", "layout key"])
+def guard_kind(request, monkeypatch):
+    """Both guards of the plain call's fast path: torch's TensorGuards and the Python fallback."""
+    from mla_gen import _torch
+    if request.param == "layout key" or _torch._TensorGuards is None:
+        monkeypatch.setattr(_torch, "_TensorGuards", None)
+    return request.param
+
+
+def test_planned_layouts_still_check_pointers_every_call(cpu_launch, guard_kind):
     big = torch.zeros(3 * T * H * D + 64, dtype=BF16)
     n = T * H * D
     out, p = big[:n].view(T, H, D), big[n:2 * n].view(T, H, D)
@@ -108,9 +117,36 @@ def test_planned_layouts_still_check_pointers_every_call(cpu_launch):
         mla_gen.merge_attn_states(odd, big[2 * n + 8:3 * n + 8].view(T, H, D), pl, s, sl, None, 2)
     with pytest.raises(ArgumentError, match="exceeds its maximum"):
         mla_gen.merge_attn_states(out, p, pl, s, sl, None, T + 1)
+    with pytest.raises(TypeError, match="must be a Python int"):
+        mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2.0)
     mla_gen.merge_attn_states(out, p, pl, s, sl, None, 3)
     assert len(cpu_launch.launches) == 2
     assert mla_gen.stats()["plans"] == plans
+
+
+def test_the_guard_tells_layouts_apart(cpu_launch, guard_kind):
+    """A planned layout serves only tensors of that layout: another dtype, shape, stride or a
+    None where a tensor was gets its own plan (or its own error), never the previous one's."""
+    out, p, pl, s, sl = pair()
+    ol = torch.empty(H, T)
+    mla_gen.merge_attn_states(out, p, pl, s, sl, ol, 2)
+    mla_gen.merge_attn_states(out, p, pl, s, sl, ol, 2)
+    plans = mla_gen.stats()["plans"]
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2)  # no output lse: a null pointer
+    assert cpu_launch.last()[1]["output_lse"] == 0
+    padded = torch.zeros(T, H, D + 64, dtype=BF16)[..., :D]
+    mla_gen.merge_attn_states(out, padded, pl, s, sl, ol, 2)
+    assert cpu_launch.last()[1]["prefix_head_stride"] == D + 64
+    mla_gen.merge_attn_states(out, p, pl, s, sl, ol)  # no threshold: num_tokens
+    assert cpu_launch.last()[1]["prefill_tokens_with_context"] == T
+    with pytest.raises(ArgumentError, match="output is f16"):
+        mla_gen.merge_attn_states(out.half(), p, pl, s, sl, ol, 2)
+    o2, p2, pl2, s2, sl2 = pair(t=T - 1)
+    mla_gen.merge_attn_states(o2, p2, pl2, s2, sl2, None, 2)
+    assert cpu_launch.last()[1]["num_tokens"] == T - 1
+    assert mla_gen.stats()["plans"] == plans + 4
+    mla_gen.merge_attn_states(out, p, pl, s, sl, ol, 3)  # back to the first layout: its plan
+    assert mla_gen.stats()["plans"] == plans + 4 and cpu_launch.last()[1]["prefill_tokens_with_context"] == 3
 
 
 def test_what_the_contract_cannot_say(cpu_launch):
@@ -237,3 +273,21 @@ def test_other_families(cpu_launch, contract_kernels):
     assert name == "mask_empty_context_lse" and vals["num_requests"] == 2
     with pytest.raises(ArgumentError, match="query_start_loc is i64, the kernel takes i32"):
         mla_gen.mask_empty_context_lse(lse_hd, qsl.long(), csl)
+
+
+def test_the_plain_call_keeps_torchs_guard(cpu_launch):
+    """The fast path's guard is torch's C++ TensorGuards where torch has it, with and without the
+    optional tensors (a None slot stands in as its own empty tensor); a tensor given twice (the
+    guard refuses aliases) falls back to the layout key and still launches."""
+    from mla_gen import _torch
+    if _torch._TensorGuards is None:
+        pytest.skip("this torch has no torch._C._dynamo.guards.TensorGuards")
+    out, p, pl, s, sl = pair()
+    for args in ((out, p, pl, s, sl), (out, p, pl, s, sl, torch.empty(H, T), 3)):
+        mla_gen.merge_attn_states(*args)
+        mla_gen.merge_attn_states(*args)
+        assert isinstance(_torch._last_pair[0], _torch._TensorGuards)
+    mla_gen.merge_attn_states(out, p, pl, p, pl)
+    mla_gen.merge_attn_states(out, p, pl, p, pl)
+    assert isinstance(_torch._last_pair[0], _torch._LayoutKey)
+    assert cpu_launch.last()[1]["suffix_output"] == p.data_ptr()

@@ -1,0 +1,189 @@
+"""The launch path without a GPU: the real ``_cuda.launch`` into a stand-in driver made of
+ctypes callbacks (what the driver receives is read back from memory, as libcuda would read it).
+Programmatic dependent launch: a kernel whose manifest entry says ``launch.pdl`` goes through
+cuLaunchKernelEx with one CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION attribute on
+sm_90 and newer, through cuLaunchKernel elsewhere; a foreign current context is pushed and popped
+around the launch."""
+
+import ctypes
+import json
+import struct
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mla_gen  # noqa: E402
+from mla_gen import _cuda, _torch, _torch_families, manifest  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
+
+PRIMARY, FOREIGN, STREAM = 0xC0, 0xF0, 0x7F00C0DE0000
+KERNEL = "merge_attn_states_bf16_d128_thr_lse"
+c_int, c_uint, c_vp = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
+
+
+class FakeDriver:
+    """libcuda's launch-path functions as ctypes callbacks; ``cuda[name]`` gives a fresh function
+    object at the same address, like ctypes.CDLL."""
+
+    def __init__(self, cc: int, nparams: int, current: int = PRIMARY):
+        self.cc, self.nparams, self.current, self.calls = cc, nparams, current, []
+        self._keep = []
+        self._def("cuInit", [c_uint], lambda flags: 0)
+        self._def("cuGetErrorName", [c_int, c_vp], lambda e, s: 1)
+        self._def("cuGetErrorString", [c_int, c_vp], lambda e, s: 1)
+        self._def("cuDeviceGet", [c_vp, c_int], self._device_get)
+        self._def("cuDeviceGetAttribute", [c_vp, c_int, c_int], self._attribute)
+        self._def("cuCtxGetCurrent", [c_vp], self._get_current)
+        self._def("cuCtxPushCurrent_v2", [c_vp], lambda ctx: self._record("push", ctx))
+        self._def("cuCtxPopCurrent_v2", [c_vp], lambda out: self._record("pop", out))
+        self._def("cuLaunchKernel", [c_vp] + [c_uint] * 7 + [c_vp, c_vp, c_vp], self._launch)
+        self._def("cuLaunchKernelEx", [c_vp, c_vp, c_vp, c_vp], self._launch_ex)
+
+    def _def(self, name, argtypes, body):
+        proto = ctypes.CFUNCTYPE(c_int, *argtypes)
+        fn = proto(body)
+        self._keep.append(fn)
+        setattr(self, name, proto(ctypes.cast(fn, c_vp).value))
+
+    def __getitem__(self, name):
+        f = getattr(self, name)
+        return type(f)(ctypes.cast(f, c_vp).value)
+
+    def _record(self, what, *args):
+        self.calls.append((what,) + args)
+        return 0
+
+    def _device_get(self, out, ordinal):
+        c_int.from_address(out).value = ordinal
+        return 0
+
+    def _attribute(self, out, attr, dev):
+        c_int.from_address(out).value = {75: self.cc // 10, 76: self.cc % 10}.get(attr, 0)
+        return 0
+
+    def _get_current(self, out):
+        c_vp.from_address(out).value = self.current
+        return 0
+
+    def _params(self, params):
+        """The parameter values as the driver reads them at the call (through kernelParams)."""
+        return [ctypes.c_int64.from_address(c_vp.from_address(params + 8 * i).value).value
+                for i in range(self.nparams)]
+
+    def _launch(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
+        return self._record("cuLaunchKernel", f, (gx, gy, gz), (bx, by, bz), shmem, stream, self._params(params),
+                            extra)
+
+    def _launch_ex(self, config, f, params, extra):
+        cfg = ctypes.string_at(config, 56)
+        attrs, num = struct.unpack_from("=QI", cfg, 40)
+        return self._record("cuLaunchKernelEx", cfg, ctypes.string_at(attrs, 72 * num), f, self._params(params), extra)
+
+
+@pytest.fixture
+def driver(monkeypatch, tmp_path):
+    """The torch layer on CPU tensors with the real _cuda.launch into a FakeDriver; yields a
+    function that installs a driver of a given compute capability over a manifest whose
+    KERNEL has the given launch.pdl (None: the field absent)."""
+    m = json.loads((ROOT / "generated/manifest.json").read_text())
+    for name in ("_lib", "_cu_launch", "_cu_launch_ex", "_cu_get_current", "_cu_push", "_cu_pop"):
+        monkeypatch.setattr(_cuda, name, getattr(_cuda, name))
+    monkeypatch.setattr(_cuda, "_cc", {})
+    monkeypatch.setattr(_torch, "_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(_torch, "_plans", {})
+    monkeypatch.setattr(_torch, "_last_pair", _torch._NO_PLAN)
+    monkeypatch.setattr(_torch_families, "_last_ctx", _torch._NO_PLAN)
+    monkeypatch.setattr(_torch, "_stream", lambda device: STREAM)
+    monkeypatch.setattr(_cuda, "primary_context", lambda device: PRIMARY)
+
+    class Kern:
+        def function(self, device):
+            return 0xF00
+
+    monkeypatch.setattr(_cuda, "kernel", lambda folder, meta: Kern())
+
+    def install(cc, pdl, current=PRIMARY):
+        for k in m["kernels"]:
+            k["launch"].pop("pdl", None)
+            if k["name"] == KERNEL and pdl is not None:
+                k["launch"]["pdl"] = pdl
+        folder = tmp_path / f"cc{cc}-{pdl}"
+        folder.mkdir()
+        (folder / "manifest.json").write_text(json.dumps(m))
+        monkeypatch.setenv("MLA_GEN_KERNELS", str(folder))
+        fake = FakeDriver(cc, len(next(k for k in m["kernels"] if k["name"] == KERNEL)["params"]), current)
+        _cuda._install(fake)
+        _cuda._lib = fake
+        _cuda._cc.clear()
+        return fake
+
+    return install
+
+
+def call():
+    T, H, D = 8, 4, 128
+    p, s, out = (torch.zeros(T, H, D, dtype=torch.bfloat16) for _ in range(3))
+    pl, sl, ol = (torch.zeros(H, T) for _ in range(3))
+    mla_gen.merge_attn_states(out, p, pl, s, sl, ol, 5)
+    mla_gen.merge_attn_states(out, p, pl, s, sl, ol, 6)  # the planned path too
+    return out, ol, T, H
+
+
+def test_struct_layouts_match_cuda_h():
+    assert ctypes.sizeof(_cuda.LaunchAttribute) == 72 and _cuda.LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(_cuda.LaunchAttributeValue) == 64
+    assert ctypes.sizeof(_cuda.LaunchConfig) == 56
+    offsets = {f[0]: getattr(_cuda.LaunchConfig, f[0]).offset for f in _cuda.LaunchConfig._fields_}
+    assert offsets == {"gridDimX": 0, "gridDimY": 4, "gridDimZ": 8, "blockDimX": 12, "blockDimY": 16,
+                       "blockDimZ": 20, "sharedMemBytes": 24, "hStream": 32, "attrs": 40, "numAttrs": 48}
+
+
+def test_pdl_kernel_on_sm90_goes_through_cuLaunchKernelEx(driver):
+    fake = driver(90, True)
+    out, ol, T, H = call()
+    launches = [c for c in fake.calls if c[0].startswith("cuLaunchKernel")]
+    assert [c[0] for c in launches] == ["cuLaunchKernelEx"] * 2
+    meta = manifest.folder().kernel(KERNEL)
+    lc = meta["launch"]
+    gx, gy = -(-T // lc["grid_x"]["per_block"]), -(-H // lc["grid_y"]["per_block"])
+    for n, (_, cfg, attrs, f, params, extra) in zip((5, 6), launches):
+        fields = struct.unpack("=7I4xQQI4x", cfg)
+        assert fields[:8] == (gx, gy, 1, lc["block_threads"], 1, 1, lc["shared_mem_bytes"], STREAM)
+        assert fields[9] == 1, "one attribute"
+        assert attrs == struct.pack("=i4xi60x", _cuda.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+        assert _cuda.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == 6
+        assert f == 0xF00 and extra is None
+        values = dict(zip([p["name"] for p in meta["params"]], params))
+        assert values["output"] == out.data_ptr() and values["output_lse"] == ol.data_ptr()
+        assert values["prefill_tokens_with_context"] == n and values["num_tokens"] == T
+
+
+@pytest.mark.parametrize("cc, pdl", [(80, True), (90, False), (90, None), (89, True)])
+def test_otherwise_cuLaunchKernel(driver, cc, pdl):
+    fake = driver(cc, pdl)
+    out, ol, T, H = call()
+    launches = [c for c in fake.calls if c[0].startswith("cuLaunchKernel")]
+    assert [c[0] for c in launches] == ["cuLaunchKernel"] * 2
+    meta = manifest.folder().kernel(KERNEL)
+    _, f, grid, block, shmem, stream, params, extra = launches[-1]
+    assert f == 0xF00 and stream == STREAM and extra is None and grid[2] == 1
+    assert block == (meta["launch"]["block_threads"], 1, 1) and shmem == meta["launch"]["shared_mem_bytes"]
+    values = dict(zip([p["name"] for p in meta["params"]], params))
+    assert values["output"] == out.data_ptr() and values["prefill_tokens_with_context"] == 6
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_a_foreign_current_context_is_pushed_and_popped(driver, pdl):
+    fake = driver(90, pdl, current=FOREIGN)
+    call()
+    kinds = [c[0] for c in fake.calls]
+    launch = "cuLaunchKernelEx" if pdl else "cuLaunchKernel"
+    assert kinds == ["push", launch, "pop"] * 2
+    assert fake.calls[0][1] == PRIMARY
+
+
+def test_the_manifest_flag():
+    assert manifest.launch_pdl({"launch": {"pdl": True}}) is True
+    assert manifest.launch_pdl({"launch": {}}) is False and manifest.launch_pdl({}) is False
