@@ -18,6 +18,7 @@ fn variant(dtype: Dtype, head_size: u32, prefix_threshold: bool, output_lse: boo
         schedule: spec::FALLBACK_SCHEDULE,
         explicit_schedule: false,
         mask_empty_context: false,
+        pdl: false,
     }
 }
 
