@@ -80,3 +80,35 @@ fn a_launcher_without_pdl_kernels_has_no_programmatic_launch() {
     assert!(source.contains("cuLaunchKernel(") && !source.contains("cuLaunchKernelEx"));
     assert!(!source.contains("pdl"));
 }
+
+/// The producer of the GPU tests and bench (tests/pdl/producer.cu) compiles with NVRTC for
+/// sm_90, its late writer triggering its dependents before any write. With MLA_GEN_PDL_OUT set
+/// (scripts/gpu/pdl.sh build), the PTX and CUBIN are written there for the GPU machine, which
+/// has no compiler.
+#[test]
+fn the_producer_compiles_for_sm_90() {
+    let source = include_str!("pdl/producer.cu");
+    let nvrtc = mla_gen::nvrtc::load().unwrap_or_else(|e| panic!("NVRTC is needed: {e}"));
+    let arch = mla_gen::spec::Arch::parse("sm_90").unwrap();
+    let options = mla_gen::compile::options_for(&arch);
+    let compiled = match nvrtc
+        .compile("producer.cu", source, &options, true, true)
+        .unwrap()
+    {
+        Ok(c) => c,
+        Err(f) => panic!("{}\n{}", f.message, f.log),
+    };
+    let ptx = String::from_utf8(compiled.ptx.clone().unwrap()).unwrap();
+    for entry in ["pdl_late_writer(", "pdl_writer("] {
+        assert!(ptx.contains(&format!(".entry {entry}")), "{entry}");
+    }
+    let late = &ptx[ptx.find(".entry pdl_late_writer(").unwrap()..];
+    let trigger = late.find("griddepcontrol.launch_dependents").unwrap();
+    assert!(trigger < late.find("st.global").unwrap());
+    if let Some(dir) = std::env::var_os("MLA_GEN_PDL_OUT") {
+        let dir = std::path::Path::new(&dir);
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("producer.sm_90.ptx"), &ptx).unwrap();
+        std::fs::write(dir.join("producer.sm_90.cubin"), compiled.cubin.unwrap()).unwrap();
+    }
+}
