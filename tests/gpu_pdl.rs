@@ -280,32 +280,20 @@ fn launch_ex_unchecked(g: &Gpu, f: sys::CUfunction, checked: &Checked) {
         .iter_mut()
         .map(|v| v as *mut u64 as *mut c_void)
         .collect();
-    let grid = checked.grid.unwrap();
-    // SAFETY: a plain-data union, zeroed, then its one used field set.
-    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-    value.programmaticStreamSerializationAllowed = 1;
-    let mut attr = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-        pad: [0; 4],
-        value,
-    };
-    let config = sys::CUlaunchConfig {
-        gridDimX: grid[0],
-        gridDimY: grid[1],
-        gridDimZ: grid[2],
-        blockDimX: checked.block_threads,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: checked.shared_mem_bytes,
-        hStream: g.stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
+    let (block, shared) = (checked.block_threads, checked.shared_mem_bytes);
     // SAFETY: checked values in the kernel's order, alive for the call; the buffers live until
-    // the caller synchronizes.
-    unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
-        .result()
-        .unwrap();
+    // the caller synchronizes. The race is the point.
+    unsafe {
+        runtime::launch_programmatic(
+            f,
+            checked.grid.unwrap(),
+            block,
+            shared,
+            g.stream.cu_stream(),
+            &mut params,
+        )
+    }
+    .unwrap();
 }
 
 /// Late writer (poisoned inputs written after `delay_ns`), then the merge; the mismatches.

@@ -123,36 +123,18 @@ impl Kernel {
         programmatic: bool,
     ) -> Result<(), RuntimeError> {
         if programmatic {
-            let mut attr = sys::CUlaunchAttribute {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                pad: [0; 4],
-                // SAFETY: a plain-data union; zeroed, then its one used field set.
-                value: unsafe { std::mem::zeroed() },
-            };
-            attr.value.programmaticStreamSerializationAllowed = 1;
-            let config = sys::CUlaunchConfig {
-                gridDimX: grid[0],
-                gridDimY: grid[1],
-                gridDimZ: grid[2],
-                blockDimX: checked.block_threads,
-                blockDimY: 1,
-                blockDimZ: 1,
-                sharedMemBytes: checked.shared_mem_bytes,
-                hStream: stream.cu_stream(),
-                attrs: &mut attr,
-                numAttrs: 1,
-            };
-            // SAFETY: as cuLaunchKernel below; `config` and `attr` outlive the call.
-            unsafe {
-                sys::cuLaunchKernelEx(
-                    &config,
+            // SAFETY: as cuLaunchKernel below; the caller's contract covers the wait.
+            return unsafe {
+                launch_programmatic(
                     self.function,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
+                    grid,
+                    checked.block_threads,
+                    checked.shared_mem_bytes,
+                    stream.cu_stream(),
+                    params,
                 )
             }
-            .result()?;
-            return Ok(());
+            .map_err(RuntimeError::from);
         }
         // SAFETY: the caller's contract; the function belongs to this kernel's live module.
         unsafe {
@@ -196,6 +178,46 @@ impl Kernel {
         }
         Ok(start.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64)
     }
+}
+
+/// `cuLaunchKernelEx` of `function` with programmatic stream serialization: it may start before
+/// the previous work on `stream` ends, so it must wait for that work itself before touching
+/// memory (`griddepcontrol.wait`, what a `pdl` kernel does).
+///
+/// # Safety
+/// As `cuLaunchKernel`: `params` point to the function's parameter values, alive for the call,
+/// in the current context; and the function waits as said above, or races the previous work.
+pub unsafe fn launch_programmatic(
+    function: sys::CUfunction,
+    grid: [u32; 3],
+    block_threads: u32,
+    shared_mem_bytes: u32,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+) -> Result<(), cudarc::driver::DriverError> {
+    // SAFETY: a plain-data union; zeroed, then its one used field set.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.programmaticStreamSerializationAllowed = 1;
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value,
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid[0],
+        gridDimY: grid[1],
+        gridDimZ: grid[2],
+        blockDimX: block_threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared_mem_bytes,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: the caller's contract; `config` and `attr` outlive the call.
+    unsafe { sys::cuLaunchKernelEx(&config, function, params.as_mut_ptr(), std::ptr::null_mut()) }
+        .result()
 }
 
 /// cuLaunchKernel's parameter array: one pointer to each 8-byte value.
