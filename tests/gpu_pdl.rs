@@ -102,14 +102,17 @@ fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 }
 
 /// A producer launch: (dst, src, n_words, last) with `last` its delay or trigger flag; plain, so
-/// it starts after the previous work on the stream ends.
+/// it starts after the previous work on the stream ends. The late writer takes few blocks (about
+/// one per SM), so that the merge's blocks find room beside it at once, as a small producer
+/// leaves: the window in which a missing wait would read unfinished inputs is then wide open.
 fn produce(g: &Gpu, f: sys::CUfunction, dst: u64, src: u64, n_words: usize, last: i64) {
     let mut values: [u64; 4] = [dst, src, n_words as u64, last as u64];
     let mut params: Vec<*mut c_void> = values
         .iter_mut()
         .map(|v| v as *mut u64 as *mut c_void)
         .collect();
-    let blocks = n_words.div_ceil(256).clamp(1, 132 * 8) as u32;
+    let most = if f == g.late_writer { 128 } else { 132 * 8 };
+    let blocks = n_words.div_ceil(256).clamp(1, most) as u32;
     // SAFETY: the producer's four 8-byte parameters; dst and src hold n_words words.
     unsafe {
         result::launch_kernel(
