@@ -136,6 +136,11 @@ pub struct LaunchRule {
     pub shared_mem_bytes: u32,
     pub grid_x: GridAxis,
     pub grid_y: GridAxis,
+    /// The kernel waits for the previous kernel on its stream (`griddepcontrol.wait`): launch it
+    /// with programmatic stream serialization where the device's compute capability is 9.0 or
+    /// newer, plainly elsewhere. Absent: false (manifests from before the key read the same).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pdl: bool,
 }
 
 /// Everything a caller must satisfy, and how the kernel is launched.

@@ -173,3 +173,41 @@ fn fp8_kernels_compile_without_spills_and_store_whole_vectors() {
         }
     }
 }
+
+/// A pdl kernel's sm_90 PTX waits (griddepcontrol.wait) before its first global load or store,
+/// and triggers its dependents only after that; its sm_80 PTX has neither instruction; every
+/// family at once.
+#[test]
+fn pdl_kernels_wait_before_any_global_access_on_sm_90_only() {
+    let spec = spec::parse(
+        "pdl.toml",
+        "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = [128, 576]\noutput = [\"same\", \"fp8_e4m3\"]\npdl = true\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3_group\"\ngroup_size = 64\nmask_empty_context = true\npdl = true\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\npdl = true\n[[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 128\nmask = [true, false]\npdl = true\n[[mask_empty_context_lse]]\nlse_layout = [\"head_major\", \"token_major\"]\npdl = true\n",
+    )
+    .unwrap();
+    let templates = Templates::embedded().unwrap();
+    let (kernels, _) = mla_gen::compile::compile(&templates, &spec, 0, false)
+        .unwrap_or_else(|e| panic!("NVRTC is needed for this test:\n{e}"));
+    assert_eq!(kernels.len(), 15);
+    for k in &kernels {
+        assert!(k.name.ends_with("_pdl"), "{}", k.name);
+        for a in &k.archs {
+            let ptx = String::from_utf8(a.ptx.clone()).expect("PTX is text");
+            let line = |pat: &dyn Fn(&str) -> bool| ptx.lines().position(|l| pat(l.trim_start()));
+            let wait = line(&|l| l.starts_with("griddepcontrol.wait"));
+            let trigger = line(&|l| l.starts_with("griddepcontrol.launch_dependents"));
+            let global = line(&|l| l.starts_with("ld.global") || l.starts_with("st.global"));
+            if a.arch.major_minor < 90 {
+                assert!(!ptx.contains("griddepcontrol"), "{} {}", k.name, a.arch);
+                continue;
+            }
+            let (wait, global) = (wait.expect("a wait"), global.expect("a global access"));
+            assert!(
+                wait < global,
+                "{} {}: a global access before the wait",
+                k.name,
+                a.arch
+            );
+            assert!(trigger.is_none_or(|t| t > wait), "{} {}", k.name, a.arch);
+        }
+    }
+}

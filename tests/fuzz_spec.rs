@@ -36,6 +36,13 @@ fn check(text: &str) {
             names.sort();
             names.dedup();
             assert_eq!(names.len(), s.variants.len(), "duplicate kernel names");
+            // A pdl kernel is never accepted without a target that has griddepcontrol.
+            if s.variants.iter().any(|v| v.pdl) {
+                assert!(
+                    s.archs.iter().any(|a| a.major_minor >= 90),
+                    "pdl without sm_90+: {text:?}"
+                );
+            }
             for n in &names {
                 assert!(
                     n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
@@ -50,7 +57,8 @@ fn check(text: &str) {
     }
 }
 
-const KEYS: [&str; 18] = [
+const KEYS: [&str; 19] = [
+    "pdl",
     "mask_empty_context",
     "group_size",
     "ue8m0",
@@ -89,6 +97,7 @@ fn scalar() -> impl Strategy<Value = String> {
             "\"fp8_e4m3_group\"",
             "\"sm_90\"",
             "\"sm_80\"",
+            "\"sm_100\"",
             "\"compute_90\"",
             "\"sm_9x\"",
             "\"\"",
@@ -160,6 +169,66 @@ proptest! {
         );
         let s = spec::parse("fuzz.toml", &text).unwrap();
         prop_assert_eq!(s.variants.len(), dtypes.len() * heads.len() * thr.len());
+    }
+}
+
+/// docs/MANIFEST.md's artifact rule over arch names: the arch whose image a device of `cc` runs.
+fn picked(archs: &[mla_gen::spec::Arch], cc: u32) -> Option<u32> {
+    let cubin = archs
+        .iter()
+        .filter(|a| a.real)
+        .filter(|a| {
+            if a.arch_specific {
+                a.major_minor == cc
+            } else {
+                a.major_minor / 10 == cc / 10 && a.major_minor <= cc
+            }
+        })
+        .map(|a| a.major_minor)
+        .max();
+    cubin.or_else(|| {
+        archs
+            .iter()
+            .filter(|a| !a.arch_specific && a.major_minor <= cc)
+            .map(|a| a.major_minor)
+            .max()
+    })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// A spec with a pdl kernel is accepted only where every device of compute capability 9.0 or
+    /// newer that has an image runs one built for sm_90+ (the one that waits): hosts decide the
+    /// launch attribute by the device alone.
+    #[test]
+    fn pdl_specs_never_give_a_new_device_an_image_without_the_wait(
+        archs in prop::sample::subsequence(
+            vec!["sm_80", "compute_80", "sm_86", "sm_89", "sm_90", "compute_90", "sm_90a", "sm_100", "compute_100", "sm_100a", "sm_120"],
+            1..=4,
+        ),
+    ) {
+        let text = format!(
+            "arch = {archs:?}\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\npdl = true\n"
+        );
+        if let Ok(s) = spec::parse("fuzz.toml", &text) {
+            for cc in [90, 100, 103, 110, 120, 121] {
+                if let Some(arch) = picked(&s.archs, cc) {
+                    prop_assert!(arch >= 90, "{archs:?}: cc {cc} runs an sm_{arch} image");
+                }
+            }
+        } else {
+            // Refused only with no sm_90+ target, or a PTX below sm_90 without a plain sm_90 or
+            // compute_90 beside it (conservative: a future 9.x device could run that PTX).
+            let parsed: Vec<_> = archs.iter().map(|a| mla_gen::spec::Arch::parse(a).unwrap()).collect();
+            let plain = |a: &&mla_gen::spec::Arch| !a.arch_specific;
+            prop_assert!(
+                parsed.iter().all(|a| a.major_minor < 90)
+                    || (parsed.iter().filter(plain).any(|a| a.major_minor < 90)
+                        && !parsed.iter().filter(plain).any(|a| a.major_minor == 90)),
+                "{archs:?} refused"
+            );
+        }
     }
 }
 

@@ -18,6 +18,7 @@ fn variant(dtype: Dtype, head_size: u32, prefix_threshold: bool, output_lse: boo
         schedule: spec::FALLBACK_SCHEDULE,
         explicit_schedule: false,
         mask_empty_context: false,
+        pdl: false,
     }
 }
 
@@ -157,4 +158,51 @@ fn fused_empty_context_mask() {
     for v in &spec.variants {
         insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", v).unwrap());
     }
+}
+
+/// Programmatic dependent launch: the whole pairwise kernel, and for every family the lines pdl
+/// adds (the rest of each source is the kernel without it, byte for byte, name aside).
+#[test]
+fn pdl_kernels() {
+    let t = Templates::embedded().unwrap();
+    let mut v = variant(Dtype::Bf16, 128, true, true);
+    v.pdl = true;
+    insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", &v).unwrap());
+
+    let spec = spec::parse(
+        "snapshot.toml",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3\"\npdl = true\n\
+         [[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\npdl = true\n\
+         [[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 128\nmask = true\npdl = true\n\
+         [[mask_empty_context_lse]]\npdl = true\n",
+    )
+    .unwrap();
+    let mut added = String::new();
+    for v in &spec.variants {
+        let with = t.render("snapshot.toml", v).unwrap();
+        let without = t
+            .render(
+                "snapshot.toml",
+                &MergeVariant {
+                    pdl: false,
+                    ..v.clone()
+                },
+            )
+            .unwrap();
+        let name = v.kernel_name();
+        let with = with.replace(&name, name.trim_end_matches("_pdl"));
+        // pdl only inserts lines: walk both, collecting the lines `without` lacks.
+        let mut rest = without.lines().peekable();
+        added.push_str(&format!("== {name}\n"));
+        for line in with.lines() {
+            if rest.peek() == Some(&line) {
+                rest.next();
+            } else {
+                added.push_str(line);
+                added.push('\n');
+            }
+        }
+        assert_eq!(rest.next(), None, "{name}: pdl removed a line");
+    }
+    insta::assert_snapshot!("pdl_added_lines", added);
 }

@@ -34,6 +34,7 @@ pub fn contract(v: &MergeVariant) -> Contract {
             shared_mem_bytes: launch.shared_mem_bytes,
             grid_x: launch.grid_x,
             grid_y: launch.grid_y,
+            pdl: launch.pdl,
         },
     }
 }

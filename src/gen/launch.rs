@@ -47,6 +47,10 @@ pub struct Launch {
     /// The grid rule as data: `ceil(dim / per_block)` per axis.
     pub grid_x: GridAxis,
     pub grid_y: GridAxis,
+    /// Launch with programmatic stream serialization on devices of compute capability 9.0 and
+    /// newer (the kernel waits for the previous one itself); absent: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pdl: bool,
 }
 
 fn grid_axes(tokens_per_launch_block: u32, heads_per_block: u32) -> (GridAxis, GridAxis) {
@@ -92,6 +96,7 @@ impl Launch {
                 vecs_per_row: 1,
                 shared_mem_bytes: 0,
                 grid_rule: GRID_RULE,
+                pdl: v.pdl,
             };
         }
         // Widest power-of-two vector that divides the row: no partial vector at the row's end, so
@@ -135,6 +140,7 @@ impl Launch {
             min_blocks_per_sm: v.schedule.min_blocks_per_sm,
             shared_mem_bytes: 0,
             grid_rule: GRID_RULE,
+            pdl: v.pdl,
         }
     }
 

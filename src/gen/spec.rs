@@ -117,6 +117,8 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
     }
 
     let mut variants: Vec<MergeVariant> = Vec::new();
+    // Where the first `pdl` that sets true is, to point a refusal of the archs at it.
+    let mut pdl_at: Option<usize> = None;
     // kernel name -> line of the table that produced it, to report duplicates.
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     for (table, family) in &families {
@@ -158,6 +160,10 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         )?;
         let lses = opt_list("output_lse", &f.output_lse, table != Table::MaskLse)?;
         let ctx_masks = opt_list("mask_empty_context", &f.mask_empty_context, false)?;
+        let pdls = opt_list("pdl", &f.pdl, false)?;
+        if pdls.contains(&true) && pdl_at.is_none() {
+            pdl_at = f.pdl.as_ref().map(|v| v.span().start);
+        }
         let outputs = match &f.output {
             Some(v) => ctx.list("output", v, |x| one_of(&OutputKind::ALL, x))?,
             None => vec![OutputKind::Same],
@@ -271,6 +277,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             layouts.len(),
             rows.len(),
             mins.len(),
+            pdls.len(),
         ]
         .iter()
         .fold(1usize, |acc, &n| acc.saturating_mul(n));
@@ -317,7 +324,10 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                         for &output_lse in &lses {
                             for &(output, fp8_group) in &output_choices {
                                 for &lse_layout in &layouts {
-                                    for &(r, m, b, hb) in &schedule_choices {
+                                    for (&(r, m, b, hb), &pdl) in schedule_choices
+                                        .iter()
+                                        .flat_map(|s| pdls.iter().map(move |p| (s, p)))
+                                    {
                                         expanded.push(MergeVariant {
                                             family,
                                             dtype,
@@ -340,6 +350,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                                                 || b.is_some()
                                                 || hb.is_some(),
                                             mask_empty_context,
+                                            pdl,
                                         });
                                     }
                                 }
@@ -410,6 +421,9 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         }
     }
 
+    if let (Some(offset), Some(problem)) = (pdl_at, pdl_arch_problem(&archs)) {
+        return Err(ctx.at(offset, problem));
+    }
     Ok(Spec {
         origin: origin.to_string(),
         text_sha256: crate::gen::sha256_hex(text.as_bytes()),
@@ -430,6 +444,31 @@ pub(crate) fn group_fits(v: &MergeVariant, group_size: u32) -> bool {
         && (1..=32).contains(&lanes)
         && l.threads_per_row % lanes == 0
         && l.vecs_per_row % l.threads_per_row == 0
+}
+
+/// Why `archs` cannot carry a `pdl = true` kernel, if they cannot. Every device of compute
+/// capability 9.0 or newer must run an image built for sm_90 or newer (the one with
+/// `griddepcontrol.wait` compiled in), since hosts decide the launch by the device alone: so some
+/// target must be sm_90+, and a PTX below sm_90 (which such a device could fall back to under the
+/// artifact rule) needs a plain sm_90 or compute_90 beside it.
+pub(crate) fn pdl_arch_problem(archs: &[Arch]) -> Option<String> {
+    let names = || archs.iter().map(Arch::name).collect::<Vec<_>>().join(", ");
+    if archs.iter().all(|a| a.major_minor < 90) {
+        return Some(format!(
+            "`pdl` = true needs a target of sm_90 or newer (programmatic dependent launch and griddepcontrol exist from sm_90 on), and this spec targets only {}: add \"sm_90\" to `arch` (older targets may stay; they launch without it), or remove `pdl`",
+            names()
+        ));
+    }
+    let plain = |a: &&Arch| !a.arch_specific;
+    let old_ptx = archs.iter().filter(plain).find(|a| a.major_minor < 90);
+    match old_ptx {
+        Some(old) if !archs.iter().filter(plain).any(|a| a.major_minor == 90) => Some(format!(
+            "`pdl` = true with targets {}: a device of compute capability 9.0 or newer with no image of its own would run the {} PTX, which cannot wait for the previous kernel; add \"sm_90\" to `arch`",
+            names(),
+            old.virtual_name()
+        )),
+        _ => None,
+    }
 }
 
 /// The embedded default spec, parsed.
@@ -478,6 +517,14 @@ pub(crate) fn override_archs(spec: &mut Spec, archs: &[String]) -> Result<(), Sp
             origin: "--arch".to_string(),
             message: "no architecture given".to_string(),
         });
+    }
+    if spec.variants.iter().any(|v| v.pdl) {
+        if let Some(message) = pdl_arch_problem(&out) {
+            return Err(SpecError::Whole {
+                origin: "--arch".to_string(),
+                message,
+            });
+        }
     }
     spec.archs = out;
     Ok(())

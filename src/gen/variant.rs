@@ -127,6 +127,11 @@ pub struct MergeVariant {
     /// `mask_empty_context_lse` kernel fused in; docs/SEMANTICS.md).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mask_empty_context: bool,
+    /// Programmatic dependent launch (sm_90+): the kernel waits (`griddepcontrol.wait`) for the
+    /// previous kernel on its stream before touching memory, so hosts may launch it with
+    /// programmatic stream serialization (docs/SEMANTICS.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pdl: bool,
 }
 
 impl MergeVariant {
@@ -154,6 +159,9 @@ impl MergeVariant {
                 let mut name = self.family.table().to_string();
                 if self.lse_layout == LseLayout::TokenMajor {
                     name.push_str("_tm");
+                }
+                if self.pdl {
+                    name.push_str("_pdl");
                 }
                 return name;
             }
@@ -189,6 +197,9 @@ impl MergeVariant {
                 "_r{}m{}b{}h{}",
                 s.rows_per_thread, s.min_blocks_per_sm, s.block_threads, s.heads_per_block
             ));
+        }
+        if self.pdl {
+            name.push_str("_pdl");
         }
         name
     }

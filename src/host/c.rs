@@ -164,6 +164,8 @@ struct Kernel {
     first_image: usize,
     images: Vec<Image>,
     archs: String,
+    /// 1: launched with programmatic stream serialization on cc >= 9.0 (`launch.pdl`).
+    pdl: u8,
 }
 
 /// `c/<prefix>_kernels.h` and `c/<prefix>_kernels.c` for the kernels of `manifest`, the images
@@ -216,6 +218,9 @@ pub fn launcher(
     ctx.insert("version", &version);
     ctx.insert("spec_source", &manifest.spec.source);
     ctx.insert("families", &families);
+    // The programmatic launch is written only where some kernel needs it: the launcher of a spec
+    // without pdl stays as it was.
+    ctx.insert("any_pdl", &kernels.iter().any(|k| k.pdl == 1));
     ctx.insert("kernels", &kernels);
     ctx.insert("n_images", &n_images.max(1));
     ctx.insert("max_params", &MAX_PARAMS);

@@ -11,7 +11,7 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::{result, CudaStream};
+use cudarc::driver::{result, sys, CudaStream};
 
 use crate::dtype::Dtype;
 use crate::host::check::{Arg, Checked, MAX_PARAMS};
@@ -53,6 +53,29 @@ impl Kernel {
         stream: &CudaStream,
         checked: &Checked,
     ) -> Result<(), RuntimeError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_checked_as(stream, checked, self.programmatic) }
+    }
+
+    /// [`Kernel::launch_checked`] with the launch kind chosen: `programmatic = false` launches
+    /// plainly (`cuLaunchKernel`: the kernel starts after the previous work on `stream`, as
+    /// without `pdl`); `true` launches with programmatic stream serialization and is refused
+    /// unless [`Kernel::programmatic`] (a kernel that does not wait would race its producer).
+    ///
+    /// # Safety
+    /// As [`Kernel::launch_checked`].
+    pub unsafe fn launch_checked_as(
+        &self,
+        stream: &CudaStream,
+        checked: &Checked,
+        programmatic: bool,
+    ) -> Result<(), RuntimeError> {
+        if programmatic && !self.programmatic {
+            return Err(RuntimeError::InvalidArgument(crate::host::check::Refusal {
+                kernel: self.name().to_string(),
+                problem: "a programmatic launch needs a pdl kernel on a device of compute capability 9.0 or newer".into(),
+            }));
+        }
         let Some(grid) = checked.grid else {
             return Ok(()); // T = 0 or H = 0: nothing to read or write
         };
@@ -69,7 +92,7 @@ impl Kernel {
         self.context().bind_to_thread()?;
         // SAFETY: one 8-byte value per parameter in the kernel's declared order (pointers and
         // long longs), `values` alive for the call; the caller's contract covers the memory.
-        unsafe { self.cu_launch(stream, grid, checked, &mut params[..n]) }
+        unsafe { self.cu_launch(stream, grid, checked, &mut params[..n], programmatic) }
     }
 
     /// The stream must belong to the kernel's context.
@@ -84,18 +107,35 @@ impl Kernel {
         }
     }
 
-    /// `cuLaunchKernel` of this kernel on `stream`.
+    /// `cuLaunchKernel` of this kernel on `stream`, or with `programmatic`, `cuLaunchKernelEx`
+    /// with programmatic stream serialization (the kernel may start before the previous one on
+    /// the stream ends; its `griddepcontrol.wait` orders its memory accesses after it).
     ///
     /// # Safety
     /// `params` point to checked values in the kernel's order, alive for the call; the context
-    /// is current.
+    /// is current; `programmatic` only for a kernel built with `pdl`.
     unsafe fn cu_launch(
         &self,
         stream: &CudaStream,
         grid: [u32; 3],
         checked: &Checked,
         params: &mut [*mut c_void],
+        programmatic: bool,
     ) -> Result<(), RuntimeError> {
+        if programmatic {
+            // SAFETY: as cuLaunchKernel below; the caller's contract covers the wait.
+            return unsafe {
+                launch_programmatic(
+                    self.function,
+                    grid,
+                    checked.block_threads,
+                    checked.shared_mem_bytes,
+                    stream.cu_stream(),
+                    params,
+                )
+            }
+            .map_err(RuntimeError::from);
+        }
         // SAFETY: the caller's contract; the function belongs to this kernel's live module.
         unsafe {
             result::launch_kernel(
@@ -134,10 +174,50 @@ impl Kernel {
         let start = std::time::Instant::now();
         for _ in 0..calls {
             // SAFETY: as in launch_checked: checked values in ABI order, alive for the call.
-            unsafe { self.cu_launch(stream, grid, &checked, &mut params[..n]) }?;
+            unsafe { self.cu_launch(stream, grid, &checked, &mut params[..n], self.programmatic) }?;
         }
         Ok(start.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64)
     }
+}
+
+/// `cuLaunchKernelEx` of `function` with programmatic stream serialization: it may start before
+/// the previous work on `stream` ends, so it must wait for that work itself before touching
+/// memory (`griddepcontrol.wait`, what a `pdl` kernel does).
+///
+/// # Safety
+/// As `cuLaunchKernel`: `params` point to the function's parameter values, alive for the call,
+/// in the current context; and the function waits as said above, or races the previous work.
+pub unsafe fn launch_programmatic(
+    function: sys::CUfunction,
+    grid: [u32; 3],
+    block_threads: u32,
+    shared_mem_bytes: u32,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+) -> Result<(), cudarc::driver::DriverError> {
+    // SAFETY: a plain-data union; zeroed, then its one used field set.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.programmaticStreamSerializationAllowed = 1;
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value,
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid[0],
+        gridDimY: grid[1],
+        gridDimZ: grid[2],
+        blockDimX: block_threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared_mem_bytes,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: the caller's contract; `config` and `attr` outlive the call.
+    unsafe { sys::cuLaunchKernelEx(&config, function, params.as_mut_ptr(), std::ptr::null_mut()) }
+        .result()
 }
 
 /// cuLaunchKernel's parameter array: one pointer to each 8-byte value.

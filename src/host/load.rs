@@ -50,6 +50,9 @@ pub struct Kernel {
     pub(crate) plan: Plan,
     key: Option<KernelKey>,
     pub(crate) function: sys::CUfunction,
+    /// Launch with programmatic stream serialization: the manifest's `launch.pdl` on a device of
+    /// compute capability 9.0 or newer (decided once, at load).
+    pub(crate) programmatic: bool,
     module: Module,
 }
 
@@ -70,6 +73,11 @@ impl Kernel {
     /// The options that select it at run time ([`Runtime::dispatch`]).
     pub fn key(&self) -> Option<&KernelKey> {
         self.key.as_ref()
+    }
+    /// Whether launches use programmatic dependent launch (`cuLaunchKernelEx` with programmatic
+    /// stream serialization): a `pdl` kernel on a device of compute capability 9.0 or newer.
+    pub fn programmatic(&self) -> bool {
+        self.programmatic
     }
     /// The context the kernel is loaded in: launch it on streams of this context.
     pub fn context(&self) -> &Arc<CudaContext> {
@@ -210,6 +218,7 @@ impl Runtime {
                 plan,
                 key: k.key(),
                 function,
+                programmatic: k.launch.pdl && cc.0 >= 9,
                 module,
             }));
         }

@@ -18,8 +18,8 @@ use std::path::PathBuf;
 
 pub use crate::host::check::{Arg, Checked, Plan, Refusal};
 pub use crate::host::launch::{
-    DeviceBuffer, GroupScales, InPlaceArgs, MaskLseArgs, MergeArgs, NamedArgs, StatesArgs,
-    StatesLayout,
+    launch_programmatic, DeviceBuffer, GroupScales, InPlaceArgs, MaskLseArgs, MergeArgs, NamedArgs,
+    StatesArgs, StatesLayout,
 };
 pub use crate::host::load::{Kernel, Runtime};
 pub use crate::host::manifest::{

@@ -4,8 +4,9 @@
  * It simulates STUB_DEVICES devices of the compute capabilities in stub_cc; the current context's
  * device is per thread (stub_device), as a real current context is. It counts libraries loaded
  * (CUBIN or PTX, and for which arch) and live, and launches, and keeps the last launch's grid,
- * block and parameters (each 8 bytes; the launcher ends the array with NULL). Failures can be injected: no current context, the Nth
- * library load, the next launch. */
+ * block and parameters (each 8 bytes; the launcher ends the array with NULL), and whether it
+ * came through cuLaunchKernelEx with programmatic stream serialization. Failures can be
+ * injected: no current context, the Nth library load, the next launch. */
 #ifndef MLA_DRIVER_STUB_H
 #define MLA_DRIVER_STUB_H
 
@@ -94,9 +95,12 @@ CUresult cuLibraryUnload(CUlibrary lib) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                        unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) {
-    (void)by; (void)bz; (void)s; (void)extra;
+/* One launch, plain (ex = 0) or through cuLaunchKernelEx with its programmatic stream
+ * serialization attribute's value (pss; -1 when the attribute is absent). */
+static int last_launch_ex, last_pss;
+static atomic_int launches_ex;
+static CUresult stub_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shmem,
+                            void** params, int ex, int pss) {
     if (!f || stub_no_context) return CUDA_ERROR_INVALID_CONTEXT;
     if (stub_launch_result != CUDA_SUCCESS) {
         const CUresult r = stub_launch_result;
@@ -105,11 +109,28 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     }
     while (atomic_flag_test_and_set(&stub_record)) {}
     atomic_fetch_add(&launches, 1);
+    if (ex) atomic_fetch_add(&launches_ex, 1);
+    last_launch_ex = ex; last_pss = pss;
     last_grid[0] = gx; last_grid[1] = gy; last_grid[2] = gz; last_block = bx; last_shared = shmem;
     for (last_param_count = 0; last_param_count < 32 && params[last_param_count]; ++last_param_count)
         last_params[last_param_count] = *(long long*)params[last_param_count];
     atomic_flag_clear(&stub_record);
     return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                        unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) {
+    (void)by; (void)bz; (void)s; (void)extra;
+    return stub_launch(f, gx, gy, gz, bx, shmem, params, 0, -1);
+}
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
+    (void)extra;
+    int pss = -1;
+    for (unsigned i = 0; i < c->numAttrs; ++i)
+        if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            pss = c->attrs[i].value.programmaticStreamSerializationAllowed;
+    return stub_launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->sharedMemBytes, params, 1, pss);
 }
 
 #endif /* MLA_DRIVER_STUB_H */

@@ -15,6 +15,7 @@ fn variant(dtype: Dtype, head_size: u32) -> MergeVariant {
         schedule: crate::gen::variant::FALLBACK_SCHEDULE,
         explicit_schedule: false,
         mask_empty_context: false,
+        pdl: false,
     }
 }
 

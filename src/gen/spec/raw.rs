@@ -67,6 +67,8 @@ pub(super) struct RawMerge {
     pub(super) ue8m0: Option<Spanned<toml::Value>>,
     /// merge_attn_states only: the empty-context lse mask fused into the merge.
     pub(super) mask_empty_context: Option<Spanned<toml::Value>>,
+    /// Every table: programmatic dependent launch (needs an sm_90+ target).
+    pub(super) pdl: Option<Spanned<toml::Value>>,
 }
 
 impl RawMerge {

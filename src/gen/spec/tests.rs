@@ -284,3 +284,79 @@ fn arch_names_round_trip() {
     assert_eq!(Arch::parse("sm_90").unwrap().virtual_name(), "compute_90");
     assert_eq!(Arch::parse("compute_90").unwrap().real_name(), None);
 }
+
+#[test]
+fn pdl_is_a_key_of_every_table_and_names_its_kernels() {
+    let s = parse(
+        "t.toml",
+        "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\npdl = [false, true]\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = 4\npdl = true\n[[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 64\npdl = true\n[[mask_empty_context_lse]]\npdl = true\n",
+    )
+    .unwrap();
+    assert_eq!(
+        s.kernel_names(),
+        [
+            "merge_attn_states_bf16_d128_thr_lse",
+            "merge_attn_states_bf16_d128_thr_lse_pdl",
+            "merge_states_bf16_d128_k4_lse_pdl",
+            "merge_state_in_place_f16_d64_pdl",
+            "mask_empty_context_lse_pdl",
+        ]
+    );
+    let e = err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\npdl = \"yes\"\n");
+    assert_eq!(e, "t.toml:4:7: `pdl`: expected true or false, got \"yes\"");
+}
+
+#[test]
+fn pdl_without_an_sm_90_target_is_refused_with_the_fix() {
+    let spec = |arch: &str| {
+        format!(
+            "arch = {arch}\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\npdl = true\n"
+        )
+    };
+    assert_eq!(
+        err(&spec("[\"sm_80\"]")),
+        "t.toml:5:7: `pdl` = true needs a target of sm_90 or newer (programmatic dependent launch and griddepcontrol exist from sm_90 on), and this spec targets only sm_80: add \"sm_90\" to `arch` (older targets may stay; they launch without it), or remove `pdl`"
+    );
+    assert!(err(&spec("[\"compute_80\", \"sm_86\"]")).contains("targets only compute_80, sm_86"));
+    // sm_100 alone above an sm_80 PTX: a 9.0 device would run the sm_80 PTX.
+    let e = err(&spec("[\"sm_80\", \"sm_100\"]"));
+    assert!(
+        e.contains("would run the compute_80 PTX") && e.contains("add \"sm_90\""),
+        "{e}"
+    );
+    assert!(err(&spec("[\"sm_80\", \"sm_90a\"]")).contains("compute_80 PTX"));
+    for ok in [
+        "[\"sm_80\", \"sm_90\"]",
+        "[\"sm_90\"]",
+        "[\"compute_90\"]",
+        "[\"sm_100\"]",
+        "[\"sm_90a\"]",
+        "[\"compute_80\", \"compute_90\", \"sm_100\"]",
+    ] {
+        assert!(parse("t.toml", &spec(ok)).is_ok(), "{ok}");
+    }
+    // Without a pdl kernel any archs do; with `pdl = false` too.
+    assert!(parse(
+        "t.toml",
+        &spec("[\"sm_80\"]").replace("pdl = true", "pdl = false")
+    )
+    .is_ok());
+}
+
+#[test]
+fn an_arch_override_is_refused_where_it_would_drop_the_sm_90_target() {
+    let mut s = parse(
+        "t.toml",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\npdl = true\n",
+    )
+    .unwrap();
+    let e = override_archs(&mut s, &["sm_80".to_string()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("--arch: `pdl` = true needs a target of sm_90"),
+        "{e}"
+    );
+    assert_eq!(s.archs.len(), 2, "the spec keeps its archs");
+    override_archs(&mut s, &["sm_90".to_string()]).unwrap();
+}

@@ -264,6 +264,7 @@ pub(super) fn kernel(
         first_image,
         images,
         archs,
+        pdl: u8::from(k.launch.pdl),
     })
 }
 
@@ -295,6 +296,11 @@ pub(super) fn kernel_doc(k: &KernelEntry, archs: &str, prefix: &CPrefix) -> Stri
         " Grid ceil({} / {}) x ceil({} / {}), {} threads per block.",
         g.grid_x.dim, g.grid_x.per_block, g.grid_y.dim, g.grid_y.per_block, g.block_threads
     ));
+    if k.launch.pdl {
+        text.push_str(
+            " Programmatic dependent launch on compute capability 9.0 and newer: it may start before the previous work on the stream ends, and waits for it before touching memory.",
+        );
+    }
     wrap(&comment(&text), 96).join("\n * ")
 }
 
