@@ -215,12 +215,12 @@ pub(super) fn replay_us(
 }
 
 /// Iterations per graph: enough that one replay keeps the GPU busy well past the host's cost
-/// of launching it (20 for small shapes), fewer for large ones so that a measurement stays
-/// near 2 ms a replay (at least 2). `bytes` is what X moves.
+/// of launching it (20 for small shapes), fewer for large ones so that a replay stays near
+/// 0.5 ms (at least 2). `bytes` is what X moves.
 pub fn graph_iterations(bytes: u64) -> usize {
     // X at ~3 TB/s plus ~2 us of launch gap, the producer about as long again.
     let iteration_us = 2.0 * (bytes as f64 / 3e6 + 2.0);
-    ((2000.0 / iteration_us) as usize).clamp(2, 20)
+    ((500.0 / iteration_us) as usize).clamp(2, 20)
 }
 
 /// Time `x` hot: R x [producer(ranges), x] minus R x [producer(ranges)], per iteration. Returns
@@ -335,8 +335,9 @@ mod tests {
     #[test]
     fn iterations_shrink_with_size_within_2_to_20() {
         assert_eq!(graph_iterations(1 << 20), 20);
-        assert_eq!(graph_iterations(32 << 20), 20);
-        assert!(graph_iterations(512 << 20) < 10);
+        assert_eq!(graph_iterations(16 << 20), 20);
+        assert_eq!(graph_iterations(64 << 20), 10);
+        assert_eq!(graph_iterations(512 << 20), 2);
         assert_eq!(graph_iterations(16 << 30), 2);
         let mut last = 20;
         for mb in [1u64, 8, 64, 128, 256, 512, 1024, 4096] {
