@@ -9,11 +9,14 @@
 #                                        initcheck, racecheck) on the quick subset. Logs go to
 #                                        $OUT (or .device/out), counts to report.txt.
 #   scripts/gpu-check.sh tune    (there) checks every tune candidate on the quick subset, then
-#                                        times them and writes $OUT/tuned.toml (copy it to specs/)
-#   scripts/gpu-check.sh bench   (there) the benchmark: Rust runtime and Python side by side, then
-#                                        the K-way merge against copy and chained in-place merges
+#                                        times them (cold and hot L2) and writes $OUT/tuned.toml
+#                                        (the cold winners; copy it to specs/)
+#   scripts/gpu-check.sh bench   (there) the benchmark, cold and hot L2: Rust runtime and Python
+#                                        side by side, then the K-way merge against copy and
+#                                        chained in-place merges (scripts/gpu/hot.sh: the hot-L2
+#                                        tuning run, its own build and carry)
 #   scripts/gpu-check.sh compare (there) same-run speed of the kernels against those of the base
-#                                        templates (BASE, built by `build`): mla-gen bench on both
+#                                        templates (BASE, built by `build`): mla-gen bench (cold L2) on both
 #                                        folders in alternation, base/new/base/new, then
 #                                        python/bench/compare_runs.py (slower beyond noise?)
 #   scripts/gpu-check.sh profile (there) K-way schedule candidates (round 2), Nsight Compute on the
@@ -140,8 +143,8 @@ compare)
     OUT="${OUT:-.device/out}"; mkdir -p "$OUT"
     cat .device/base.txt
     for round in 1 2; do
-        .device/bin/mla-gen bench --kernels .device/base-default --json "$OUT/cmp-base-$round.json" > "$OUT/cmp-base-$round.log"
-        .device/bin/mla-gen bench --kernels .device/new-default --json "$OUT/cmp-new-$round.json" > "$OUT/cmp-new-$round.log"
+        .device/bin/mla-gen bench --l2 cold --kernels .device/base-default --json "$OUT/cmp-base-$round.json" > "$OUT/cmp-base-$round.log"
+        .device/bin/mla-gen bench --l2 cold --kernels .device/new-default --json "$OUT/cmp-new-$round.json" > "$OUT/cmp-new-$round.log"
     done
     python3 python/bench/compare_runs.py "$OUT/cmp-base-1.json" "$OUT/cmp-new-1.json" \
         "$OUT/cmp-base-2.json" "$OUT/cmp-new-2.json" --json "$OUT/compare.json" | tee "$OUT/compare.txt"

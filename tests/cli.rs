@@ -443,3 +443,51 @@ fn out_dot_says_why_it_cannot_replace_the_current_folder() {
         "nothing written"
     );
 }
+
+#[test]
+fn bench_and_tune_document_the_l2_modes_and_refuse_bad_lists_before_needing_a_gpu() {
+    for cmd in ["bench", "tune"] {
+        let o = mla_gen(&[cmd, "--help"], &[]);
+        assert!(o.status.success());
+        let h = stdout(&o);
+        for needle in [
+            "--l2 <L2>",
+            "cold",
+            "hot",
+            "both",
+            "producer",
+            "--graph-reps",
+            "--shapes",
+            "--only",
+        ] {
+            assert!(h.contains(needle), "{cmd} --help lacks {needle}:\n{h}");
+        }
+        assert!(h.contains("[default: both]"), "{h}");
+        // Lists are checked first, so a typo is a usage error on any machine.
+        let o = mla_gen(&[cmd, "--shapes", "613"], &[]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("write TxH or TxH/2"), "{}", stderr(&o));
+        let o = mla_gen(&[cmd, "--only", "bf16"], &[]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains("dtype:head_size"), "{}", stderr(&o));
+        let o = mla_gen(&[cmd, "--l2", "warm"], &[]);
+        assert_eq!(o.status.code(), Some(2));
+    }
+    let o = mla_gen(&["tune", "--help"], &[]);
+    assert!(stdout(&o).contains("size rule"), "{}", stdout(&o));
+    let o = mla_gen(&["bench", "--help"], &[]);
+    assert!(stdout(&o).contains("percent of each"), "{}", stdout(&o));
+    // Without a driver: exit 1 and say where to run it.
+    if !mla_gen::runtime::driver_present() {
+        for cmd in ["bench", "tune"] {
+            let o = mla_gen(&[cmd, "--l2", "hot", "--shapes", "613x16"], &[]);
+            assert_eq!(o.status.code(), Some(1));
+            assert!(
+                stderr(&o)
+                    .contains("no CUDA driver (libcuda.so.1): tune and bench run on a GPU machine"),
+                "{}",
+                stderr(&o)
+            );
+        }
+    }
+}

@@ -6,11 +6,20 @@
   triton    a Triton kernel of the same semantics, with prefill_tokens_with_context as
             tl.constexpr, as engines ship it today (the baseline mla-gen replaces)
 
-Each time is the median of >= 100 launches timed with CUDA events, with the L2 flushed before
-each launch; inputs are fresh random data for every shape. Bytes moved per call:
+Two L2 conditions (--l2, default both):
+
+  cold  each time is the median of >= 100 launches timed with CUDA events, with the L2 flushed
+        before each launch (the columns and JSON keys this script always had);
+  hot   in a CUDA graph, right after a producer kernel rewrote every input (hot_l2.py: R x
+        [producer, X] minus R x [producer], median of graph replays), as an engine's graph runs
+        the merge; the copy's source is rewritten by its own producer the same way. JSON keys
+        hot_<impl>_us, hot_pct_copy (hot copy time / hot mla-gen time), hot_x_triton.
+
+Inputs are fresh random data for every shape. Bytes moved per call:
 rows with context x (3*D*size + 12) + rows without x (2*D*size + 8).
 
-Usage: python3 python/bench/bench.py [--quick] [--out DIR]
+Usage: python3 python/bench/bench.py [--quick] [--out DIR] [--l2 cold|hot|both]
+           [--shapes bf16:613x16x128,bf16:4096x16x96/2,...] [--impls mla-gen,copy,triton]
 """
 
 from __future__ import annotations
@@ -28,7 +37,10 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mla_gen  # noqa: E402
+from bench_table import header, line, parse_shapes, ratios, summary  # noqa: E402
+from hot_l2 import Arena, hot_us, iterations  # noqa: E402
 
 
 # ---- the Triton baseline (written here; semantics of docs/SEMANTICS.md) ----
@@ -141,7 +153,7 @@ def make(T, H, D, dtype, seed):
     return prefix, plse, suffix, slse
 
 
-def bench_shape(T, H, D, dtype, threshold_half, reps, impls):
+def bench_shape(T, H, D, dtype, threshold_half, reps, impls, l2="cold", graph_reps=30):
     n = T // 2 if threshold_half else T
     prefix, plse, suffix, slse = make(T, H, D, dtype, seed=T * 7 + H * 3 + D)
     out = torch.empty_like(prefix)
@@ -152,17 +164,46 @@ def bench_shape(T, H, D, dtype, threshold_half, reps, impls):
            "threshold": "T/2" if threshold_half else "none", "bytes": nbytes}
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    fns = {
-        "mla-gen": lambda: mla_gen.merge_attn_states(out, prefix, plse, suffix, slse, out_lse,
-                                                     n if threshold_half else None),
-        "copy": lambda: dst.copy_(src),
-        "torch": lambda: torch_merge(out, prefix, plse, suffix, slse, out_lse, n),
-        "triton": lambda: triton_merge(out, prefix, plse, suffix, slse, out_lse, n),
-    }
-    for name in impls:
-        ms = time_ms(fns[name], reps)
-        row[name + "_us"] = ms * 1e3
-        row[name + "_gbs"] = nbytes / (ms * 1e-3) / 1e9
+
+    def merges(p, pl, s_, sl):
+        return {
+            "mla-gen": lambda: mla_gen.merge_attn_states(out, p, pl, s_, sl, out_lse,
+                                                         n if threshold_half else None),
+            "torch": lambda: torch_merge(out, p, pl, s_, sl, out_lse, n),
+            "triton": lambda: triton_merge(out, p, pl, s_, sl, out_lse, n),
+        }
+
+    if l2 in ("cold", "both"):
+        fns = dict(merges(prefix, plse, suffix, slse), copy=lambda: dst.copy_(src))
+        for name in impls:
+            ms = time_ms(fns[name], reps)
+            row[name + "_us"] = ms * 1e3
+            row[name + "_gbs"] = nbytes / (ms * 1e-3) / 1e9
+    if l2 in ("hot", "both"):
+        # The same values in an arena one producer launch rewrites; the copy's source likewise.
+        inputs = Arena([((T, H, D), dtype), ((T, H, D), dtype), ((H, T), torch.float32), ((H, T), torch.float32)])
+        for v, x in zip(inputs.views, (prefix, suffix, plse, slse)):
+            v.copy_(x)
+        inputs.seal()
+        hp, hs, hpl, hsl = inputs.views
+        copy_in = Arena([((nbytes // 2,), torch.uint8)])
+        copy_in.views[0].copy_(torch.randint(0, 256, (nbytes // 2,), dtype=torch.uint8, device="cuda"))
+        copy_in.seal()
+        fns = dict(merges(hp, hpl, hs, hsl), copy=lambda: dst.copy_(copy_in.views[0]))
+        R = iterations(nbytes)
+        row["graph_iterations"] = R
+        producer_us = {}
+        for name in impls:
+            producer = copy_in.producer if name == "copy" else inputs.producer
+            fns[name]()  # load / compile outside the capture
+            producer()
+            torch.cuda.synchronize()
+            us, p = hot_us(producer, fns[name], R, graph_reps, producer_us.get(producer))
+            producer_us[producer] = p
+            row["hot_" + name + "_us"] = us
+            row["hot_" + name + "_gbs"] = nbytes / (us * 1e-6) / 1e9
+        row["hot_producer_us"] = producer_us.get(inputs.producer)
+        del inputs, copy_in, hp, hs, hpl, hsl
     del prefix, suffix, out, src, dst
     return row
 
@@ -212,12 +253,24 @@ def new_threshold_cost(values=20):
     return res
 
 
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few shapes, for calibration")
     ap.add_argument("--out", default=".")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--host-only", action="store_true", help="only the host-cost measurements")
+    ap.add_argument("--l2", choices=("cold", "hot", "both"), default="both",
+                    help="cold: L2 flushed, eager (the original columns); hot: CUDA graph right after a "
+                         "producer rewrote the inputs; both (default)")
+    ap.add_argument("--graph-reps", type=int, default=30, help="hot: timed replays per graph (median)")
+    ap.add_argument("--shapes", help="comma-separated dtype:TxHxD or dtype:TxHxD/2 (threshold T/2), "
+                                     "e.g. bf16:613x16x128,float16:4096x16x128/2 (default: the full table)")
+    ap.add_argument("--impls", default="mla-gen,copy,torch,triton",
+                    help="comma-separated subset of mla-gen,copy,torch,triton")
+    ap.add_argument("--no-host", action="store_true", help="skip the host-cost measurements at the end")
     args = ap.parse_args()
     if args.host_only:
         print("# host cost per call (us):", json.dumps(host_cost()))
@@ -226,7 +279,12 @@ def main():
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     bf16 = torch.bfloat16
-    if args.quick:
+    if args.shapes:
+        try:
+            shapes = [(T, H, D, DTYPES[dt], half) for T, H, D, dt, half in parse_shapes(args.shapes)]
+        except ValueError as e:
+            sys.exit(f"bench.py: {e}")
+    elif args.quick:
         shapes = [(T, H, D, bf16, th) for T in (1024, 8192, 32768) for H in (16, 128) for D in (128, 576)
                   for th in (False, True)]
     else:
@@ -234,28 +292,32 @@ def main():
                   for D in (64, 80, 96, 128, 192, 256, 512) for th in (False, True)]
         shapes += [(T, H, 128, dt, th) for dt in (torch.float16, torch.float32)
                    for T in (256, 613, 1024, 4096, 8192, 32768) for H in (16, 64, 128) for th in (False, True)]
-    impls = ["mla-gen", "copy", "torch", "triton"]
+    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    unknown = set(impls) - {"mla-gen", "copy", "torch", "triton"}
+    if unknown or "mla-gen" not in impls:
+        sys.exit(f"bench.py: --impls takes mla-gen (required), copy, torch, triton; not {sorted(unknown)}")
     rows = []
     prop = torch.cuda.get_device_properties(0)
     print(f"# {prop.name}, {prop.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}")
-    print(f"{'dtype':>8} {'T':>6} {'H':>4} {'D':>4} {'thr':>4} {'MB':>8} | {'mla-gen us':>10} {'GB/s':>6} {'%copy':>6} | "
-          f"{'copy GB/s':>9} | {'torch GB/s':>10} | {'triton GB/s':>11} {'x triton':>8}")
+    print(header(args.l2))
     for (T, H, D, dt, th) in shapes:
-        r = bench_shape(T, H, D, dt, th, args.reps, impls)
-        r["pct_copy"] = 100 * r["mla-gen_gbs"] / r["copy_gbs"]
-        r["x_triton"] = r["triton_us"] / r["mla-gen_us"]
+        r = bench_shape(T, H, D, dt, th, args.reps, impls, args.l2, args.graph_reps)
+        ratios(r)
         rows.append(r)
         (out_dir / "bench.json").write_text(json.dumps({"device": prop.name, "torch": torch.__version__,
-                                                        "triton": triton.__version__, "rows": rows}, indent=1))
-        print(f"{r['dtype']:>8} {T:>6} {H:>4} {D:>4} {r['threshold']:>4} {r['bytes']/1e6:>8.1f} | "
-              f"{r['mla-gen_us']:>10.1f} {r['mla-gen_gbs']:>6.0f} {r['pct_copy']:>5.1f}% | {r['copy_gbs']:>9.0f} | "
-              f"{r['torch_gbs']:>10.0f} | {r['triton_gbs']:>11.0f} {r['x_triton']:>7.2f}x", flush=True)
+                                                        "triton": triton.__version__, "l2": args.l2,
+                                                        "rows": rows}, indent=1))
+        print(line(r, args.l2), flush=True)
+    for s in summary(rows):
+        print("#", s)
+    if args.no_host:
+        return
     host = host_cost()
     thr = new_threshold_cost()
     print("# host cost per call (us):", json.dumps(host))
     print("# new threshold value, wall ms per call incl. sync:", json.dumps(thr))
     (out_dir / "bench.json").write_text(json.dumps({"device": prop.name, "torch": torch.__version__,
-                                                    "triton": triton.__version__, "rows": rows,
+                                                    "triton": triton.__version__, "l2": args.l2, "rows": rows,
                                                     "host_cost_us": host, "new_threshold_ms": thr}, indent=1))
 
 

@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,6 +47,7 @@ if not any(Path(p, "mla_gen").is_dir() for p in sys.path if p):
 sys.path.insert(0, str(HERE))
 import mla_gen  # noqa: E402
 from bench import time_ms  # noqa: E402  cold L2: flush before each launch, CUDA events, median
+from hot_l2 import Arena, graph_us  # noqa: E402  hot L2: producer + X in a CUDA graph
 
 SHAPES = [(T, H, 128) for T in (256, 1024, 2048, 4096, 8192, 32768) for H in (16, 32)] + \
          [(T, 16, 512) for T in (1024, 4096, 32768)]
@@ -74,29 +74,15 @@ class Case:
 
     def __init__(self, T, H, D, seed):
         self.T, self.H, self.D = T, H, D
-        rows = T * H * D * 2  # bf16 bytes
-        lse = T * H * 4
-
-        def up(x):
-            return (x + 255) // 256 * 256
-
-        offs = [0]
-        for nbytes in (rows, rows, lse):
-            offs.append(offs[-1] + up(nbytes))
-        total = offs[-1] + up(lse)
         g = torch.Generator(device="cuda").manual_seed(seed)
-        self.src = torch.empty(total // 4, dtype=torch.int32, device="cuda")
-        self.arena = torch.empty_like(self.src)
-        raw = self.arena.view(torch.uint8)
-        self.prefix = raw[offs[0]:offs[0] + rows].view(torch.bfloat16).view(T, H, D)
-        self.suffix = raw[offs[1]:offs[1] + rows].view(torch.bfloat16).view(T, H, D)
-        self.plse = raw[offs[2]:offs[2] + lse].view(torch.float32).view(H, T)
-        self.slse = raw[offs[3]:offs[3] + lse].view(torch.float32).view(H, T)
+        self.inputs = Arena([((T, H, D), torch.bfloat16), ((T, H, D), torch.bfloat16),
+                             ((H, T), torch.float32), ((H, T), torch.float32)])
+        self.prefix, self.suffix, self.plse, self.slse = self.inputs.views
         self.prefix.uniform_(-4, 4, generator=g)
         self.suffix.uniform_(-4, 4, generator=g)
         self.plse.uniform_(-10, 10, generator=g)
         self.slse.uniform_(-10, 10, generator=g)
-        self.src.copy_(self.arena)  # the producer rewrites these values, bit for bit
+        self.inputs.seal()  # the producer rewrites these values, bit for bit
         self.out = torch.empty(T, H, D, dtype=torch.bfloat16, device="cuda")
         self.out_lse = torch.empty(H, T, device="cuda")
         qsl, csl, self.B = requests(T, seed)
@@ -109,7 +95,7 @@ class Case:
         self.copy_dst = torch.empty_like(self.copy_src)
 
     def producer(self):
-        torch.add(self.src, 0, out=self.arena)
+        self.inputs.producer()
 
     def fused(self):
         mla_gen.merge_attn_states(self.out, self.prefix, self.plse, self.suffix, self.slse, self.out_lse, self.T,
@@ -121,26 +107,6 @@ class Case:
 
     def copy(self):
         self.copy_dst.copy_(self.copy_src)
-
-
-def graph_us(body, R, reps):
-    """Median over `reps` replays of a graph holding R iterations of `body`, per iteration (us)."""
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(R):
-            body()
-    for _ in range(3):
-        g.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        starts[i].record()
-        g.replay()
-        ends[i].record()
-    torch.cuda.synchronize()
-    ms = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-    del g
-    return ms * 1e3 / R
 
 
 def bench_shape(T, H, D, reps, graph_reps):

@@ -15,6 +15,7 @@ use mla_gen::render::Templates;
 use mla_gen::spec::{self, Spec};
 
 mod doctor;
+mod gpu;
 mod report;
 
 const ABOUT: &str =
@@ -159,6 +160,16 @@ enum Command {
     /// (dtype, head size) as TOML (specs/tuned.toml, read by generation on machines without a GPU).
     ///
     /// Make the candidates first: `mla-gen generate specs/tune.toml --out target/tune-candidates`.
+    /// The winner is the lowest geometric-mean time over the best per shape, in the cold mode
+    /// when it is timed. After each (dtype, head size) it also prints, per shape, the best
+    /// candidate in each L2 mode and the current (specs/tuned.toml, as built into this binary)
+    /// and plain (128 threads, one head per block) schedules' time over it; whether one schedule
+    /// is within 2% of the best at every shape in every mode; and if none is, a proposed size
+    /// rule: ranges of rows = tokens x heads with a schedule each (data only: no host applies it).
+    ///
+    /// Default shapes: 1024x16, 1024x128, 8192x16/2, 8192x128, 32768x16, 32768x128,
+    /// 32768x128/2, 4096x64; default groups: every (dtype, head size) of the candidates, sorted
+    /// (with --only, in the order given).
     Tune {
         /// Folder generated from a spec that lists schedules explicitly.
         #[arg(long, default_value = "target/tune-candidates")]
@@ -166,12 +177,25 @@ enum Command {
         /// Where to write the winners.
         #[arg(long, default_value = "specs/tuned.toml")]
         out: PathBuf,
-        /// Timed launches per kernel and shape (median).
+        /// Cold: timed launches per kernel and shape (median).
         #[arg(long, default_value_t = 30)]
         reps: usize,
+        #[command(flatten)]
+        timing: gpu::Timing,
+        /// Write every time and the analyses as JSON here (rewritten after each group).
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// (GPU) Time a generated folder's kernels through the Rust runtime on the benchmark shapes
     /// (bf16 at each head size, f16 and f32 at 128), and the host cost of one launch.
+    ///
+    /// With --l2 both (the default) each row also has a device copy of the same bytes, cold
+    /// and hot, and the merge's percent of each; summary lines follow the rows (cold percent of
+    /// copy at shapes moving >= 8 MB, hot percent of hot copy); the host cost line is last.
+    ///
+    /// Default shapes: T in 256, 613, 1024, 4096, 8192, 32768 x H in 16, 64, 128, each without
+    /// and with T/2; default kernels: bf16:64,bf16:80,bf16:96,bf16:128,bf16:192,bf16:256,
+    /// bf16:512,f16:128,f32:128.
     Bench {
         /// Generated folder to time.
         #[arg(long, default_value = "generated")]
@@ -179,9 +203,11 @@ enum Command {
         /// Write all rows as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
-        /// Timed launches per kernel and shape (median).
+        /// Cold: timed launches per kernel and shape (median).
         #[arg(long, default_value_t = 100)]
         reps: usize,
+        #[command(flatten)]
+        timing: gpu::Timing,
     },
     /// Where NVRTC was found, its version, the PTX ISA it emits, the oldest driver that can JIT
     /// that PTX, and whether a GPU driver is present.
@@ -385,77 +411,6 @@ fn inspect(args: &SpecArgs, json: bool, jobs: usize) -> Result<(), Failure> {
     Ok(())
 }
 
-mod gpu {
-    use super::Failure;
-    use std::path::Path;
-
-    fn need_driver() -> Result<(), Failure> {
-        if mla_gen::runtime::driver_present() {
-            Ok(())
-        } else {
-            Err(Failure(
-                "no CUDA driver (libcuda.so.1): tune and bench run on a GPU machine".into(),
-                1,
-            ))
-        }
-    }
-
-    pub fn tune(candidates: &Path, out: &Path, reps: usize) -> Result<(), Failure> {
-        need_driver()?;
-        let report = mla_gen::bench::tune(candidates, out, reps)?;
-        print!("{report}");
-        eprintln!("wrote {}", out.display());
-        Ok(())
-    }
-
-    /// The benchmark table's kernels: bf16 at each listed head size, f16 and f32 at 128.
-    const TABLE: [(&str, u32); 9] = [
-        ("bf16", 64),
-        ("bf16", 80),
-        ("bf16", 96),
-        ("bf16", 128),
-        ("bf16", 192),
-        ("bf16", 256),
-        ("bf16", 512),
-        ("f16", 128),
-        ("f32", 128),
-    ];
-
-    pub fn bench(dir: &Path, json: Option<&Path>, reps: usize) -> Result<(), Failure> {
-        need_driver()?;
-        let mut shapes = Vec::new();
-        for t in [256, 613, 1024, 4096, 8192, 32768] {
-            for h in [16, 64, 128] {
-                for half in [false, true] {
-                    shapes.push((t, h, half));
-                }
-            }
-        }
-        let result = mla_gen::bench::bench(dir, &shapes, reps, &TABLE)?;
-        for r in result["rows"].as_array().into_iter().flatten() {
-            println!(
-                "{:<40} T={:<6} H={:<4} thr={:<5} {:>9.1} us {:>6.0} GB/s",
-                r["kernel"].as_str().unwrap_or(""),
-                r["T"],
-                r["H"],
-                r["threshold"].as_str().unwrap_or(""),
-                r["us"].as_f64().unwrap_or(0.0),
-                r["gbs"].as_f64().unwrap_or(0.0)
-            );
-        }
-        println!(
-            "host cost per launch (Rust runtime, validation included): {:.2} us, of which the argument checks alone: {:.2} us; cuLaunchKernel alone (any launcher's floor here): {:.2} us",
-            result["host_us_per_launch"].as_f64().unwrap_or(0.0),
-            result["host_us_validation_only"].as_f64().unwrap_or(0.0),
-            result["host_us_bare_cu_launch_kernel"].as_f64().unwrap_or(0.0)
-        );
-        if let Some(path) = json {
-            std::fs::write(path, serde_json::to_vec_pretty(&result)?)?;
-        }
-        Ok(())
-    }
-}
-
 fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Generate {
@@ -529,12 +484,15 @@ fn run(cli: Cli) -> Result<(), Failure> {
             candidates,
             out,
             reps,
-        } => gpu::tune(&candidates, &out, reps),
+            timing,
+            json,
+        } => gpu::tune(&candidates, &out, reps, &timing, json),
         Command::Bench {
             kernels,
             json,
             reps,
-        } => gpu::bench(&kernels, json.as_deref(), reps),
+            timing,
+        } => gpu::bench(&kernels, json.as_deref(), reps, &timing),
     }
 }
 

@@ -1,0 +1,64 @@
+"""The benchmark's table text and hot-mode rules (python/bench/bench_table.py): no torch, no GPU."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from bench_table import header, iterations, line, parse_shapes, ratios, summary  # noqa: E402
+
+
+def test_shapes_parse_or_name_the_bad_item():
+    assert parse_shapes("bf16:613x16x128, f16:4096x16x96/2") == [
+        (613, 16, 128, "bf16", False), (4096, 16, 96, "f16", True)]
+    for bad in ("bf16:613x16", "bfloat16:1x1x1", "bf16:0x16x128", "613x16x128", ""):
+        with pytest.raises(ValueError, match="shape|no shapes"):
+            parse_shapes(bad)
+
+
+def test_iterations_match_the_rust_bench_rule():
+    # src/host/bench/graph.rs: graph_iterations
+    assert iterations(1 << 20) == 20
+    assert iterations(16 << 20) == 20
+    assert iterations(64 << 20) == 10
+    assert iterations(512 << 20) == 2
+    assert iterations(16 << 30) == 2
+
+
+def _row():
+    r = {"dtype": "bfloat16", "T": 613, "H": 16, "D": 128, "threshold": "none", "bytes": 7650240,
+         "mla-gen_us": 5.0, "mla-gen_gbs": 1530.0, "copy_us": 4.75, "copy_gbs": 1610.6, "torch_gbs": 300.0,
+         "triton_us": 10.0, "triton_gbs": 765.0,
+         "hot_mla-gen_us": 2.88, "hot_copy_us": 2.5, "hot_triton_us": 5.76}
+    ratios(r)
+    return r
+
+
+def test_cold_columns_print_as_before_and_hot_ones_follow():
+    r = _row()
+    assert r["pct_copy"] == pytest.approx(95.0) and r["x_triton"] == pytest.approx(2.0)
+    assert r["hot_pct_copy"] == pytest.approx(100 * 2.5 / 2.88) and r["hot_x_triton"] == pytest.approx(2.0)
+    cold = line(r, "cold")
+    # The row bench.py printed before the hot mode.
+    assert cold == ("bfloat16    613   16  128 none      7.7 |        5.0   1530  95.0% |      1611 |        300 |"
+                    "         765    2.00x")
+    assert header("cold").endswith("x triton")
+    both = line(r, "both")
+    assert both.startswith(cold + " || ") and both.endswith("   86.8%        2.50    2.00x")
+    hot = line(r, "hot")
+    assert "|        5.0" not in hot and "86.8%" in hot
+    assert len(header("both")) == len(both)
+    # A column not timed prints as a dash instead of failing.
+    del r["hot_x_triton"]
+    assert line(r, "hot").endswith("-x")
+
+
+def test_summary_counts_shapes_from_8_mb_and_reports_hot_copy_share():
+    small = dict(_row(), bytes=1_000_000, pct_copy=50.0)
+    big = dict(_row(), T=32768, bytes=400_000_000, pct_copy=98.0, hot_pct_copy=99.0)
+    lines = summary([small, _row(), big])
+    assert lines[0] == ("cold, shapes moving >= 8 MB (1): % of copy min 98.0 (bfloat16 T=32768 H=16 D=128 "
+                        "thr=none), median 98.0; 1 of 1 >= 95%")
+    assert lines[1].startswith("hot (3 shapes): % of hot copy min 86.8") and lines[1].endswith("max 99.0")
+    assert summary([{"bytes": 1}]) == []
