@@ -263,8 +263,9 @@ pub fn tolerance(dtype: Dtype) -> f64 {
 }
 
 /// Does a kernel's FP8 e4m3 output code match? Copied rows (and the no-keys prefix) must be the
-/// exact conversion of `input / scale` in float32; merged values within one e4m3 step of the
-/// float64 reference's conversion (the float32 merge may round differently before converting).
+/// exact code of `input * RN(1 / scale)` in float32 ([`fp8::e4m3_scaled`]); merged values within
+/// one e4m3 step of the float64 reference's conversion of `value / scale` (the float32 merge and
+/// the reciprocal may round differently before converting).
 pub fn fp8_element_matches(row: &RowMerge, prefix: f32, suffix: f32, scale: f32, got: u8) -> bool {
     match row {
         RowMerge::CopySuffix { .. } => got == fp8::e4m3_scaled(suffix, scale),
@@ -409,9 +410,17 @@ pub mod fp8 {
         }
     }
 
-    /// The per-tensor FP8 output of a float32 value: `saturate(value / scale)` in float32.
+    /// The reciprocal every FP8 kernel multiplies by: `1 / scale` rounded to float32 (nearest
+    /// even), once per tensor or group.
+    pub fn reciprocal(scale: f32) -> f32 {
+        1.0 / scale
+    }
+
+    /// The FP8 output of a float32 value under `scale` (per tensor, or a group's as written):
+    /// `saturate(RN(value * RN(1 / scale)))`, a multiplication by the float32 reciprocal as the
+    /// kernels do it, not a division (docs/SEMANTICS.md).
     pub fn e4m3_scaled(value: f32, scale: f32) -> u8 {
-        e4m3_from_f32(value / scale)
+        e4m3_from_f32(value * reciprocal(scale))
     }
 
     /// The scale of one per-token group from the float32 absmax of its values (NaN elements do
@@ -560,10 +569,117 @@ pub mod fp8 {
         }
 
         #[test]
-        fn scaled_output_divides_first() {
+        fn scaled_output_multiplies_by_the_reciprocal() {
             assert_eq!(e4m3_scaled(896.0, 2.0), 0x7e);
             assert_eq!(e4m3_scaled(1.0, 0.5), e4m3_from_f32(2.0));
             assert_eq!(e4m3_scaled(-1e9, 1.0), 0xfe);
+            // The reciprocal rounds first: 1/3 in float32 is 0x3eaaaaab, and 3 * that is 1 + 2^-24
+            // in float32 arithmetic's real product, rounded to 1.
+            assert_eq!(reciprocal(3.0).to_bits(), 0x3eaa_aaab);
+            assert_eq!(e4m3_scaled(3.0, 3.0), e4m3_from_f32(1.0));
+            // Zero, infinite and NaN scales give what the division gave: the reciprocal is inf, 0
+            // or NaN, and 0 * inf, inf * 0 are NaN as 0 / 0 and inf / inf are.
+            assert_eq!(e4m3_scaled(1.0, 0.0), 0x7e);
+            assert_eq!(e4m3_scaled(0.0, 0.0), E4M3_NAN);
+            assert_eq!(e4m3_scaled(5.0, f32::INFINITY), 0);
+            assert_eq!(e4m3_scaled(f32::INFINITY, f32::INFINITY), E4M3_NAN);
+            assert_eq!(e4m3_scaled(2.0, f32::NAN), E4M3_NAN);
+            assert_eq!(e4m3_scaled(-0.0, 2.0), 0x80, "the sign of zero is kept");
+        }
+
+        /// The templates' NaN fix-up after `cvt.rn.satfinite.e4m3x2.f32` (prelude.cu.tera,
+        /// nan_codes_to_7f), the same integer steps: every byte value in every position of a word,
+        /// beside every other byte value, turns 0x7f and 0xff into 0x7f and keeps the rest.
+        #[test]
+        fn the_kernels_nan_fixup_changes_only_nan_codes() {
+            let fix = |c: u32| c & !(((c & 0x7f7f_7f7f).wrapping_add(0x0101_0101)) & 0x8080_8080);
+            for pos in 0..4 {
+                for b in 0u32..256 {
+                    for other in 0u32..256 {
+                        let word = (other * 0x0101_0101) & !(0xff << (8 * pos)) | (b << (8 * pos));
+                        let want_byte = if b & 0x7f == 0x7f { 0x7f } else { b };
+                        let want =
+                            (other * 0x0101_0101) & !(0xff << (8 * pos)) | (want_byte << (8 * pos));
+                        let want = (0..4).fold(want, |w, q| {
+                            if q != pos && other & 0x7f == 0x7f {
+                                w & !(0xff << (8 * q)) | (0x7f << (8 * q))
+                            } else {
+                                w
+                            }
+                        });
+                        assert_eq!(fix(word), want, "word {word:#010x}");
+                    }
+                }
+            }
+        }
+
+        /// Distance in e4m3 steps between two codes (both non-NaN), on the line where neighbouring
+        /// codes are neighbouring integers.
+        fn steps(a: u8, b: u8) -> i32 {
+            let line = |c: u8| {
+                if c & 0x80 != 0 {
+                    -i32::from(c & 0x7f)
+                } else {
+                    i32::from(c)
+                }
+            };
+            (line(a) - line(b)).abs()
+        }
+
+        /// The multiplication by the rounded reciprocal against the exact quotient: for scales
+        /// whose reciprocal is a normal float32 (2^-126 <= scale <= 2^126: every group scale, every
+        /// realistic per-tensor scale), `e4m3(RN(value * RN(1/scale)))` is within one e4m3 step of
+        /// the e4m3 code of the exact float64 `value / scale`, and equal to it unless that quotient
+        /// lies within 2^-22 (relative) of a rounding boundary. Random values and scales over many
+        /// binades, scales that are not powers of two, outputs in the subnormal range and past
+        /// saturation.
+        #[test]
+        fn reciprocal_multiplication_stays_within_one_step_of_the_exact_quotient() {
+            let mut s = 0x2545_f491_4f6c_dd1du64;
+            let mut next = || {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s
+            };
+            let (mut differ, mut total) = (0u64, 0u64);
+            for i in 0..2_000_000u64 {
+                let r = next();
+                // Scales 2^-40 .. 2^40 with random mantissas (a power of two now and then).
+                let scale_exp = 87 + (r % 80) as u32;
+                let mant = if i % 17 == 0 {
+                    0
+                } else {
+                    (r >> 8) as u32 & 0x7f_ffff
+                };
+                let scale = f32::from_bits((scale_exp << 23) | mant);
+                // value / scale spread over e4m3's whole range and beyond: 2^-14 .. 2^11, both
+                // signs, so subnormal outputs (below 2^-6), normals and saturation all occur.
+                let q = f64::from((next() >> 40) as u32) / f64::from(1u32 << 24) * 25.0 - 14.0;
+                let sign = if r & 1 == 0 { 1.0 } else { -1.0 };
+                let value = (sign * 2f64.powf(q) * f64::from(scale)) as f32;
+                let exact = f64::from(value) / f64::from(scale);
+                // (Through float32: a second rounding that can only matter at an exact tie.)
+                let want = e4m3_from_f32(exact as f32);
+                let got = e4m3_scaled(value, scale);
+                total += 1;
+                assert!(
+                    steps(got, want) <= 1,
+                    "value {value:e} scale {scale:e}: got {got:#04x}, exact quotient {exact:e} -> {want:#04x}"
+                );
+                if got != want {
+                    differ += 1;
+                    // Only next to a boundary between two codes.
+                    let (a, b) = (e4m3_to_f64(got), e4m3_to_f64(want));
+                    let boundary = (a + b) / 2.0;
+                    assert!(
+                        ((exact - boundary) / boundary).abs() < 2f64.powi(-22),
+                        "value {value:e} scale {scale:e}: differs away from a boundary"
+                    );
+                }
+            }
+            // Near-ties are rare: the two rules agree on all but a few in 10^5.
+            assert!(differ * 10_000 < total, "{differ} of {total} differ");
         }
     }
 }

@@ -1030,8 +1030,9 @@ fn boundary_shapes_stay_inside_their_buffers() {
 }
 
 /// The FP8 conversion against the reference on every float32 bit pattern (2^32), through the
-/// per-tensor FP8 kernel's copy path: threshold 0, so every row is the suffix divided by the scale
-/// 1.0 (exact for every float32, NaN stays NaN) and converted. Runs each folder of
+/// per-tensor FP8 kernel's copy path: threshold 0, so every row is the suffix multiplied by the
+/// reciprocal of the scale 1.0 (exact for every float32, subnormals included; NaN stays NaN) and
+/// converted. On sm_89+ this also checks the NaN fix-up after the conversion instruction. Runs each folder of
 /// MLA_GEN_GPU_FP8 (colon-separated): scripts/gpu-check.sh builds one for compute_80 (the integer
 /// conversion, JIT-compiled here) and one for sm_90 (the cvt.rn.satfinite instruction).
 #[test]

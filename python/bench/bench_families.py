@@ -9,6 +9,7 @@ Bytes moved: K-way = T*H*(K*(D*size + 4) + D*size + 4); the chain = (K-1) * T*H*
 The target: the K-way merge is faster than the chain by at least the ratio of those bytes.
 
 Usage: MLA_GEN_KERNELS=DIR python3 python/bench/bench_families.py [--out DIR] [--reps N] [--only kway|mask|fp8]
+       [--fp8-shapes TxH ...] [--fp8-groups G ...]
 """
 
 from __future__ import annotations
@@ -172,6 +173,10 @@ def main():
     ap.add_argument("--candidates", action="store_true", help="time every merge_states schedule in the folder")
     ap.add_argument("--only", choices=("kway", "mask", "fp8"), action="append",
                     help="run only these tables (repeatable; default: all three)")
+    ap.add_argument("--fp8-shapes", nargs="+", metavar="TxH", default=["8192x32", "32768x128"],
+                    help="the FP8 table's shapes (default: 8192x32 32768x128)")
+    ap.add_argument("--fp8-groups", nargs="+", type=int, default=[16, 128], metavar="G",
+                    help="the FP8 table's group sizes (default: 16 128)")
     args = ap.parse_args()
     only = set(args.only or ("kway", "mask", "fp8"))
     if args.candidates:
@@ -199,8 +204,9 @@ def main():
     names = ("fp8_tensor", "fp8_group_ue8m0", "fp8_group", "bf16")
     print(f"{'T':>6} {'H':>4} {'G':>4} | " + " | ".join(f"{n + ' us':>20} {'%copy':>6}" for n in names))
     group_rows = []
-    for T, H in ((8192, 32), (32768, 128)) if "fp8" in only else ():
-        for G in (16, 128):
+    fp8_shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.fp8_shapes]
+    for T, H in fp8_shapes if "fp8" in only else ():
+        for G in args.fp8_groups:
             r = bench_fp8(T, H, G, args.reps)
             group_rows.append(r)
             print(f"{T:>6} {H:>4} {G:>4} | " + " | ".join(f"{r[n]['us']:>20.1f} {r[n]['pct_copy']:>5.1f}%"
