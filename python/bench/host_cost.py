@@ -1,7 +1,8 @@
 """Per-call host cost, in one process: mla-gen's plain function, its registered op
 (torch.ops.mla_gen.merge_attn_states, called as the packet and as its .default overload), a Triton kernel launched the way vLLM launches its Triton
 merge_attn_states (vLLM's signature, a JIT launcher call per merge), and torch.Tensor.zero_() on
-one element (a floor: one torch op, one kernel launch).
+one element (a floor: one torch op, one kernel launch), and two floors of the op: an op of the
+same schema whose implementation does nothing, and a Python function doing nothing.
 
 Method: a tiny shape (1 token, 1 head, D = 128, bf16) so the GPU never holds the host back;
 back-to-back calls timed with perf_counter, the implementations interleaved round by round;
@@ -53,12 +54,24 @@ def main():
     one = torch.empty(1, device="cuda")
     op = torch.ops.mla_gen.merge_attn_states
     op_default = op.default
+    # The dispatcher's own share: an op of the same schema whose CUDA implementation does
+    # nothing, beside a Python function that does nothing with the same arguments.
+    floor_lib = torch.library.Library("mla_gen_host_cost_floor", "DEF")
+    floor_lib.define(mla_gen.ops.SCHEMAS["merge_attn_states"])
+
+    def nothing(*args):
+        return None
+
+    floor_lib.impl("merge_attn_states", nothing, "CUDA")
+    floor_op = torch.ops.mla_gen_host_cost_floor.merge_attn_states.default
     impls = {
         "mla_gen.merge_attn_states (function)": lambda: mla_gen.merge_attn_states(out, p, pl, s, sl, None, 1),
         "torch.ops.mla_gen.merge_attn_states (op)": lambda: op(out, None, p, pl, s, sl, 1),
         "torch.ops.mla_gen.merge_attn_states.default": lambda: op_default(out, None, p, pl, s, sl, 1),
         "triton, vLLM-style launcher": lambda: vllm_triton_merge_attn_states(out, p, pl, s, sl, None, 1),
         "torch.Tensor.zero_ (1 element)": lambda: one.zero_(),
+        "floor: op of the same schema doing nothing": lambda: floor_op(out, None, p, pl, s, sl, 1),
+        "floor: Python function doing nothing": lambda: nothing(out, None, p, pl, s, sl, 1),
     }
     samples = {name: [] for name in impls}
     for fn in impls.values():

@@ -163,7 +163,8 @@ def select(kf: KernelFolder, family: str, dtype, head_size: int | None, **want):
     given), ``mask_empty_context`` (the start locations are given: a ``_ctxmask`` kernel);
     merge_states: ``num_states``; merge_state_in_place: ``mask``.
 
-    Among kernels that serve the call the one with exactly the options asked wins; a kernel that
+    Among kernels that serve the call the one with exactly the options asked wins, and of two
+    that differ only in ``pdl`` the pdl one (launched programmatically on sm_90+); a kernel that
     lacks an option asked for (an output lse, the threshold) is returned only when nothing serves,
     so that the argument check names what it does not take. Returns ``(kernel, serves)``."""
     key = (family, dtype_name(dtype) if dtype is not None else None, head_size, tuple(sorted(want.items())))
@@ -176,6 +177,8 @@ def select(kf: KernelFolder, family: str, dtype, head_size: int | None, **want):
         if fam != family:
             continue
         rank = _rank(fam, fields, k["variant"], key[1], head_size, want)
+        if rank is not None and not k["variant"].get("pdl"):
+            rank += 0.5  # with and without pdl: the pdl one (it waits inside; the same results)
         if rank is not None and (best is None or rank < best[0]):
             best = (rank, k)
     result = None if best is None else (best[1], best[0] < 100)

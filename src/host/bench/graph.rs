@@ -136,7 +136,8 @@ impl Producer {
     /// that does not copy would leave the hot mode timing nothing.
     fn self_test(&self, stream: &Arc<CudaStream>) -> Result<(), RuntimeError> {
         let sizes = [16 * 5000 + 12, 4, 16 * 3 + 8, 1 << 20];
-        let total: usize = sizes.iter().sum::<u64>() as usize;
+        let (offsets, total) = aligned_layout(&sizes);
+        let total = total as usize;
         let src: Vec<u8> = (0..total).map(|i| (i * 7 + 3) as u8).collect();
         let d_src = stream.clone_htod(&src)?;
         let d_dst = stream.alloc_zeros::<u8>(total + 64)?;
@@ -146,13 +147,8 @@ impl Producer {
         );
         // Ranges at 16-byte aligned offsets inside both buffers.
         let mut ranges = [(0, 0, 0); MAX_RANGES];
-        let mut off = 0u64;
-        for (r, &n) in ranges.iter_mut().zip(&sizes) {
+        for ((r, &n), &off) in ranges.iter_mut().zip(&sizes).zip(&offsets) {
             *r = (ps + off, pd + off, n);
-            off += n.div_ceil(16) * 16;
-        }
-        if off as usize > total {
-            return Err(RuntimeError::Bench("producer self-test sizes".into()));
         }
         // SAFETY: every range lies inside both allocations, which outlive the synchronize.
         unsafe { self.launch(stream, &ranges) }?;
@@ -169,6 +165,18 @@ impl Producer {
         }
         Ok(())
     }
+}
+
+/// Offsets of ranges of these sizes laid out one after another at 16-byte boundaries, and the
+/// bytes they span (each range padded to a multiple of 16).
+pub(super) fn aligned_layout(sizes: &[u64]) -> (Vec<u64>, u64) {
+    let mut offsets = Vec::with_capacity(sizes.len());
+    let mut end = 0u64;
+    for &n in sizes {
+        offsets.push(end);
+        end += n.div_ceil(16) * 16;
+    }
+    (offsets, end)
 }
 
 /// Capture what `body` enqueues on `stream` into an instantiated graph. The capture is ended

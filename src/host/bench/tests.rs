@@ -270,3 +270,15 @@ fn merge_bytes_counts_rows_with_and_without_context() {
         8 * (3 * 256 + 8) + 8 * (2 * 256 + 4)
     );
 }
+
+#[test]
+fn the_producer_self_test_ranges_fit_their_padded_buffer() {
+    let sizes = [16 * 5000 + 12, 4, 16 * 3 + 8, 1 << 20];
+    let (offsets, total) = super::graph::aligned_layout(&sizes);
+    assert_eq!(offsets, vec![0, 80016, 80032, 80096]);
+    assert_eq!(total, 80096 + (1 << 20));
+    for (&off, &n) in offsets.iter().zip(&sizes) {
+        assert_eq!(off % 16, 0);
+        assert!(off + n <= total);
+    }
+}
