@@ -410,9 +410,10 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
     ``output_lse``: the merged lse, same layout, or None.
 
     With ``output_scale`` (a float32 tensor holding one scale) the output is
-    ``torch.float8_e4m3fn``: saturate(value / scale), nearest even. With ``output_group_scales``
-    (float32 [T, H * D / G], any strides) the output is e4m3 with one scale per group of G
-    elements, computed by the kernel and written there (see merge_attn_states_fp8_group).
+    ``torch.float8_e4m3fn``: saturate(value * (1 / scale)), the reciprocal rounded to float32
+    once (docs/SEMANTICS.md), nearest even. With ``output_group_scales`` (float32
+    [T, H * D / G], any strides) the output is e4m3 with one scale per group of G elements,
+    computed by the kernel and written there (see merge_attn_states_fp8_group).
 
     With ``query_start_loc`` and ``context_start_loc`` (int32 [B + 1] each, on the device; both
     or neither) the empty-context mask is fused into the merge (a kernel generated with
