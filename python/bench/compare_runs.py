@@ -7,6 +7,7 @@ max(2 %, 2 x spread) AND both new rounds are slower than both base rounds. Print
 the worst shapes; with --json writes every row.
 
 Usage: python3 python/bench/compare_runs.py BASE1.json NEW1.json BASE2.json NEW2.json [--json OUT]
+       [--field us|hot_us]  (cold L2, the default, or hot L2 graph-replayed time)
 """
 
 from __future__ import annotations
@@ -16,17 +17,18 @@ import json
 import statistics
 
 
-def rows(path):
+def rows(path, field="us"):
     data = json.load(open(path))
-    return {(r["kernel"], r["T"], r["H"], r["threshold"]): r["us"] for r in data["rows"]}
+    return {(r["kernel"], r["T"], r["H"], r["threshold"]): r[field] for r in data["rows"] if r.get(field)}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("runs", nargs=4, help="base1 new1 base2 new2 (mla-gen bench --json files)")
     ap.add_argument("--json")
+    ap.add_argument("--field", default="us", help="the time compared: us (cold L2, default) or hot_us (hot L2, graph)")
     args = ap.parse_args()
-    b1, n1, b2, n2 = (rows(p) for p in args.runs)
+    b1, n1, b2, n2 = (rows(p, args.field) for p in args.runs)
     out, slower, faster = [], [], []
     for key in sorted(set(b1) & set(n1) & set(b2) & set(n2)):
         base, new = (b1[key], b2[key]), (n1[key], n2[key])
