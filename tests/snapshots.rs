@@ -7,18 +7,9 @@ use mla_gen::spec::{self, LseLayout, MergeVariant, OutputKind};
 
 fn variant(dtype: Dtype, head_size: u32, prefix_threshold: bool, output_lse: bool) -> MergeVariant {
     MergeVariant {
-        family: spec::Family::MergeAttnStates,
-        dtype,
-        head_size,
         prefix_threshold,
         output_lse,
-        output: OutputKind::Same,
-        fp8_group: None,
-        lse_layout: LseLayout::HeadMajor,
-        schedule: spec::FALLBACK_SCHEDULE,
-        explicit_schedule: false,
-        mask_empty_context: false,
-        pdl: false,
+        ..MergeVariant::merge_attn_states(dtype, head_size)
     }
 }
 

@@ -135,6 +135,26 @@ pub struct MergeVariant {
 }
 
 impl MergeVariant {
+    /// A `[[merge_attn_states]]` kernel with the spec's defaults (the threshold, an output lse,
+    /// output = input dtype, head-major lse, no fused mask, no pdl) and the fallback schedule:
+    /// the starting point of a variant built in code, changed with `..` field updates.
+    pub fn merge_attn_states(dtype: Dtype, head_size: u32) -> MergeVariant {
+        MergeVariant {
+            family: Family::MergeAttnStates,
+            dtype,
+            head_size,
+            prefix_threshold: true,
+            output_lse: true,
+            output: OutputKind::Same,
+            fp8_group: None,
+            lse_layout: LseLayout::HeadMajor,
+            schedule: FALLBACK_SCHEDULE,
+            explicit_schedule: false,
+            mask_empty_context: false,
+            pdl: false,
+        }
+    }
+
     /// Readable and stable: family, dtype, head size, then one tag per non-default option.
     pub fn kernel_name(&self) -> String {
         let mut name = format!(

@@ -2,23 +2,9 @@
 
 use super::*;
 use crate::dtype::Dtype;
-use crate::gen::variant::{LseLayout, OutputKind};
 
 fn variant(dtype: Dtype, head_size: u32) -> MergeVariant {
-    MergeVariant {
-        family: Family::MergeAttnStates,
-        dtype,
-        head_size,
-        prefix_threshold: true,
-        output_lse: true,
-        output: OutputKind::Same,
-        fp8_group: None,
-        lse_layout: LseLayout::HeadMajor,
-        schedule: crate::gen::variant::FALLBACK_SCHEDULE,
-        explicit_schedule: false,
-        mask_empty_context: false,
-        pdl: false,
-    }
+    MergeVariant::merge_attn_states(dtype, head_size)
 }
 
 #[test]
