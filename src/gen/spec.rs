@@ -361,10 +361,11 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             }
         }
         for mut v in expanded {
+            // The threads a block really has (whole rows); min_blocks_per_sm does not change it.
+            let block = crate::gen::abi::Launch::for_variant(&v).block_threads;
             if v.mask_empty_context && f.min_blocks_per_sm.is_none() && v.dtype.size_bytes() <= 2 {
                 // Full occupancy for the fused mask (variant.rs, fused_mask_schedule); float32
                 // rows need more registers (d576 spilled at 32).
-                let block = crate::gen::abi::Launch::for_variant(&v).block_threads;
                 v.schedule.min_blocks_per_sm = (MAX_THREADS_PER_SM / block).max(1);
             }
             if let Some(g) = v.fp8_group {
@@ -390,7 +391,6 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                     ));
                 }
             }
-            let block = crate::gen::abi::Launch::for_variant(&v).block_threads;
             if block * v.schedule.min_blocks_per_sm > MAX_THREADS_PER_SM {
                 let offset = f
                     .min_blocks_per_sm
