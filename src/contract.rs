@@ -141,6 +141,27 @@ pub struct LaunchRule {
     /// newer, plainly elsewhere. Absent: false (manifests from before the key read the same).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pdl: bool,
+    /// Launches with fewer rows run other kernels (docs/MANIFEST.md, "Size rules"); absent:
+    /// every launch runs this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_rule: Option<SizeRule>,
+}
+
+/// A size rule as hosts apply it: rows = the product of the two grid dimensions' integers
+/// (tokens x heads); the first range whose bound exceeds them names the kernel to launch instead,
+/// with the same arguments; past every bound, this kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SizeRule {
+    pub rows: [String; 2],
+    pub ranges: Vec<SizeRuleRange>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SizeRuleRange {
+    pub below_rows: u64,
+    pub kernel: String,
 }
 
 /// Everything a caller must satisfy, and how the kernel is launched.

@@ -172,6 +172,16 @@ pub struct Schedule {
     pub heads_per_block: u32,
 }
 
+/// One range of a size rule (docs/MANIFEST.md, "Size rules"): launches whose rows
+/// (tokens x heads) are below `below_rows`, and not below the previous range's bound, run the
+/// kernel built with `schedule`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct SizeRange {
+    pub below_rows: u64,
+    pub schedule: Schedule,
+}
+
 /// Which merge a kernel performs (docs/SEMANTICS.md has each one's rules).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

@@ -13,7 +13,8 @@ use std::process::Command;
 
 use common::{build_and_run, cuda_include, generate_c, mla_gen, test_file, STRICT};
 
-const PAIRWISE_SPEC: &str = "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = [128, 100]\n";
+// Without size rules: launcher_check.c asserts the tuned schedule's grid (rule_check.c tests rules).
+const PAIRWISE_SPEC: &str = "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = [128, 100]\nsize_rule = false\n";
 
 const FAMILIES_SPEC: &str = "arch = \"sm_90\"\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n\
      [[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 128\nmask = true\n[[mask_empty_context_lse]]\n";
@@ -61,6 +62,43 @@ fn the_c_launcher_compiles_warning_free_and_refuses_unsafe_calls() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // Checks, images per device, loading, threads, statuses (tests/c/launcher_check.c).
     run_check(tmp.path(), &c, "launcher_check.c");
+}
+
+#[test]
+fn the_c_launcher_applies_the_size_rule() {
+    // The default tuned rule of bf16 d128 (specs/tuned.toml); its numbers from the manifest.
+    let tmp = tempfile::tempdir().unwrap();
+    let c = generate_c(
+        tmp.path(),
+        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nprefix_threshold = false\noutput_lse = false\n",
+        None,
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(c.join("../manifest.json")).unwrap()).unwrap();
+    let kernels = manifest["kernels"].as_array().unwrap();
+    let main = kernels
+        .iter()
+        .find(|k| k["launch"]["size_rule"].is_object())
+        .expect("bf16 d128 has a tuned size rule");
+    let range = &main["launch"]["size_rule"]["ranges"][0];
+    let alt_name = range["kernel"].as_str().unwrap();
+    let alt = kernels.iter().find(|k| k["name"] == alt_name).unwrap();
+    let geometry = |k: &serde_json::Value, tag: &str| {
+        let l = &k["launch"];
+        format!(
+            "#define {tag}_TPB {}u\n#define {tag}_HPB {}u\n#define {tag}_BLOCK {}u\n",
+            l["grid_x"]["per_block"], l["grid_y"]["per_block"], l["block_threads"]
+        )
+    };
+    let name = main["name"].as_str().unwrap();
+    let expect = format!(
+        "#define KERNEL \"{name}\"\n#define LAUNCH mla_{name}\n#define ALT mla_{alt_name}\n#define BELOW {}LL\n{}{}",
+        range["below_rows"],
+        geometry(main, "MAIN"),
+        geometry(alt, "ALT")
+    );
+    std::fs::write(c.join("rule_expect.h"), expect).unwrap();
+    run_check(tmp.path(), &c, "rule_check.c");
 }
 
 #[test]
@@ -162,7 +200,7 @@ fn two_launchers_with_different_prefixes_link_into_one_program() {
     let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
     let a = generate_c(
         &a_dir,
-        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n",
+        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nsize_rule = false\n",
         Some("alpha"),
     );
     let b = generate_c(

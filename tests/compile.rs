@@ -7,11 +7,13 @@ use mla_gen::spec;
 #[test]
 fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
     let spec = spec::default_spec().unwrap();
-    assert_eq!(spec.variants.len(), 27);
+    // The 27 kernels engines call, and their size rules' kernels.
+    let called = spec.variants.iter().filter(|v| v.rows_below.is_none());
+    assert_eq!(called.count(), 27);
     let templates = Templates::embedded().unwrap();
     let (kernels, _) = mla_gen::compile::compile(&templates, &spec, 0, false)
         .unwrap_or_else(|e| panic!("NVRTC is needed for this test:\n{e}"));
-    assert_eq!(kernels.len(), 27);
+    assert_eq!(kernels.len(), spec.variants.len());
     for k in &kernels {
         let names: Vec<String> = k.archs.iter().map(|a| a.arch.name()).collect();
         assert_eq!(names, ["sm_80", "sm_90", "sm_100", "sm_120"], "{}", k.name);
@@ -187,7 +189,8 @@ fn pdl_kernels_wait_before_any_global_access_on_sm_90_only() {
     let templates = Templates::embedded().unwrap();
     let (kernels, _) = mla_gen::compile::compile(&templates, &spec, 0, false)
         .unwrap_or_else(|e| panic!("NVRTC is needed for this test:\n{e}"));
-    assert_eq!(kernels.len(), 15);
+    let called = kernels.iter().filter(|k| k.variant.rows_below.is_none());
+    assert_eq!(called.count(), 15);
     for k in &kernels {
         assert!(k.name.ends_with("_pdl"), "{}", k.name);
         for a in &k.archs {

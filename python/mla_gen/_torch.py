@@ -147,20 +147,16 @@ def _prepare(kind: _Kind, options: tuple, tensors: tuple, free: tuple):
         if tuple(t.shape) != sizes or (0 not in sizes and any(
                 sz > 1 and st != ts for sz, st, ts in zip(sizes, strides, t.stride()))):
             raise _layout_error(p.name, t, sizes, strides, [d[0] for d in p.dims])
+    run_meta, run = _sized(kf, meta, plan, checked, args)
     prep = _Prepared()
     prep.meta = meta
     prep.name = meta["name"]
-    prep.grid = checked.grid
-    prep.gx, prep.gy = checked.grid[:2] if checked.grid else (0, 0)
+    prep.grid = run.grid
+    prep.gx, prep.gy = run.grid[:2] if run.grid else (0, 0)
     prep.device = (device.index or 0) if device is not None else 0  # CPU tensors (tests): 0
     prep.launcher = None
-    if checked.grid is not None:
-        kern = _cuda.kernel(kf, meta)
-        function = kern.function(prep.device)
-        prep.launcher = _cuda.Launcher(function, _cuda.primary_context(prep.device), len(plan.params),
-                                       checked.block_threads, checked.shared_mem_bytes, kf.manifest.get("nvrtc"),
-                                       meta["name"], _cuda.param_kinds(meta["params"]),
-                                       _cuda.uses_pdl(meta, prep.device))
+    if run.grid is not None:
+        prep.launcher = _launcher(kf, run_meta, run, prep.device)
     # Parameter values per call: pool = tensors' pointers + free integers + this plan's values.
     pos = {name: k for k, name in enumerate(kind.names)}
     nt, nf = len(kind.names), len(kind.free)
@@ -200,6 +196,27 @@ def _prepare(kind: _Kind, options: tuple, tensors: tuple, free: tuple):
     stats["plans"] += 1
     pool = tuple(_ptr(t) for t in tensors) + tuple(free) + tuple(values)
     return prep, tuple(pool[k] for k in order)
+
+
+def _sized(kf, meta, plan, checked, args):
+    """The kernel a launch with these checked values runs, and its check (same values; its own
+    grid and block): the size rule's kernel for the rows where it has one and its grid fits."""
+    if checked.grid is None:
+        return meta, checked
+    values = checked.values
+    run_meta = _m.by_size_rule(kf, meta, lambda name: values[plan.names.index(name)])
+    if run_meta is meta:
+        return meta, checked
+    try:
+        return run_meta, plan_for(run_meta["name"], run_meta).check(args)
+    except ArgumentError:  # past a grid limit of that kernel: this one serves
+        return meta, checked
+
+
+def _launcher(kf, meta, checked, device):
+    return _cuda.Launcher(_cuda.kernel(kf, meta).function(device), _cuda.primary_context(device), len(meta["params"]),
+                          checked.block_threads, checked.shared_mem_bytes, kf.manifest.get("nvrtc"), meta["name"],
+                          _cuda.param_kinds(meta["params"]), _cuda.uses_pdl(meta, device))
 
 
 def _ptr(t):
@@ -450,7 +467,8 @@ def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None
     """Launch one kernel of the current folder by name (the scripts' way to time a given
     schedule): `args` by parameter name as ``check_args`` takes them, torch tensors standing for
     their buffers. Always the full check; on torch's current stream of `device` (default: the
-    first tensor's device, else the current device)."""
+    first tensor's device, else the current device). A kernel with a size rule launches the
+    rule's kernel for the call's rows, as every call does."""
     kf = _m.folder()
     meta = kf.kernel(kernel)
     plan = plan_for(kernel, meta)
@@ -462,14 +480,12 @@ def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None
             a = _buffer(a)
         conv[name] = a
     checked = plan.check(conv)
+    meta, checked = _sized(kf, meta, plan, checked, conv)
     if checked.grid is None:
         return
     device = torch.cuda.current_device() if device is None or device < 0 else device
-    launcher = _cuda.Launcher(_cuda.kernel(kf, meta).function(device), _cuda.primary_context(device),
-                              len(plan.params), checked.block_threads, checked.shared_mem_bytes,
-                              kf.manifest.get("nvrtc"), kernel, _cuda.param_kinds(meta["params"]),
-                              _cuda.uses_pdl(meta, device))
-    _cuda.launch(launcher, checked.values, checked.grid[0], checked.grid[1], _stream(device))
+    _cuda.launch(_launcher(kf, meta, checked, device), checked.values, checked.grid[0], checked.grid[1],
+                 _stream(device))
 
 
 # The other calls (per-token-group FP8, the fused empty-context mask, the K-way and in-place

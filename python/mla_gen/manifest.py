@@ -174,8 +174,8 @@ def select(kf: KernelFolder, family: str, dtype, head_size: int | None, **want):
     best = None
     for k in kf.manifest["kernels"]:
         fam, fields = family_of(k)
-        if fam != family:
-            continue
+        if fam != family or k["variant"].get("rows_below") is not None:
+            continue  # another family, or a kernel of a size rule (launched through its kernel)
         rank = _rank(fam, fields, k["variant"], key[1], head_size, want)
         if rank is not None and not k["variant"].get("pdl"):
             rank += 0.5  # with and without pdl: the pdl one (it waits inside; the same results)
@@ -184,6 +184,20 @@ def select(kf: KernelFolder, family: str, dtype, head_size: int | None, **want):
     result = None if best is None else (best[1], best[0] < 100)
     kf.selected[key] = result
     return result
+
+
+def by_size_rule(kf: KernelFolder, kernel: dict, value) -> dict:
+    """The kernel a launch of `kernel` runs (docs/MANIFEST.md, "Size rules"): where its size
+    rule has a range whose bound exceeds the launch's rows (the product of two integer
+    parameters, ``value(name)``), that range's kernel, with the same arguments; else itself."""
+    rule = kernel["launch"].get("size_rule")
+    if not rule:
+        return kernel
+    rows = value(rule["rows"][0]) * value(rule["rows"][1])
+    for r in rule["ranges"]:
+        if rows < r["below_rows"]:
+            return kf.kernel(r["kernel"])
+    return kernel
 
 
 def _rank(fam, fields, v, dtype, head_size, want):

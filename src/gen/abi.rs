@@ -35,6 +35,7 @@ pub fn contract(v: &MergeVariant) -> Contract {
             grid_x: launch.grid_x,
             grid_y: launch.grid_y,
             pdl: launch.pdl,
+            size_rule: launch.size_rule,
         },
     }
 }

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::contract::GridAxis;
+use crate::contract::{GridAxis, SizeRule, SizeRuleRange};
 use crate::gen::variant::{Family, MergeVariant};
 
 /// Widest access per thread: 16 bytes (one `ld.global.v4.b32`).
@@ -51,6 +51,35 @@ pub struct Launch {
     /// newer (the kernel waits for the previous one itself); absent: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pdl: bool,
+    /// Launches with fewer rows run other kernels (docs/MANIFEST.md, "Size rules"); absent:
+    /// every launch runs this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_rule: Option<SizeRule>,
+}
+
+/// The size rule of `v` (the main kernel of one), with its ranges' kernel names.
+fn size_rule_of(v: &MergeVariant, grid_x: &GridAxis, grid_y: &GridAxis) -> Option<SizeRule> {
+    if v.size_rule.is_empty() {
+        return None;
+    }
+    let ranges = v
+        .size_rule
+        .iter()
+        .map(|r| SizeRuleRange {
+            below_rows: r.below_rows,
+            kernel: MergeVariant {
+                schedule: r.schedule,
+                size_rule: Vec::new(),
+                rows_below: Some(r.below_rows),
+                ..v.clone()
+            }
+            .kernel_name(),
+        })
+        .collect();
+    Some(SizeRule {
+        rows: [grid_x.dim.clone(), grid_y.dim.clone()],
+        ranges,
+    })
 }
 
 fn grid_axes(tokens_per_launch_block: u32, heads_per_block: u32) -> (GridAxis, GridAxis) {
@@ -97,6 +126,7 @@ impl Launch {
                 shared_mem_bytes: 0,
                 grid_rule: GRID_RULE,
                 pdl: v.pdl,
+                size_rule: None,
             };
         }
         // Widest power-of-two vector that divides the row: no partial vector at the row's end, so
@@ -122,6 +152,7 @@ impl Launch {
             v.schedule.rows_per_thread
         };
         let (grid_x, grid_y) = grid_axes(tokens_per_block * rows_per_thread, heads_per_block);
+        let size_rule = size_rule_of(v, &grid_x, &grid_y);
         Launch {
             grid_x,
             grid_y,
@@ -141,6 +172,7 @@ impl Launch {
             shared_mem_bytes: 0,
             grid_rule: GRID_RULE,
             pdl: v.pdl,
+            size_rule,
         }
     }
 

@@ -161,6 +161,36 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         let lses = opt_list("output_lse", &f.output_lse, table != Table::MaskLse)?;
         let ctx_masks = opt_list("mask_empty_context", &f.mask_empty_context, false)?;
         let pdls = opt_list("pdl", &f.pdl, false)?;
+        let size_rule = match &f.size_rule {
+            Some(v) => match v.get_ref().as_bool() {
+                Some(b) => b,
+                None => {
+                    return Err(ctx.at(
+                        v.span().start,
+                        format!(
+                            "`size_rule`: expected true or false, got {}",
+                            short(v.get_ref())
+                        ),
+                    ))
+                }
+            },
+            None => true,
+        };
+        let schedule_key = [
+            &f.rows_per_thread,
+            &f.min_blocks_per_sm,
+            &f.block_threads,
+            &f.heads_per_block,
+        ]
+        .into_iter()
+        .flatten()
+        .next();
+        if let (Some(v), true, Some(_)) = (&f.size_rule, size_rule, schedule_key) {
+            return Err(ctx.at(
+                v.span().start,
+                "`size_rule` = true picks among the tuned schedules, and this table sets its own schedule: remove `size_rule` or the schedule keys".to_string(),
+            ));
+        }
         if pdls.contains(&true) && pdl_at.is_none() {
             pdl_at = f.pdl.as_ref().map(|v| v.span().start);
         }
@@ -351,6 +381,8 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                                                 || hb.is_some(),
                                             mask_empty_context,
                                             pdl,
+                                            size_rule: Vec::new(),
+                                            rows_below: None,
                                         });
                                     }
                                 }
@@ -360,6 +392,12 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                 }
             }
         }
+        // The tuned size rule: its main kernel takes the largest launches' schedule, and each
+        // smaller range is a kernel of its own after it.
+        let expanded: Vec<MergeVariant> = expanded
+            .into_iter()
+            .flat_map(|v| with_size_rule(v, size_rule))
+            .collect();
         for mut v in expanded {
             // The threads a block really has (whole rows); min_blocks_per_sm does not change it.
             let block = crate::gen::abi::Launch::for_variant(&v).block_threads;
@@ -430,6 +468,33 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         archs,
         variants,
     })
+}
+
+/// `v` and the kernels of its tuned size rule, where one applies: a pairwise merge writing its
+/// input dtype, without the fused mask or a schedule of the spec's (what `mla-gen tune` times).
+fn with_size_rule(mut v: MergeVariant, enabled: bool) -> Vec<MergeVariant> {
+    let applies = enabled
+        && v.family == Family::MergeAttnStates
+        && v.output == OutputKind::Same
+        && !v.mask_empty_context
+        && !v.explicit_schedule;
+    let Some((largest, ranges)) = applies
+        .then(|| tuned_size_rule(v.dtype, v.head_size))
+        .flatten()
+    else {
+        return vec![v];
+    };
+    v.schedule = largest;
+    let mut out = vec![v.clone()];
+    for r in &ranges {
+        out.push(MergeVariant {
+            schedule: r.schedule,
+            rows_below: Some(r.below_rows),
+            ..v.clone()
+        });
+    }
+    out[0].size_rule = ranges;
+    out
 }
 
 /// Can `v`'s rows be split into groups of `group_size` elements whose lanes sit in one warp? The

@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::Dtype;
-pub use crate::variant::{Arch, Family, Fp8Group, LseLayout, OutputKind, Schedule, MIN_ARCH};
+pub use crate::variant::{
+    Arch, Family, Fp8Group, LseLayout, OutputKind, Schedule, SizeRange, MIN_ARCH,
+};
 
 pub const GROUP_SIZES_ALLOWED: [u32; 4] = [16, 32, 64, 128];
 
@@ -52,6 +54,31 @@ pub const TUNED_SCHEDULES: &str = include_str!("../../specs/tuned.toml");
 pub(crate) struct TunedFile {
     #[serde(default)]
     pub(crate) schedule: Vec<TunedEntry>,
+    #[serde(default)]
+    pub(crate) size_rule: Vec<TunedRule>,
+}
+
+/// A size rule of the tuned table: the pairwise merge's schedules by launch size.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TunedRule {
+    pub(crate) dtype: String,
+    pub(crate) head_size: u32,
+    /// Ascending bounds; the last range has none (it serves every larger launch).
+    pub(crate) ranges: Vec<TunedRange>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TunedRange {
+    pub(crate) below_rows: Option<u64>,
+    #[serde(default = "one")]
+    pub(crate) rows_per_thread: u32,
+    #[serde(default = "one")]
+    pub(crate) min_blocks_per_sm: u32,
+    pub(crate) block_threads: u32,
+    #[serde(default = "one")]
+    pub(crate) heads_per_block: u32,
 }
 
 #[derive(Deserialize)]
@@ -87,6 +114,36 @@ pub fn tuned_schedule(dtype: Dtype, head_size: u32) -> Schedule {
             block_threads: e.block_threads,
             heads_per_block: e.heads_per_block,
         })
+}
+
+/// The tuned size rule of the pairwise merge (output = input dtype, no fused mask) for a
+/// (dtype, head size): the schedule of the largest launches, and the smaller launches' ranges.
+/// `mla-gen tune --l2 both` measures such merges only, so the rule applies to no other kernel.
+pub fn tuned_size_rule(dtype: Dtype, head_size: u32) -> Option<(Schedule, Vec<SizeRange>)> {
+    static TABLE: std::sync::OnceLock<Vec<TunedRule>> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        toml::from_str::<TunedFile>(TUNED_SCHEDULES)
+            .map(|f| f.size_rule)
+            .unwrap_or_default()
+    });
+    let rule = table
+        .iter()
+        .find(|e| e.dtype == dtype.name() && e.head_size == head_size)?;
+    let schedule = |r: &TunedRange| Schedule {
+        rows_per_thread: r.rows_per_thread,
+        min_blocks_per_sm: r.min_blocks_per_sm,
+        block_threads: r.block_threads,
+        heads_per_block: r.heads_per_block,
+    };
+    let (last, smaller) = rule.ranges.split_last()?;
+    let ranges = smaller
+        .iter()
+        .map(|r| SizeRange {
+            below_rows: r.below_rows.unwrap_or(0),
+            schedule: schedule(r),
+        })
+        .collect();
+    Some((schedule(last), ranges))
 }
 
 /// The default schedule of a merge with the fused empty-context mask: its blocks wait at a barrier
@@ -132,6 +189,14 @@ pub struct MergeVariant {
     /// programmatic stream serialization (docs/SEMANTICS.md).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pdl: bool,
+    /// The kernel of a size rule that launches take: the schedules of smaller launches, by
+    /// ascending bound, each built as its own kernel (`rows_below`); `schedule` serves the rest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub size_rule: Vec<SizeRange>,
+    /// A kernel of another's size rule: it serves that kernel's launches with fewer rows
+    /// (tokens x heads) than this, and is named after it with `_below<rows>` (before `_pdl`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows_below: Option<u64>,
 }
 
 impl MergeVariant {
@@ -152,6 +217,8 @@ impl MergeVariant {
             explicit_schedule: false,
             mask_empty_context: false,
             pdl: false,
+            size_rule: Vec::new(),
+            rows_below: None,
         }
     }
 
@@ -217,6 +284,9 @@ impl MergeVariant {
                 "_r{}m{}b{}h{}",
                 s.rows_per_thread, s.min_blocks_per_sm, s.block_threads, s.heads_per_block
             ));
+        }
+        if let Some(rows) = self.rows_below {
+            name.push_str(&format!("_below{rows}"));
         }
         if self.pdl {
             name.push_str("_pdl");

@@ -166,6 +166,10 @@ struct Kernel {
     archs: String,
     /// 1: launched with programmatic stream serialization on cc >= 9.0 (`launch.pdl`).
     pdl: u8,
+    /// The size rule (`launch.size_rule`): the parameters whose product is the rows, and per
+    /// range its bound and the kernel it names.
+    rows: [usize; 2],
+    ranges: Vec<(u64, String)>,
 }
 
 /// `c/<prefix>_kernels.h` and `c/<prefix>_kernels.c` for the kernels of `manifest`, the images
@@ -194,6 +198,28 @@ pub fn launcher(
         n_images += kernel.images.len();
         kernels.push(kernel);
     }
+    // A rule's kernels are launched in place of the kernel with its checked values.
+    for (k, entry) in kernels.iter().zip(&manifest.kernels) {
+        for (_, target) in &k.ranges {
+            let same = manifest
+                .kernels
+                .iter()
+                .find(|t| &t.name == target)
+                .is_some_and(|t| {
+                    t.launch.size_rule.is_none()
+                        && t.params
+                            .iter()
+                            .map(|p| &p.name)
+                            .eq(entry.params.iter().map(|p| &p.name))
+                });
+            if !same {
+                return Err(err(format!(
+                    "{}: its size rule names {target}, which the manifest lacks, has a rule itself or takes other parameters",
+                    k.name
+                )));
+            }
+        }
+    }
     let mut numbers = TOOL_VERSION.split('.').map(|n| n.parse::<u32>());
     let mut next = || -> Result<u32, RenderError> {
         numbers
@@ -221,6 +247,8 @@ pub fn launcher(
     // The programmatic launch is written only where some kernel needs it: the launcher of a spec
     // without pdl stays as it was.
     ctx.insert("any_pdl", &kernels.iter().any(|k| k.pdl == 1));
+    // Likewise the size rule.
+    ctx.insert("any_rule", &kernels.iter().any(|k| !k.ranges.is_empty()));
     ctx.insert("kernels", &kernels);
     ctx.insert("n_images", &n_images.max(1));
     ctx.insert("max_params", &MAX_PARAMS);

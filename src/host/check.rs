@@ -264,6 +264,31 @@ impl Plan {
         self.params.iter().map(|p| p.name.as_str())
     }
 
+    /// This kernel's grid for values another kernel of the same parameters checked (a size
+    /// rule's kernel launched in its place); `None` past a grid limit.
+    #[cfg(feature = "runtime")]
+    pub(crate) fn grid_for(&self, values: &[u64]) -> Option<[u32; 3]> {
+        let mut grid = [1u32; 3];
+        for (g, a) in grid.iter_mut().zip(&self.axes) {
+            let blocks = values.get(a.dim)?.div_ceil(a.per_block);
+            if blocks == 0 || blocks > a.limit {
+                return None;
+            }
+            *g = u32::try_from(blocks).ok()?;
+        }
+        Some(grid)
+    }
+
+    #[cfg(feature = "runtime")]
+    pub(crate) fn block_threads(&self) -> u32 {
+        self.block_threads
+    }
+
+    #[cfg(feature = "runtime")]
+    pub(crate) fn shared_mem_bytes(&self) -> u32 {
+        self.shared_mem_bytes
+    }
+
     fn refuse(&self, problem: String) -> Refusal {
         Refusal {
             kernel: self.kernel.clone(),

@@ -87,12 +87,27 @@ impl Kernel {
                 problem: format!("{n} values were checked for another kernel"),
             }));
         }
+        // A size rule sends launches with fewer rows to the kernel built for them: the same
+        // parameters (checked when the rule was loaded), that kernel's grid and block.
+        let target = self.for_values(checked.values());
+        let (target, grid, block, shared) = match target.plan.grid_for(checked.values()) {
+            Some(g) if !std::ptr::eq(target, self) => (
+                target,
+                g,
+                target.plan.block_threads(),
+                target.plan.shared_mem_bytes(),
+            ),
+            // No rule, or its kernel's grid would pass a limit: this kernel.
+            _ => (self, grid, checked.block_threads, checked.shared_mem_bytes),
+        };
+        // (A rule's kernel that does not wait is launched plainly.)
+        let programmatic = programmatic && target.programmatic;
         let mut values = *checked;
         let mut params = param_pointers(&mut values);
         self.context().bind_to_thread()?;
         // SAFETY: one 8-byte value per parameter in the kernel's declared order (pointers and
         // long longs), `values` alive for the call; the caller's contract covers the memory.
-        unsafe { self.cu_launch(stream, grid, checked, &mut params[..n], programmatic) }
+        unsafe { target.cu_launch(stream, grid, block, shared, &mut params[..n], programmatic) }
     }
 
     /// The stream must belong to the kernel's context.
@@ -118,7 +133,8 @@ impl Kernel {
         &self,
         stream: &CudaStream,
         grid: [u32; 3],
-        checked: &Checked,
+        block_threads: u32,
+        shared_mem_bytes: u32,
         params: &mut [*mut c_void],
         programmatic: bool,
     ) -> Result<(), RuntimeError> {
@@ -128,8 +144,8 @@ impl Kernel {
                 launch_programmatic(
                     self.function,
                     grid,
-                    checked.block_threads,
-                    checked.shared_mem_bytes,
+                    block_threads,
+                    shared_mem_bytes,
                     stream.cu_stream(),
                     params,
                 )
@@ -141,8 +157,8 @@ impl Kernel {
             result::launch_kernel(
                 self.function,
                 (grid[0], grid[1], grid[2]),
-                (checked.block_threads, 1, 1),
-                checked.shared_mem_bytes,
+                (block_threads, 1, 1),
+                shared_mem_bytes,
                 stream.cu_stream(),
                 params,
             )
@@ -174,7 +190,16 @@ impl Kernel {
         let start = std::time::Instant::now();
         for _ in 0..calls {
             // SAFETY: as in launch_checked: checked values in ABI order, alive for the call.
-            unsafe { self.cu_launch(stream, grid, &checked, &mut params[..n], self.programmatic) }?;
+            unsafe {
+                self.cu_launch(
+                    stream,
+                    grid,
+                    checked.block_threads,
+                    checked.shared_mem_bytes,
+                    &mut params[..n],
+                    self.programmatic,
+                )
+            }?;
         }
         Ok(start.elapsed().as_secs_f64() * 1e6 / calls.max(1) as f64)
     }

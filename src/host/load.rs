@@ -53,7 +53,15 @@ pub struct Kernel {
     /// Launch with programmatic stream serialization: the manifest's `launch.pdl` on a device of
     /// compute capability 9.0 or newer (decided once, at load).
     pub(crate) programmatic: bool,
+    /// Launches with fewer rows run these kernels (the manifest's `launch.size_rule`).
+    size_rule: Option<LoadedRule>,
     module: Module,
+}
+
+/// A size rule with its kernels loaded: rows = the product of two parameters' values.
+struct LoadedRule {
+    rows: [usize; 2],
+    ranges: Vec<(u64, Arc<Kernel>)>,
 }
 
 // SAFETY: the CUfunction belongs to `module`, which lives as long as this Kernel; launches
@@ -82,6 +90,26 @@ impl Kernel {
     /// The context the kernel is loaded in: launch it on streams of this context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.module.ctx
+    }
+
+    /// The kernel a launch of this one with `rows` (tokens x heads) runs: the kernel its size
+    /// rule names for them, or itself.
+    pub fn for_rows(&self, rows: u64) -> &Kernel {
+        self.size_rule
+            .as_ref()
+            .and_then(|r| r.ranges.iter().find(|(below, _)| rows < *below))
+            .map_or(self, |(_, k)| k)
+    }
+
+    /// The kernel a launch with these checked values runs (see [`Kernel::for_rows`]).
+    pub(crate) fn for_values(&self, values: &[u64]) -> &Kernel {
+        match &self.size_rule {
+            Some(r) => {
+                let [a, b] = r.rows.map(|i| values.get(i).copied().unwrap_or(u64::MAX));
+                self.for_rows(a.saturating_mul(b))
+            }
+            None => self,
+        }
     }
 }
 
@@ -157,7 +185,7 @@ impl Runtime {
         let driver_cuda =
             crate::host::driver::driver_cuda_version().map_err(RuntimeError::NoDriver)?;
         ctx.bind_to_thread()?;
-        let mut kernels = Vec::with_capacity(manifest.kernels.len());
+        let mut loaded = Vec::with_capacity(manifest.kernels.len());
         let mut by_name = HashMap::new();
         for k in &manifest.kernels {
             // The checker first: a contract this runtime cannot read loads nothing.
@@ -211,17 +239,19 @@ impl Runtime {
             })?;
             // SAFETY: the module is loaded in the current context; name is a valid C string.
             let function = unsafe { result::module::get_function(module.handle, name) }?;
-            by_name.insert(k.name.clone(), kernels.len());
-            kernels.push(Arc::new(Kernel {
+            by_name.insert(k.name.clone(), loaded.len());
+            loaded.push(Kernel {
                 meta: k.clone(),
                 loaded_from: artifact.file,
                 plan,
                 key: k.key(),
                 function,
                 programmatic: k.launch.pdl && cc.0 >= 9,
+                size_rule: None,
                 module,
-            }));
+            });
         }
+        let kernels = link_size_rules(path, loaded, &by_name)?;
         Ok(Runtime {
             ctx,
             compute_capability: cc,
@@ -255,4 +285,68 @@ impl Runtime {
             .cloned()
             .ok_or_else(|| RuntimeError::NoKernel(name.to_string()))
     }
+}
+
+/// Share the loaded kernels, each size rule holding the kernels it names. A rule's kernel must
+/// be in the manifest, have no rule itself and take the same parameters.
+fn link_size_rules(
+    path: &Path,
+    loaded: Vec<Kernel>,
+    by_name: &HashMap<String, usize>,
+) -> Result<Vec<Arc<Kernel>>, RuntimeError> {
+    let bad = |detail: String| RuntimeError::Manifest {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let mut slots: Vec<Option<Kernel>> = loaded.into_iter().map(Some).collect();
+    let mut shared: Vec<Option<Arc<Kernel>>> = vec![None; slots.len()];
+    // Kernels without a rule first: the rules' kernels are among them.
+    for (i, slot) in slots.iter_mut().enumerate() {
+        if slot
+            .as_ref()
+            .is_some_and(|k| k.meta.launch.size_rule.is_none())
+        {
+            shared[i] = slot.take().map(Arc::new);
+        }
+    }
+    for (i, slot) in slots.iter_mut().enumerate() {
+        let Some(mut k) = slot.take() else { continue };
+        let rule = k
+            .meta
+            .launch
+            .size_rule
+            .clone()
+            .unwrap_or_else(|| unreachable!());
+        let param = |name: &str| {
+            k.plan.param_names().position(|p| p == name).ok_or_else(|| {
+                bad(format!(
+                    "{}: its size rule counts rows by `{name}`, which is not a parameter",
+                    k.meta.name
+                ))
+            })
+        };
+        let rows = [param(&rule.rows[0])?, param(&rule.rows[1])?];
+        let mut ranges = Vec::with_capacity(rule.ranges.len());
+        for r in &rule.ranges {
+            let target = by_name
+                .get(&r.kernel)
+                .and_then(|&j| shared[j].clone())
+                .ok_or_else(|| {
+                    bad(format!(
+                        "{}: its size rule names {}, which the manifest lacks or which has a size rule itself",
+                        k.meta.name, r.kernel
+                    ))
+                })?;
+            if !target.plan.param_names().eq(k.plan.param_names()) {
+                return Err(bad(format!(
+                    "{}: its size rule names {}, whose parameters differ",
+                    k.meta.name, r.kernel
+                )));
+            }
+            ranges.push((r.below_rows, target));
+        }
+        k.size_rule = Some(LoadedRule { rows, ranges });
+        shared[i] = Some(Arc::new(k));
+    }
+    Ok(shared.into_iter().flatten().collect())
 }

@@ -49,6 +49,9 @@ pub struct VariantView {
     /// The empty-context mask fused in (absent: false).
     #[serde(default)]
     pub mask_empty_context: bool,
+    /// A kernel of another's size rule (launched through that one); absent: none.
+    #[serde(default)]
+    pub rows_below: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -141,9 +144,13 @@ impl KernelView {
         })
     }
 
-    /// What [`KernelKey`] selects this kernel, if its variant names known options.
+    /// What [`KernelKey`] selects this kernel, if its variant names known options. A kernel of
+    /// another's size rule has none: launches reach it through that kernel.
     pub fn key(&self) -> Option<KernelKey> {
         let v = &self.variant;
+        if v.rows_below.is_some() {
+            return None;
+        }
         let dtype = crate::dtype::Dtype::from_name(&v.dtype)?;
         let lse_layout = LseLayout::ALL.iter().find(|(n, _)| *n == v.lse_layout)?.1;
         let output = OutputKind::ALL.iter().find(|(n, _)| *n == v.output)?.1;

@@ -69,6 +69,8 @@ pub(super) struct RawMerge {
     pub(super) mask_empty_context: Option<Spanned<toml::Value>>,
     /// Every table: programmatic dependent launch (needs an sm_90+ target).
     pub(super) pdl: Option<Spanned<toml::Value>>,
+    /// merge_attn_states only: build the tuned size rule's kernels (default true).
+    pub(super) size_rule: Option<Spanned<toml::Value>>,
 }
 
 impl RawMerge {
@@ -81,7 +83,7 @@ impl RawMerge {
         use Table::*;
         // (key, its value, the tables it belongs to, why elsewhere it is refused)
         const MERGES: &[Table] = &[Pairwise, KWay, InPlace];
-        let keys: [KeyRule; 15] = [
+        let keys: [KeyRule; 16] = [
             (
                 "group_size",
                 &self.group_size,
@@ -141,6 +143,12 @@ impl RawMerge {
                 &self.mask_empty_context,
                 &[Pairwise],
                 "the fused empty-context mask belongs to [[merge_attn_states]] (a separate [[mask_empty_context_lse]] serves the others)",
+            ),
+            (
+                "size_rule",
+                &self.size_rule,
+                &[Pairwise],
+                "size rules are tuned for the pairwise merge only",
             ),
             (
                 "prefix_threshold",

@@ -13,7 +13,7 @@ fn err(text: &str) -> String {
 fn the_fused_context_mask_is_a_pairwise_key() {
     let s = parse(
         "t.toml",
-        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nmask_empty_context = [false, true]\n",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nmask_empty_context = [false, true]\nsize_rule = false\n",
     )
     .unwrap();
     let names = s.kernel_names();
@@ -49,7 +49,15 @@ fn the_fused_context_mask_is_a_pairwise_key() {
 #[test]
 fn default_spec_is_the_vllm_set() {
     let s = default_spec().unwrap();
-    assert_eq!(s.variants.len(), 27);
+    // 27 kernels engines call, and the kernels of their size rules (launched through them).
+    let called: Vec<&MergeVariant> = s
+        .variants
+        .iter()
+        .filter(|v| v.rows_below.is_none())
+        .collect();
+    assert_eq!(called.len(), 27);
+    let rule_kernels: usize = called.iter().map(|v| v.size_rule.len()).sum();
+    assert_eq!(s.variants.len(), 27 + rule_kernels);
     assert_eq!(
         s.archs.iter().map(Arch::name).collect::<Vec<_>>(),
         ["sm_80", "sm_90", "sm_100", "sm_120"]
@@ -69,7 +77,7 @@ fn default_spec_is_the_vllm_set() {
 fn lists_expand_to_their_cross_product_in_order() {
     let s = parse(
         "t.toml",
-        "[[merge_attn_states]]\ndtype = [\"f16\", \"bf16\"]\nhead_size = [64, 128]\nprefix_threshold = [true, false]\n",
+        "[[merge_attn_states]]\ndtype = [\"f16\", \"bf16\"]\nhead_size = [64, 128]\nprefix_threshold = [true, false]\nsize_rule = false\n",
     )
     .unwrap();
     let names = s.kernel_names();
@@ -265,11 +273,13 @@ fn every_tuned_entry_reaches_the_variants() {
             heads_per_block: e.heads_per_block,
         };
         assert_eq!(tuned_schedule(dtype, e.head_size), want);
-        for v in spec
-            .variants
-            .iter()
-            .filter(|v| v.dtype == dtype && v.head_size == e.head_size)
-        {
+        // (A size rule's kernels take the rule's schedules: tested below.)
+        for v in spec.variants.iter().filter(|v| {
+            v.dtype == dtype
+                && v.head_size == e.head_size
+                && v.size_rule.is_empty()
+                && v.rows_below.is_none()
+        }) {
             assert_eq!(v.schedule, want, "{}", v.kernel_name());
             assert!(!v.explicit_schedule);
         }
@@ -289,7 +299,7 @@ fn arch_names_round_trip() {
 fn pdl_is_a_key_of_every_table_and_names_its_kernels() {
     let s = parse(
         "t.toml",
-        "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\npdl = [false, true]\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = 4\npdl = true\n[[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 64\npdl = true\n[[mask_empty_context_lse]]\npdl = true\n",
+        "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\npdl = [false, true]\nsize_rule = false\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = 4\npdl = true\n[[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 64\npdl = true\n[[mask_empty_context_lse]]\npdl = true\n",
     )
     .unwrap();
     assert_eq!(
@@ -359,4 +369,125 @@ fn an_arch_override_is_refused_where_it_would_drop_the_sm_90_target() {
     );
     assert_eq!(s.archs.len(), 2, "the spec keeps its archs");
     override_archs(&mut s, &["sm_90".to_string()]).unwrap();
+}
+
+/// The first size rule of specs/tuned.toml, as (dtype, head size, ranges).
+fn first_tuned_rule() -> (String, u32, Vec<(Option<u64>, Schedule)>) {
+    let file: TunedFile = toml::from_str(TUNED_SCHEDULES).expect("specs/tuned.toml parses");
+    let r = file
+        .size_rule
+        .first()
+        .expect("the tuned table has a size rule");
+    let ranges = r
+        .ranges
+        .iter()
+        .map(|x| {
+            let s = Schedule {
+                rows_per_thread: x.rows_per_thread,
+                min_blocks_per_sm: x.min_blocks_per_sm,
+                block_threads: x.block_threads,
+                heads_per_block: x.heads_per_block,
+            };
+            (x.below_rows, s)
+        })
+        .collect();
+    (r.dtype.clone(), r.head_size, ranges)
+}
+
+#[test]
+fn every_tuned_size_rule_is_well_formed_and_reaches_the_default_spec() {
+    let file: TunedFile = toml::from_str(TUNED_SCHEDULES).expect("specs/tuned.toml parses");
+    let spec = default_spec().unwrap();
+    for r in &file.size_rule {
+        let what = format!("size rule {} d{}", r.dtype, r.head_size);
+        // Ascending bounds, every range but the last bounded, schedules a spec could set.
+        let (last, smaller) = r.ranges.split_last().expect(&what);
+        assert!(
+            last.below_rows.is_none(),
+            "{what}: the last range has no bound"
+        );
+        let bounds: Vec<u64> = smaller.iter().map(|x| x.below_rows.expect(&what)).collect();
+        assert!(
+            bounds.windows(2).all(|w| w[0] < w[1]) && bounds.first() > Some(&0),
+            "{what}"
+        );
+        for x in &r.ranges {
+            assert!(BLOCK_THREADS_ALLOWED.contains(&x.block_threads), "{what}");
+            assert!(
+                HEADS_PER_BLOCK_ALLOWED.contains(&x.heads_per_block),
+                "{what}"
+            );
+            assert!(
+                ROWS_PER_THREAD_ALLOWED.contains(&x.rows_per_thread),
+                "{what}"
+            );
+        }
+        let dtype = Dtype::from_name(&r.dtype).expect("known dtype");
+        let main = spec
+            .variants
+            .iter()
+            .find(|v| v.dtype == dtype && v.head_size == r.head_size && v.rows_below.is_none())
+            .expect("the default spec has the kernel");
+        assert_eq!(main.schedule.block_threads, last.block_threads, "{what}");
+        assert_eq!(
+            main.schedule.heads_per_block, last.heads_per_block,
+            "{what}"
+        );
+        assert_eq!(main.size_rule.len(), smaller.len(), "{what}");
+        for (range, x) in main.size_rule.iter().zip(smaller) {
+            assert_eq!(Some(range.below_rows), x.below_rows);
+            let name = format!("{}_below{}", main.kernel_name(), range.below_rows);
+            let alt = spec
+                .find(&name)
+                .unwrap_or_else(|| panic!("{name} is generated"));
+            assert_eq!(alt.schedule, range.schedule);
+            assert_eq!(alt.rows_below, Some(range.below_rows));
+            assert!(alt.size_rule.is_empty());
+        }
+    }
+}
+
+#[test]
+fn the_size_rule_applies_to_the_tuned_merge_only_and_can_be_turned_off() {
+    let (dtype, head, ranges) = first_tuned_rule();
+    let table = format!("[[merge_attn_states]]\ndtype = \"{dtype}\"\nhead_size = {head}\n");
+    let s = parse("t.toml", &table).unwrap();
+    let main = format!("merge_attn_states_{dtype}_d{head}_thr_lse");
+    let mut want = vec![main.clone()];
+    want.extend(
+        ranges[..ranges.len() - 1]
+            .iter()
+            .map(|(b, _)| format!("{main}_below{}", b.unwrap())),
+    );
+    assert_eq!(s.kernel_names(), want);
+    // Off: the one kernel, with the rule's schedule for the largest launches.
+    let off = parse("t.toml", &format!("{table}size_rule = false\n")).unwrap();
+    assert_eq!(off.kernel_names(), std::slice::from_ref(&main));
+    assert!(off.variants[0].size_rule.is_empty());
+    // Not timed by the tuner, so no rule: FP8 outputs, the fused mask, the spec's own schedule.
+    for extra in [
+        "output = \"fp8_e4m3\"\n",
+        "mask_empty_context = true\n",
+        "block_threads = 256\n",
+    ] {
+        let s = parse("t.toml", &format!("{table}{extra}")).unwrap();
+        assert_eq!(s.variants.len(), 1, "{extra}");
+        assert!(s.variants[0].size_rule.is_empty(), "{extra}");
+    }
+    // Refused where it means nothing.
+    assert_eq!(
+        err(&format!("{table}size_rule = true\nblock_threads = 256\n")),
+        "t.toml:4:13: `size_rule` = true picks among the tuned schedules, and this table sets its own schedule: remove `size_rule` or the schedule keys"
+    );
+    assert_eq!(
+        err(&format!("{table}size_rule = \"yes\"\n")),
+        "t.toml:4:13: `size_rule`: expected true or false, got \"yes\""
+    );
+    let e = err(
+        "[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = 4\nsize_rule = false\n",
+    );
+    assert!(
+        e.contains("`size_rule` is not a key of [[merge_states]]"),
+        "{e}"
+    );
 }

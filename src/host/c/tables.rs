@@ -248,6 +248,30 @@ pub(super) fn kernel(
         .map(|a| a.arch.as_str())
         .collect::<Vec<_>>()
         .join(", ");
+    let (rows, ranges) = match &k.launch.size_rule {
+        None => ([0, 0], Vec::new()),
+        Some(rule) => {
+            let int_param = |n: &str| {
+                k.params
+                    .iter()
+                    .position(|p| p.name == n && p.kind == ParamKind::I64)
+                    .ok_or_else(|| {
+                        format!(
+                            "{name}: the size rule counts `{n}`, which is not an integer parameter"
+                        )
+                    })
+            };
+            let ranges = rule
+                .ranges
+                .iter()
+                .map(|r| (r.below_rows, r.kernel.clone()))
+                .collect();
+            (
+                [int_param(&rule.rows[0])?, int_param(&rule.rows[1])?],
+                ranges,
+            )
+        }
+    };
     Ok(Kernel {
         name: name.clone(),
         family: family.name,
@@ -265,6 +289,8 @@ pub(super) fn kernel(
         images,
         archs,
         pdl: u8::from(k.launch.pdl),
+        rows,
+        ranges,
     })
 }
 
