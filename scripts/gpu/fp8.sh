@@ -11,7 +11,12 @@
 #                                       (or .device/out/fp8/): the Rust GPU suite's quick subset on
 #                                       generated/ + gpu-extra (FP8 included), the exhaustive FP8
 #                                       conversion on all 2^32 float32 (integer path and sm_90
-#                                       instruction + NaN fix-up), pytest test_fp8.py, then
+#                                       instruction + NaN fix-up), the group rule's branch-free
+#                                       divisions against IEEE division on all 2^32 float32
+#                                       (fp8_div_check.cu, built with nvcc there against
+#                                       bench-new's group kernels), pytest test_fp8.py, the
+#                                       group kernels of base and new compared bit for bit
+#                                       (fp8_same_bits.py), then
 #                                       bench_families.py's FP8 table base/new/base/new (cold L2,
 #                                       copy measured in each call) and fp8_report.py. ~3 minutes.
 set -euo pipefail
@@ -66,10 +71,23 @@ run)
     MLA_GEN_GPU_FP8="$D/conv-integer:$D/conv-instruction" MLA_GEN_GPU_REPORT="$OUT/report.txt" \
         "$D/bin/test-gpu" --test-threads=1 fp8_conversion > "$OUT/conversion.log" 2>&1 || status=1
     tail -n 3 "$OUT/conversion.log"
+    echo "== group scale divisions on every float32 (fp8_div_check.cu, nvcc, against IEEE division)" | tee -a "$OUT/report.txt"
+    nvcc="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+    mkdir -p "$D/div-check"
+    for v in "" _ue8m0; do
+        k="$PWD/$D/bench-new/kernels/merge_attn_states_bf16_d128_thr_lse_fp8g128$v.cu"
+        { "$nvcc" -O3 -arch=sm_90 -DGROUP_KERNEL="\"$k\"" ${v:+-DUE8M0} -o "$D/div-check/check$v" \
+              scripts/gpu/fp8_div_check.cu && "$D/div-check/check$v"; } > "$OUT/div-check$v.log" 2>&1 || status=1
+        grep -E "^(group_|fp8_div_check)" "$OUT/div-check$v.log" | tee -a "$OUT/report.txt" ||
+            { echo "fp8_div_check$v: FAIL (no result, see div-check$v.log)" | tee -a "$OUT/report.txt"; status=1; }
+    done
     echo "== pytest test_fp8.py on gpu-extra" | tee -a "$OUT/report.txt"
     (MLA_GEN_KERNELS="$D/extra" PYTHONPATH=python python3 -m pytest -q -p no:cacheprovider \
         python/tests/test_fp8.py > "$OUT/pytest.log" 2>&1) || status=1
     tail -n 1 "$OUT/pytest.log" | tee -a "$OUT/report.txt"
+    echo "== group kernels, base templates vs new: the same bits (fp8_same_bits.py)" | tee -a "$OUT/report.txt"
+    python3 scripts/gpu/fp8_same_bits.py "$D/bench-base" "$D/bench-new" > "$OUT/same-bits.log" 2>&1 || status=1
+    tail -n 1 "$OUT/same-bits.log" | tee -a "$OUT/report.txt"
     echo "== timing: base/new/base/new, FP8 table of bench_families.py" | tee -a "$OUT/report.txt"
     for round in 1 2; do
         for side in base new; do
