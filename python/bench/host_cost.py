@@ -2,7 +2,9 @@
 (torch.ops.mla_gen.merge_attn_states, called as the packet and as its .default overload), a Triton kernel launched the way vLLM launches its Triton
 merge_attn_states (vLLM's signature, a JIT launcher call per merge), and torch.Tensor.zero_() on
 one element (a floor: one torch op, one kernel launch), and two floors of the op: an op of the
-same schema whose implementation does nothing, and a Python function doing nothing.
+same schema whose implementation does nothing, and a Python function doing nothing; then the
+function's launch alone, as ctypes calls of cuLaunchKernelEx (what the package calls) and of
+cuLaunchKernel, with the same kernel, parameters and stream.
 
 Method: a tiny shape (1 token, 1 head, D = 128, bf16) so the GPU never holds the host back;
 back-to-back calls timed with perf_counter, the implementations interleaved round by round;
@@ -16,6 +18,7 @@ Usage: python3 python/bench/host_cost.py [--calls N] [--rounds R]  (JSON to $OUT
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -73,6 +76,24 @@ def main():
         "floor: op of the same schema doing nothing": lambda: floor_op(out, None, p, pl, s, sl, 1),
         "floor: Python function doing nothing": lambda: nothing(out, None, p, pl, s, sl, 1),
     }
+    # The driver call alone, on the function's plan (its buffer as the last launch packed it):
+    # what ctypes and the driver cost for each entry point, the package's Python aside.
+    for _ in range(3):
+        mla_gen.merge_attn_states(out, p, pl, s, sl, None, 1)
+    launcher = mla_gen._torch._last_pair[2].launcher
+    cuda = mla_gen._cuda
+    if launcher.ex:
+        impls["ctypes cuLaunchKernelEx alone (same launch)"] = (
+            lambda: cuda._cu_launch_ex(launcher.config_ref, launcher.function, launcher.pointers, None))
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    gx, gy = mla_gen._torch._last_pair[2].gx, mla_gen._torch._last_pair[2].gy
+    impls["ctypes cuLaunchKernel alone (same launch)"] = (
+        lambda: cuda._cu_launch(launcher.function, gx, gy, 1, launcher.block, 1, 1, launcher.shmem, stream,
+                                launcher.pointers, None))
+    for name in ("ctypes cuLaunchKernelEx alone (same launch)", "ctypes cuLaunchKernel alone (same launch)"):
+        if name in impls:
+            err = impls[name]()
+            assert err == 0, f"{name}: CUresult {err}"
     samples = {name: [] for name in impls}
     for fn in impls.values():
         for _ in range(200):

@@ -73,6 +73,17 @@ def stub_op():
     return torch.ops.mla_gen_stub.merge_attn_states
 
 
+def floor_op():
+    """torch.ops.mla_gen_stub_floor.merge_attn_states: the op's schema for the CPU key with an
+    implementation that does nothing (the dispatcher's own share, as host_cost.py's floor row)."""
+    from mla_gen import ops
+    lib = torch.library.Library("mla_gen_stub_floor", "DEF")
+    lib.define(ops.SCHEMAS["merge_attn_states"])
+    lib.impl("merge_attn_states", lambda *args: None, "CPU")
+    floor_op.lib = lib
+    return torch.ops.mla_gen_stub_floor.merge_attn_states
+
+
 _STUB_DIR = "MLA_GEN_STUB_LIBCUDA_DIR"
 
 
@@ -110,11 +121,15 @@ def main():
     csl = torch.tensor([0, 0], dtype=torch.int32)
     f = mla_gen.merge_attn_states
     op = stub_op()
+    floor = floor_op()
     cases = {
         "plain: output_lse, threshold": lambda: f(out, p, pl, s, sl, ol, 1),
         "plain: no output_lse, no threshold": lambda: f(out, p, pl, s, sl),
+        "plain: no output_lse, threshold (host_cost.py's call)": lambda: f(out, p, pl, s, sl, None, 1),
         "op (CPU copy), packet: output_lse, threshold": lambda: op(out, ol, p, pl, s, sl, 1),
         "op (CPU copy), .default: output_lse, threshold": lambda: op.default(out, ol, p, pl, s, sl, 1),
+        "op (CPU copy), packet: no output_lse, threshold": lambda: op(out, None, p, pl, s, sl, 1),
+        "floor: op of the same schema doing nothing": lambda: floor(out, None, p, pl, s, sl, 1),
     }
     env = os.environ.get("MLA_GEN_KERNELS")
     if args.ctx_kernels:

@@ -268,15 +268,18 @@ class LaunchConfig(ctypes.Structure):
 
 
 class Launcher:
-    """One function with a fixed block, shared memory and parameter layout: the parameter values
-    go in one buffer that `launch` fills under a lock (the values of two threads' launches must
-    not mix) with one precompiled struct (``q`` for an i64, ``Q`` for a pointer: 8 bytes each).
-    With ``pdl`` it launches through cuLaunchKernelEx with programmatic stream serialization
-    allowed (the kernel may start before the previous one on the stream ends; it waits for it
-    with griddepcontrol.wait), else through cuLaunchKernel."""
+    """One function with a fixed block, shared memory and parameter layout. Its buffer holds a
+    CUlaunchConfig (56 bytes) followed by the parameter values (8 bytes each: ``q`` for an i64,
+    ``Q`` for a pointer); `launch` fills it under a lock (the values of two threads' launches must
+    not mix) with one precompiled struct and passes it to cuLaunchKernelEx: four arguments for
+    ctypes to convert where cuLaunchKernel takes eleven. With ``pdl`` the configuration carries
+    programmatic stream serialization (the kernel may start before the previous one on the stream
+    ends; it waits for it with griddepcontrol.wait); without, no attribute, which is
+    cuLaunchKernel's launch. A driver without cuLaunchKernelEx (before CUDA 12.0) gets
+    cuLaunchKernel with the values at the same place."""
 
-    __slots__ = ("function", "ctx", "block", "shmem", "values", "pointers", "pack", "cur", "cur_ref", "popped_ref",
-                 "nvrtc", "name", "config", "config_ref", "attribute")
+    __slots__ = ("function", "ctx", "block", "shmem", "buffer", "pointers", "pack", "pack_params", "cur", "cur_ref",
+                 "popped_ref", "nvrtc", "name", "pdl", "ex", "config_ref", "attribute", "attrs", "nattrs")
 
     def __init__(self, function: int, ctx: int, count: int, block: int, shmem: int, nvrtc, name,
                  kinds: str | None = None, pdl: bool = False):
@@ -285,22 +288,32 @@ class Launcher:
         self.block = block
         self.shmem = shmem
         n = max(count, 1)
-        self.values = (ctypes.c_uint64 * n)()
-        base = ctypes.addressof(self.values)
-        self.pointers = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
-        self.pack = struct.Struct("=" + (kinds if kinds is not None else "q" * count)).pack_into
+        self.buffer = (ctypes.c_uint64 * (_CONFIG_WORDS + n))()
+        base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * n)(*[base + 8 * (_CONFIG_WORDS + i) for i in range(n)])
+        kinds = kinds if kinds is not None else "q" * count
+        self.pack = struct.Struct(_CONFIG_FORMAT + kinds).pack_into  # the configuration, then the values
+        self.pack_params = struct.Struct("=" + kinds).pack_into  # the values alone, at 8 * _CONFIG_WORDS
+        self.config_ref = ctypes.byref(self.buffer)
         self.cur = ctypes.c_void_p()
         self.cur_ref = ctypes.byref(self.cur)
         self.popped_ref = ctypes.byref(ctypes.c_void_p())
         self.nvrtc = nvrtc
         self.name = name
-        self.config = self.config_ref = self.attribute = None
-        if pdl:
+        self.ex = _cu_launch_ex is not None
+        self.pdl = bool(pdl) and self.ex
+        self.attribute, self.attrs, self.nattrs = None, 0, 0
+        if self.pdl:
             self.attribute = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
             self.attribute.value.programmatic_stream_serialization_allowed = 1
-            self.config = LaunchConfig(gridDimZ=1, blockDimX=block, blockDimY=1, blockDimZ=1, sharedMemBytes=shmem,
-                                       attrs=ctypes.pointer(self.attribute), numAttrs=1)
-            self.config_ref = ctypes.byref(self.config)
+            self.attrs, self.nattrs = ctypes.addressof(self.attribute), 1
+
+
+# CUlaunchConfig as the struct module writes it (see LaunchConfig): grid x, y, z, block x, y, z,
+# shared memory, (pad), stream, attributes pointer, attribute count, (pad): 56 bytes, 7 words.
+_CONFIG_FORMAT = "=7I4xQQI4x"
+_CONFIG_WORDS = 7
+assert struct.calcsize(_CONFIG_FORMAT) == 8 * _CONFIG_WORDS == ctypes.sizeof(LaunchConfig)
 
 
 def param_kinds(params) -> str:
@@ -312,34 +325,104 @@ _launch_lock = threading.Lock()
 _void_p = ctypes.c_void_p
 
 
+def _submit(launcher: Launcher, gx: int, gy: int, stream: int) -> int:
+    """The driver call proper (the buffer packed, the launcher's context current)."""
+    if launcher.ex:
+        return _cu_launch_ex(launcher.config_ref, launcher.function, launcher.pointers, None)
+    return _cu_launch(launcher.function, gx, gy, 1, launcher.block, 1, 1, launcher.shmem, _void_p(stream),
+                      launcher.pointers, None)
+
+
+def _foreign(launcher: Launcher, gx: int, gy: int, stream: int) -> int:
+    """The launch where another context is current: the launcher's (its device's primary
+    context) pushed around it."""
+    err = _cu_push(_void_p(launcher.ctx))
+    if err:
+        return err
+    err = _submit(launcher, gx, gy, stream)
+    _cu_pop(launcher.popped_ref)
+    return err
+
+
+def _failed(launcher: Launcher, err: int):
+    _check(_lib, err, f"{'cuLaunchKernelEx' if launcher.ex else 'cuLaunchKernel'}({launcher.name})", launcher.nvrtc)
+
+
 def launch(launcher: Launcher, values, gx: int, gy: int, stream: int):
     """Launch with `values` (parameter values in signature order) on `stream`, in the primary
-    context of the launcher's device (pushed around the launch when another one is current)."""
+    context of the launcher's device (pushed around the launch when another one is current).
+    The planned calls of _torch run this body inlined (launch_source)."""
     lock = _launch_lock
     lock.acquire()
     try:
-        launcher.pack(launcher.values, 0, *values)
-        _cu_get_current(launcher.cur_ref)
-        pushed = launcher.cur.value != launcher.ctx
-        if pushed:
-            err = _cu_push(_void_p(launcher.ctx))
-            if err:
-                pushed = False
+        if launcher.ex:
+            launcher.pack(launcher.buffer, 0, gx, gy, 1, launcher.block, 1, 1, launcher.shmem, stream, launcher.attrs,
+                          launcher.nattrs, *values)
         else:
-            err = 0
-        if not err:
-            if launcher.config is None:
-                err = _cu_launch(launcher.function, gx, gy, 1, launcher.block, 1, 1, launcher.shmem, _void_p(stream),
-                                 launcher.pointers, None)
-            else:
-                config = launcher.config
-                config.gridDimX, config.gridDimY, config.hStream = gx, gy, stream
-                err = _cu_launch_ex(launcher.config_ref, launcher.function, launcher.pointers, None)
-        if pushed:
-            _cu_pop(launcher.popped_ref)
+            launcher.pack_params(launcher.buffer, 8 * _CONFIG_WORDS, *values)
+        _cu_get_current(launcher.cur_ref)
+        if launcher.cur.value == launcher.ctx:
+            err = _submit(launcher, gx, gy, stream)
+        else:
+            err = _foreign(launcher, gx, gy, stream)
     finally:
         lock.release()
     if err:
-        _check(_lib, err, f"{'cuLaunchKernelEx' if launcher.config is not None else 'cuLaunchKernel'}"
-                          f"({launcher.name})", launcher.nvrtc)
+        _failed(launcher, err)
     stats["launches"] += 1
+
+
+_LAUNCH = launch
+
+# launch()'s body for one launcher, for code generated per plan (_torch): the launcher's fields
+# are bound as L_* names (the text does not depend on their values, so one compiled text serves
+# every plan of a shape), {stream} and {values} are the caller's expressions.
+_INLINE_EX = """\
+L_s = {stream}
+L_lock.acquire()
+try:
+    L_pack(L_buf, 0, L_gx, L_gy, 1, L_block, 1, 1, L_shmem, L_s, L_attrs, L_nattrs, {values})
+    L_get(L_cur_ref)
+    L_err = L_ex(L_cfg, L_fn, L_ptrs, None) if L_cur.value == L_ctx else L_foreign(L_launcher, L_gx, L_gy, L_s)
+finally:
+    L_lock.release()
+if L_err:
+    L_failed(L_launcher, L_err)
+L_stats["launches"] += 1
+"""
+_INLINE_PLAIN = """\
+L_s = {stream}
+L_lock.acquire()
+try:
+    L_pack(L_buf, 56, {values})
+    L_get(L_cur_ref)
+    L_err = (L_plain(L_fn, L_gx, L_gy, 1, L_block, 1, 1, L_shmem, L_vp(L_s), L_ptrs, None) if L_cur.value == L_ctx
+             else L_foreign(L_launcher, L_gx, L_gy, L_s))
+finally:
+    L_lock.release()
+if L_err:
+    L_failed(L_launcher, L_err)
+L_stats["launches"] += 1
+"""
+_INLINE_CALL = "L_launch(L_launcher, ({values},), L_gx, L_gy, {stream})\n"
+_INLINE_NAMES = ("L_launcher", "L_gx", "L_gy", "L_lock", "L_pack", "L_buf", "L_block", "L_shmem", "L_attrs",
+                 "L_nattrs", "L_get", "L_cur_ref", "L_cur", "L_ctx", "L_ex", "L_plain", "L_vp", "L_cfg", "L_fn",
+                 "L_ptrs", "L_foreign", "L_failed", "L_stats", "L_launch")
+
+
+def launch_source(launcher: Launcher, gx: int, gy: int) -> tuple:
+    """(text, bindings): the statements that launch `launcher` on a grid (gx, gy), as `launch`
+    does, with the names of _INLINE_NAMES bound to `bindings`; the text has {stream} and {values}
+    to fill. Where `launch` has been replaced (a test's recorder), the text calls the replacement."""
+    if launch is not _LAUNCH:
+        text = _INLINE_CALL
+    elif launcher.ex:
+        text = _INLINE_EX
+    else:
+        text = _INLINE_PLAIN
+        assert 8 * _CONFIG_WORDS == 56
+    pack = launcher.pack if launcher.ex else launcher.pack_params
+    return text, (launcher, gx, gy, _launch_lock, pack, launcher.buffer, launcher.block, launcher.shmem,
+                  launcher.attrs, launcher.nattrs, _cu_get_current, launcher.cur_ref, launcher.cur, launcher.ctx,
+                  _cu_launch_ex, _cu_launch, _void_p, launcher.config_ref, launcher.function, launcher.pointers,
+                  _foreign, _failed, stats, launch)

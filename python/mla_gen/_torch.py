@@ -34,6 +34,11 @@ if _FP8 is not None:
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _env = _m.env_value
+# $MLA_GEN_KERNELS as stored, for the fast paths' `how` (only compared with itself): one C call
+if _m._env_data is not None:
+    _env_get, _ENV_KEY = _m._env_data.get, _m._env_key
+else:  # pragma: no cover - an os.environ without _data
+    _env_get, _ENV_KEY = (lambda key: _m.env_value()), None
 
 # Where an empty tensor has no storage (data_ptr 0) it stands at this address: nothing is read
 # or written through it (its extent is 0, or the check refuses it as too short).
@@ -51,9 +56,12 @@ def _elem(dtype) -> str:
 
 
 def _stream(device: int) -> int:
-    if _raw_stream is not None:
-        return _raw_stream(device)
+    """torch's current stream on `device` (its CUstream as an int)."""
     return torch.cuda.current_stream(device).cuda_stream
+
+
+if _raw_stream is not None:
+    _stream = _raw_stream  # noqa: F811 - the same answer, one C call (the generated paths call _stream)
 
 
 def _buffer(t: torch.Tensor) -> Buffer:
@@ -76,7 +84,7 @@ class _Kind:
 
 
 class _Prepared:
-    __slots__ = ("launcher", "fast", "guard", "grid", "device", "meta", "name", "gx", "gy")
+    __slots__ = ("launcher", "run", "go", "set_guard", "guard", "grid", "device", "meta", "name", "gx", "gy")
 
 
 def _layout_error(name, t, sizes, strides, labels):
@@ -191,7 +199,9 @@ def _prepare(kind: _Kind, options: tuple, tensors: tuple, free: tuple):
                 break
             lo = hi = c.eval(values)
         bounds.append((k, lo, hi))
-    prep.fast = _fast_path(kind, plan, pos, order, tuple(values), tuple(ext), bounds)
+    prep.run, prep.go, prep.set_guard = _fast_path(kind, plan, pos, order, tuple(values), tuple(ext), bounds,
+                                                   prep.launcher, prep.gx, prep.gy, prep.device,
+                                                   tuple(t is not None for t in tensors))
     prep.guard = None
     stats["plans"] += 1
     pool = tuple(_ptr(t) for t in tensors) + tuple(free) + tuple(values)
@@ -230,61 +240,78 @@ def _key(t):
 _fast_sources: dict = {}
 
 
-def _fast_path(kind: _Kind, plan, pos: dict, order: list, consts: tuple, ext: tuple, bounds):
-    """``fast(p0, .., f0, ..) -> values or None``: what a call with a planned layout still checks,
-    as straight-line code generated once per kernel, call kind and set of non-empty buffers
-    (the plan's numbers are bound in a closure): the pointers p (call order, 0 for None) are
-    aligned and no written buffer overlaps another (docs/MANIFEST.md steps 7 and 8, pointer
-    parts), each given free integer f is an int inside its bounds; then the parameter values in
-    signature order. None: something is off, the full check decides (and names it)."""
+def _fast_path(kind: _Kind, plan, pos: dict, order: list, consts: tuple, ext: tuple, bounds, launcher, gx: int,
+               gy: int, device: int, present: tuple):
+    """``(run, go, set_guard)`` for a plan: straight-line code generated once per kernel, call kind
+    and set of given tensors (the plan's numbers are bound in a closure).
+    ``run(t0, .., f0, ..)`` (the call's tensors, None where absent, and free integers) does what a
+    call with a planned layout still checks: the pointers are aligned and no written buffer
+    overlaps another (docs/MANIFEST.md steps 7 and 8, pointer parts), each given free integer is
+    an int inside its bounds; then it launches (_cuda.launch's body, inlined) and returns True.
+    False: something is off, nothing was launched, the full check decides (and names it).
+    ``go`` is ``run`` behind the plan's layout guard (set_guard(check) sets it): False also where
+    the guard says no. A plan without a launch (nothing to do): True at once."""
     nt, nf = len(kind.names), len(kind.free)
-    if bounds is None:
-        return lambda *args: None
-    aligns: dict = {}
-    present = []
-    for p in plan.params:
-        if p.pointer and p.dims is not None and p.name in pos:
-            present.append(p)
-            if p.align > 1:
-                aligns.setdefault(p.align, []).append(pos[p.name])
+    targs = [f"t{k}" for k in range(nt)]
+    args = ", ".join(targs + [f"f{k}" for k in range(nf)])
+    given = ", ".join(f"t{k}" for k in range(nt) if present[k])
     conds = []
-    for a, ks in sorted(aligns.items()):
-        joined = " | ".join(f"p{k}" for k in ks)
-        conds.append(f"({joined}) & {a - 1}" if a & (a - 1) == 0 else f"({joined}) % {a}")
-    for x in range(len(present)):
-        for y in range(x + 1, len(present)):
-            p, q = present[x], present[y]
-            a, b = pos[p.name], pos[q.name]
-            if (p.writes or q.writes) and ext[a] and ext[b]:
-                # [pa, pa + ea) and [pb, pb + eb) overlap: -ea < pa - pb < eb
-                conds.append(f"n{a} < p{a} - p{b} < e{b}")
-    for k, _, _ in bounds:
-        conds.append(f"type(f{k}) is not int or f{k} < lo{k} or hi{k} < f{k}")
-    vals = ", ".join(f"p{j}" if j < nt else f"f{j - nt}" if j < nt + nf else f"c{j - nt - nf}" for j in order)
-    args = ", ".join([f"p{k}" for k in range(nt)] + [f"f{k}" for k in range(nf)])
-    body = "".join(f"        if {c}:\n            return None\n" for c in conds)
-    bind = f"    {''.join(f'c{i}, ' for i in range(len(consts)))}= C\n"
-    bind += f"    {''.join(f'e{k}, ' for k in range(nt))}= E\n    {''.join(f'n{k}, ' for k in range(nt))}= [-e for e in E]\n"
-    if bounds:
-        bind += f"    {''.join(f'lo{k}, hi{k}, ' for k, _, _ in bounds)}= [x for _, lo, hi in B for x in (lo, hi)]\n"
-    src = f"def make(C, E, B):\n{bind}    def fast({args}):\n{body}        return ({vals},)\n    return fast\n"
+    head = ""
+    launch = "        return True\n"
+    bind = ""
+    L = ()
+    if launcher is not None and bounds is None:
+        conds = ["True"]  # a bound over another free integer: every call gets the full check
+    elif launcher is not None:
+        aligns: dict = {}
+        ptrs = []
+        for p in plan.params:
+            if p.pointer and p.dims is not None and p.name in pos and present[pos[p.name]]:
+                ptrs.append(p)
+                if p.align > 1:
+                    aligns.setdefault(p.align, []).append(pos[p.name])
+        used = sorted({pos[p.name] for p in ptrs} | {j for j in order if j < nt})
+        head = "".join(f"        p{k} = t{k}.data_ptr()\n" for k in used)
+        for a, ks in sorted(aligns.items()):
+            joined = " | ".join(f"p{k}" for k in ks)
+            conds.append(f"({joined}) & {a - 1}" if a & (a - 1) == 0 else f"({joined}) % {a}")
+        for x in range(len(ptrs)):
+            for y in range(x + 1, len(ptrs)):
+                p, q = ptrs[x], ptrs[y]
+                a, b = pos[p.name], pos[q.name]
+                if (p.writes or q.writes) and ext[a] and ext[b]:
+                    # [pa, pa + ea) and [pb, pb + eb) overlap: -ea < pa - pb < eb
+                    conds.append(f"n{a} < p{a} - p{b} < e{b}")
+        for k, _, _ in bounds:
+            conds.append(f"type(f{k}) is not int or f{k} < lo{k} or hi{k} < f{k}")
+        vals = ", ".join(f"p{j}" if j < nt else f"f{j - nt}" if j < nt + nf else f"c{j - nt - nf}" for j in order)
+        text, L = _cuda.launch_source(launcher, gx, gy)
+        launch = "".join(f"        {line}\n" for line in text.format(stream="_stream(D)", values=vals).splitlines())
+        launch += "        return True\n"
+        bind = f"    {''.join(f'c{i}, ' for i in range(len(consts)))}= C\n"
+        bind += f"    {''.join(f'e{k}, ' for k in range(nt))}= E\n    {''.join(f'n{k}, ' for k in range(nt))}= [-e for e in E]\n"
+        if bounds:
+            bind += f"    {''.join(f'lo{k}, hi{k}, ' for k, _, _ in bounds)}= [x for _, lo, hi in B for x in (lo, hi)]\n"
+        bind += f"    {''.join(f'{name}, ' for name in _cuda._INLINE_NAMES)}= L\n"
+    body = head + "".join(f"        if {c}:\n            return False\n" for c in conds) + launch
+    src = (f"def make(C, E, B, L, D):\n{bind}    G = None\n\n"
+           f"    def run({args}):\n{body}\n"
+           f"    def go({args}):\n        if not G({given}):\n            return False\n{body}\n"
+           f"    def set_guard(check):\n        nonlocal G\n        G = check\n\n"
+           f"    return run, go, set_guard\n")
     make = _fast_sources.get(src)
     if make is None:
         scope: dict = {}
-        exec(compile(src, f"<mla_gen fast path: {plan.kernel}>", "exec"), scope)  # noqa: S102 - generated above
+        # The module's globals: the generated code calls _stream as this module has it now.
+        exec(compile(src, f"<mla_gen fast path: {plan.kernel}>", "exec"), globals(), scope)  # noqa: S102
         make = _fast_sources[src] = scope["make"]
-    return make(consts, ext, bounds)
+    return make(consts, ext, bounds if bounds else (), L, device)
 
 
 try:  # a C++ check of dtype, device, shape, strides (and dispatch keys, requires_grad) of many tensors
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 except ImportError:  # pragma: no cover - torch without it: _LayoutKey, the same check in Python
     _TensorGuards = None
-# Stand for absent (None) tensors in a guard, one per argument slot (TensorGuards refuses one
-# tensor object in two slots); the None-ness itself is part of the call's `how`.
-_NO_TENSORS = tuple(torch.empty(0) for _ in range(12))
-
-
 class _LayoutKey:
     """The guard where torch has no TensorGuards: the tensors' (shape, strides, dtype, device)."""
 
@@ -297,17 +324,14 @@ class _LayoutKey:
         return tuple([_key(t) for t in tensors]) == self.key
 
 
-def _guarded(tensors) -> tuple:
-    return tuple([_NO_TENSORS[i] if t is None else t for i, t in enumerate(tensors)])
-
-
 def _layout_guard(tensors: tuple):
-    """A check that later tensors have the layouts (dtype, device, shape, strides) these have:
-    torch's TensorGuards (one C++ call, ~0.1 us a tensor; stricter: also the dispatch keys and
-    requires_grad, so it may say no where the plan would serve, and the call then looks the plan
-    up by its key; it refuses one tensor object in two slots, and then _LayoutKey serves), else
-    _LayoutKey. A None in slot i is _NO_TENSORS[i]."""
-    ts = _guarded(tensors)
+    """A check that later tensors have the layouts (dtype, device, shape, strides) these have,
+    for the given (not None) ones, in order (which are None is part of the plan and of the call's
+    `how`): torch's TensorGuards (one C++ call, ~0.1 us a tensor; stricter: also the dispatch keys
+    and requires_grad, so it may say no where the plan would serve, and the call then looks the
+    plan up by its key; it refuses one tensor object in two slots, and then _LayoutKey serves),
+    else _LayoutKey."""
+    ts = tuple([t for t in tensors if t is not None])
     if _TensorGuards is not None:
         try:
             g = _TensorGuards(*ts, dynamic_dims_sizes=None, dynamic_dims_strides=None)
@@ -318,7 +342,12 @@ def _layout_guard(tensors: tuple):
     return _LayoutKey(ts)
 
 
-_NO_PLAN = (None, None, None)  # (guard, how, plan) of a call kind's previous call
+def _guard(prep, tensors: tuple):
+    prep.guard = _layout_guard(tensors)
+    prep.set_guard(prep.guard.check)
+
+
+_NO_PLAN = (None, None, None)  # (how, go, plan) of a call kind's previous call
 
 
 def _planned(kind: _Kind, how: tuple, options: tuple, tensors: tuple, free: tuple):
@@ -333,27 +362,26 @@ def _planned(kind: _Kind, how: tuple, options: tuple, tensors: tuple, free: tupl
     if prep is None:
         _first(kind, options, tensors, free, key)
         return None
-    prep.guard = _layout_guard(tensors)
+    _guard(prep, tensors)
     return prep
 
 
-def _go(prep, ptrs: tuple, free: tuple, kind, options, tensors):
-    """A planned call: the per-call checks, then the launch (the full check where they fail)."""
+def _go(prep, tensors: tuple, free: tuple, kind, options):
+    """A planned call: the per-call checks and the launch (prep.run), the full check where they
+    fail (it raises the error that names the problem, or launches)."""
     if prep.launcher is None:
         return
-    values = prep.fast(*ptrs, *free)
-    if values is None:
-        prep, values = _prepare(kind, options, tensors, free)  # raises the error that names the problem
-        if prep.launcher is None:
-            return
-    _cuda.launch(prep.launcher, values, prep.gx, prep.gy, _stream(prep.device))
+    if not prep.run(*tensors, *free):
+        prep, values = _prepare(kind, options, tensors, free)
+        if prep.launcher is not None:
+            _cuda.launch(prep.launcher, values, prep.gx, prep.gy, _stream(prep.device))
 
 
 def _first(kind, options, tensors, free, key):
     """A call whose layouts have no plan yet: the full check, the plan, the launch."""
     prep, values = _prepare(kind, options, tensors, free)
     if key is not None:
-        prep.guard = _layout_guard(tensors)
+        _guard(prep, tensors)
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
         _plans[key] = prep
@@ -370,7 +398,7 @@ def _call(kind: _Kind, options: tuple, tensors: tuple, free: tuple):
         key = prep = None
     if prep is None:
         return _first(kind, options, tensors, free, key)
-    _go(prep, tuple([0 if t is None else t.data_ptr() for t in tensors]), free, kind, options, tensors)
+    _go(prep, tensors, free, kind, options)
 
 
 def _no_kernel(kf, family, what):
@@ -388,12 +416,25 @@ def _dims(t, name, rank):
 
 # ---- merge_attn_states (vLLM's), per-tensor FP8 included ----
 
+# The previous plain call's (how, go, plan): one slot for the function, one for the operator
+# (torch.ops.mla_gen.merge_attn_states), so that code calling both with different layouts does
+# not make each call look its plan up again.
 _last_pair = _NO_PLAN
+_last_pair_op = _NO_PLAN
 
 
-def _set_last_pair(guard, how, prep):
-    global _last_pair
-    _last_pair = (guard, how, prep)
+def _pair_planned(how, tensors, n, lse_layout, op):
+    """The plain call whose `go` said no: the plan (or the first call's full check), the slot,
+    the per-call checks and the launch."""
+    global _last_pair, _last_pair_op
+    prep = _planned(_PAIR, how, (lse_layout,), tensors, (n,))
+    if prep is None:
+        return
+    if op:
+        _last_pair_op = (how, prep.go, prep)
+    else:
+        _last_pair = (how, prep.go, prep)
+    _go(prep, tensors, (n,), _PAIR, (lse_layout,))
 
 
 _CTX_MASK = " with the empty-context mask (mask_empty_context = true)"
@@ -447,20 +488,33 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
         return _merge_attn_states_other(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
                                         prefill_tokens_with_context, output_scale, output_group_scales, ue8m0,
                                         lse_layout, query_start_loc, context_start_loc)
-    # The plain function's fast path: the previous call's plan where its guard passes these
-    # tensors and the call has the same options; the per-call checks; the launch.
-    o, ol, p, pl, s, sl, sc = output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale
-    n = prefill_tokens_with_context
-    how = (lse_layout, _env(), ol is None, sc is None, n is None)
-    guard, last_how, prep = _last_pair
-    if how != last_how or not guard.check(o, _NO_TENSORS[1] if ol is None else ol, p, pl, s, sl,
-                                          _NO_TENSORS[6] if sc is None else sc):
-        prep = _planned(_PAIR, how, (lse_layout,), (o, ol, p, pl, s, sl, sc), (n,))
-        if prep is None:
-            return
-        _set_last_pair(prep.guard, how, prep)
-    _go(prep, (o.data_ptr(), 0 if ol is None else ol.data_ptr(), p.data_ptr(), pl.data_ptr(), s.data_ptr(),
-               sl.data_ptr(), 0 if sc is None else sc.data_ptr()), (n,), _PAIR, (lse_layout,), (o, ol, p, pl, s, sl, sc))
+    # The fast path: the previous call's plan, where the call has the same options and its `go`
+    # (the plan's guard, the per-call checks, the launch) takes these tensors.
+    how = (lse_layout, _env_get(_ENV_KEY), output_lse is None, output_scale is None, prefill_tokens_with_context is None)
+    last_how, go, _ = _last_pair
+    if how != last_how or not go(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
+                                 prefill_tokens_with_context):
+        _pair_planned(how, (output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale),
+                      prefill_tokens_with_context, lse_layout, False)
+
+
+def merge_attn_states_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                         prefill_tokens_with_context=None, output_scale=None, query_start_loc=None,
+                         context_start_loc=None) -> None:
+    """The implementation of ``torch.ops.mla_gen.merge_attn_states`` (the op's argument order):
+    merge_attn_states's fast path written out again, with its own slot, so that the dispatcher
+    calls one Python function. Everything else goes through merge_attn_states."""
+    if query_start_loc is not None or context_start_loc is not None:
+        return merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+                                 prefill_tokens_with_context, output_scale, query_start_loc=query_start_loc,
+                                 context_start_loc=context_start_loc)
+    how = ("head_major", _env_get(_ENV_KEY), output_lse is None, output_scale is None,
+           prefill_tokens_with_context is None)
+    last_how, go, _ = _last_pair_op
+    if how != last_how or not go(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
+                                 prefill_tokens_with_context):
+        _pair_planned(how, (output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale),
+                      prefill_tokens_with_context, "head_major", True)
 
 
 def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None:

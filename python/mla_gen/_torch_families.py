@@ -18,12 +18,7 @@ _env = _m.env_value
 # [B + 1] dims give num_requests through the contract like every other size.
 _PAIR_CTX = _Kind("merge_attn_states", _PAIR.names + ("query_start_loc", "context_start_loc"), _PAIR.free,
                   _select_pair)
-_last_ctx = _t._NO_PLAN
-
-
-def _set_last_ctx(guard, how, prep):
-    global _last_ctx
-    _last_ctx = (guard, how, prep)
+_last_ctx = _t._NO_PLAN  # (how, go, plan) of the previous call with the start locations
 
 
 def _both_or_neither(query_start_loc, context_start_loc):
@@ -56,13 +51,18 @@ def _merge_attn_states_other(output, prefix_output, prefix_lse, suffix_output, s
     n = prefill_tokens_with_context
     tensors = (o, ol, p, pl, s, sl, sc, q, c)
     how = (lse_layout, _env(), ol is None, sc is None, n is None)
-    guard, last_how, prep = _last_ctx
-    if how != last_how or not guard.check(*_t._guarded(tensors)):
-        prep = _t._planned(_PAIR_CTX, how, (lse_layout,), tensors, (n,))
-        if prep is None:
-            return
-        _set_last_ctx(prep.guard, how, prep)
-    _go(prep, tuple([0 if t is None else t.data_ptr() for t in tensors]), (n,), _PAIR_CTX, (lse_layout,), tensors)
+    last_how, go, _ = _last_ctx
+    if how != last_how or not go(o, ol, p, pl, s, sl, sc, q, c, n):
+        _ctx_planned(how, tensors, n, lse_layout)
+
+
+def _ctx_planned(how, tensors, n, lse_layout):
+    global _last_ctx
+    prep = _t._planned(_PAIR_CTX, how, (lse_layout,), tensors, (n,))
+    if prep is None:
+        return
+    _last_ctx = (how, prep.go, prep)
+    _go(prep, tensors, (n,), _PAIR_CTX, (lse_layout,))
 
 
 def _select_group(kf, tmap, options, free):

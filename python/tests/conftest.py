@@ -82,6 +82,7 @@ def cpu_launch(monkeypatch):
     monkeypatch.setattr(_torch, "_DEVICE_TYPE", "cpu")
     monkeypatch.setattr(_torch, "_plans", {})
     monkeypatch.setattr(_torch, "_last_pair", _torch._NO_PLAN)
+    monkeypatch.setattr(_torch, "_last_pair_op", _torch._NO_PLAN)
     monkeypatch.setattr(_torch_families, "_last_ctx", _torch._NO_PLAN)
     monkeypatch.setattr(_cuda, "kernel", lambda folder, meta: FakeKernel(meta))
     monkeypatch.setattr(_cuda, "primary_context", lambda device: 0xC0)

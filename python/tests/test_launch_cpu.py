@@ -1,9 +1,10 @@
 """The launch path without a GPU: the real ``_cuda.launch`` into a stand-in driver made of
 ctypes callbacks (what the driver receives is read back from memory, as libcuda would read it).
-Programmatic dependent launch: a kernel whose manifest entry says ``launch.pdl`` goes through
-cuLaunchKernelEx with one CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION attribute on
-sm_90 and newer, through cuLaunchKernel elsewhere; a foreign current context is pushed and popped
-around the launch."""
+Every launch goes through cuLaunchKernelEx (four arguments for ctypes, the configuration
+packed with the values): a kernel whose manifest entry says ``launch.pdl`` with one
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION attribute on sm_90 and newer, any other
+without attributes; a driver without cuLaunchKernelEx gets cuLaunchKernel; a foreign current
+context is pushed and popped around the launch."""
 
 import ctypes
 import json
@@ -27,7 +28,7 @@ class FakeDriver:
     """libcuda's launch-path functions as ctypes callbacks; ``cuda[name]`` gives a fresh function
     object at the same address, like ctypes.CDLL."""
 
-    def __init__(self, cc: int, nparams: int, current: int = PRIMARY):
+    def __init__(self, cc: int, nparams: int, current: int = PRIMARY, ex: bool = True):
         self.cc, self.nparams, self.current, self.calls = cc, nparams, current, []
         self._keep = []
         self._def("cuInit", [c_uint], lambda flags: 0)
@@ -39,7 +40,8 @@ class FakeDriver:
         self._def("cuCtxPushCurrent_v2", [c_vp], lambda ctx: self._record("push", ctx))
         self._def("cuCtxPopCurrent_v2", [c_vp], lambda out: self._record("pop", out))
         self._def("cuLaunchKernel", [c_vp] + [c_uint] * 7 + [c_vp, c_vp, c_vp], self._launch)
-        self._def("cuLaunchKernelEx", [c_vp, c_vp, c_vp, c_vp], self._launch_ex)
+        if ex:  # drivers before CUDA 12.0 have none
+            self._def("cuLaunchKernelEx", [c_vp, c_vp, c_vp, c_vp], self._launch_ex)
 
     def _def(self, name, argtypes, body):
         proto = ctypes.CFUNCTYPE(c_int, *argtypes)
@@ -94,6 +96,7 @@ def driver(monkeypatch, tmp_path):
     monkeypatch.setattr(_torch, "_DEVICE_TYPE", "cpu")
     monkeypatch.setattr(_torch, "_plans", {})
     monkeypatch.setattr(_torch, "_last_pair", _torch._NO_PLAN)
+    monkeypatch.setattr(_torch, "_last_pair_op", _torch._NO_PLAN)
     monkeypatch.setattr(_torch_families, "_last_ctx", _torch._NO_PLAN)
     monkeypatch.setattr(_torch, "_stream", lambda device: STREAM)
     monkeypatch.setattr(_cuda, "primary_context", lambda device: PRIMARY)
@@ -104,7 +107,7 @@ def driver(monkeypatch, tmp_path):
 
     monkeypatch.setattr(_cuda, "kernel", lambda folder, meta: Kern())
 
-    def install(cc, pdl, current=PRIMARY):
+    def install(cc, pdl, current=PRIMARY, ex=True):
         for k in m["kernels"]:
             k["launch"].pop("pdl", None)
             if k["name"] == KERNEL and pdl is not None:
@@ -113,7 +116,7 @@ def driver(monkeypatch, tmp_path):
         folder.mkdir()
         (folder / "manifest.json").write_text(json.dumps(m))
         monkeypatch.setenv("MLA_GEN_KERNELS", str(folder))
-        fake = FakeDriver(cc, len(next(k for k in m["kernels"] if k["name"] == KERNEL)["params"]), current)
+        fake = FakeDriver(cc, len(next(k for k in m["kernels"] if k["name"] == KERNEL)["params"]), current, ex)
         _cuda._install(fake)
         _cuda._lib = fake
         _cuda._cc.clear()
@@ -127,7 +130,8 @@ def call():
     p, s, out = (torch.zeros(T, H, D, dtype=torch.bfloat16) for _ in range(3))
     pl, sl, ol = (torch.zeros(H, T) for _ in range(3))
     mla_gen.merge_attn_states(out, p, pl, s, sl, ol, 5)
-    mla_gen.merge_attn_states(out, p, pl, s, sl, ol, 6)  # the planned path too
+    mla_gen.merge_attn_states(out, p, pl, s, sl, ol, 6)  # the plan looked up: its per-call checks and launch
+    mla_gen.merge_attn_states(out, p, pl, s, sl, ol, 7)  # the previous call's plan (its guard first)
     return out, ol, T, H
 
 
@@ -144,11 +148,11 @@ def test_pdl_kernel_on_sm90_goes_through_cuLaunchKernelEx(driver):
     fake = driver(90, True)
     out, ol, T, H = call()
     launches = [c for c in fake.calls if c[0].startswith("cuLaunchKernel")]
-    assert [c[0] for c in launches] == ["cuLaunchKernelEx"] * 2
+    assert [c[0] for c in launches] == ["cuLaunchKernelEx"] * 3
     meta = manifest.folder().kernel(KERNEL)
     lc = meta["launch"]
     gx, gy = -(-T // lc["grid_x"]["per_block"]), -(-H // lc["grid_y"]["per_block"])
-    for n, (_, cfg, attrs, f, params, extra) in zip((5, 6), launches):
+    for n, (_, cfg, attrs, f, params, extra) in zip((5, 6, 7), launches):
         fields = struct.unpack("=7I4xQQI4x", cfg)
         assert fields[:8] == (gx, gy, 1, lc["block_threads"], 1, 1, lc["shared_mem_bytes"], STREAM)
         assert fields[9] == 1, "one attribute"
@@ -161,27 +165,45 @@ def test_pdl_kernel_on_sm90_goes_through_cuLaunchKernelEx(driver):
 
 
 @pytest.mark.parametrize("cc, pdl", [(80, True), (90, False), (90, None), (89, True)])
-def test_otherwise_cuLaunchKernel(driver, cc, pdl):
+def test_otherwise_cuLaunchKernelEx_without_attributes(driver, cc, pdl):
     fake = driver(cc, pdl)
     out, ol, T, H = call()
     launches = [c for c in fake.calls if c[0].startswith("cuLaunchKernel")]
-    assert [c[0] for c in launches] == ["cuLaunchKernel"] * 2
+    assert [c[0] for c in launches] == ["cuLaunchKernelEx"] * 3
     meta = manifest.folder().kernel(KERNEL)
-    _, f, grid, block, shmem, stream, params, extra = launches[-1]
-    assert f == 0xF00 and stream == STREAM and extra is None and grid[2] == 1
-    assert block == (meta["launch"]["block_threads"], 1, 1) and shmem == meta["launch"]["shared_mem_bytes"]
-    values = dict(zip([p["name"] for p in meta["params"]], params))
-    assert values["output"] == out.data_ptr() and values["prefill_tokens_with_context"] == 6
+    lc = meta["launch"]
+    gx, gy = -(-T // lc["grid_x"]["per_block"]), -(-H // lc["grid_y"]["per_block"])
+    for n, (_, cfg, attrs, f, params, extra) in zip((5, 6, 7), launches):
+        fields = struct.unpack("=7I4xQQI4x", cfg)
+        assert fields[:8] == (gx, gy, 1, lc["block_threads"], 1, 1, lc["shared_mem_bytes"], STREAM)
+        assert fields[9] == 0 and attrs == b"", "no attribute"
+        assert f == 0xF00 and extra is None
+        values = dict(zip([p["name"] for p in meta["params"]], params))
+        assert values["output"] == out.data_ptr() and values["prefill_tokens_with_context"] == n
 
 
-@pytest.mark.parametrize("pdl", [True, False])
-def test_a_foreign_current_context_is_pushed_and_popped(driver, pdl):
-    fake = driver(90, pdl, current=FOREIGN)
+@pytest.mark.parametrize("pdl", [True, None])
+def test_a_driver_without_cuLaunchKernelEx_gets_cuLaunchKernel(driver, pdl):
+    fake = driver(90, pdl, ex=False)
+    out, ol, T, H = call()
+    launches = [c for c in fake.calls if c[0].startswith("cuLaunchKernel")]
+    assert [c[0] for c in launches] == ["cuLaunchKernel"] * 3
+    meta = manifest.folder().kernel(KERNEL)
+    for n, (_, f, grid, block, shmem, stream, params, extra) in zip((5, 6, 7), launches):
+        assert f == 0xF00 and stream == STREAM and extra is None and grid[2] == 1
+        assert block == (meta["launch"]["block_threads"], 1, 1) and shmem == meta["launch"]["shared_mem_bytes"]
+        values = dict(zip([p["name"] for p in meta["params"]], params))
+        assert values["output"] == out.data_ptr() and values["prefill_tokens_with_context"] == n
+
+
+@pytest.mark.parametrize("pdl, ex", [(True, True), (False, True), (False, False)])
+def test_a_foreign_current_context_is_pushed_and_popped(driver, pdl, ex):
+    fake = driver(90, pdl, current=FOREIGN, ex=ex)
     call()
     kinds = [c[0] for c in fake.calls]
-    launch = "cuLaunchKernelEx" if pdl else "cuLaunchKernel"
-    assert kinds == ["push", launch, "pop"] * 2
-    assert fake.calls[0][1] == PRIMARY
+    launch = "cuLaunchKernelEx" if ex else "cuLaunchKernel"
+    assert kinds == ["push", launch, "pop"] * 3
+    assert fake.calls[0][1] == PRIMARY and fake.calls[3][1] == PRIMARY and fake.calls[6][1] == PRIMARY
 
 
 def test_the_manifest_flag():

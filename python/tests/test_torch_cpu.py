@@ -286,8 +286,8 @@ def test_the_plain_call_keeps_torchs_guard(cpu_launch):
     for args in ((out, p, pl, s, sl), (out, p, pl, s, sl, torch.empty(H, T), 3)):
         mla_gen.merge_attn_states(*args)
         mla_gen.merge_attn_states(*args)
-        assert isinstance(_torch._last_pair[0], _torch._TensorGuards)
+        assert isinstance(_torch._last_pair[2].guard, _torch._TensorGuards)
     mla_gen.merge_attn_states(out, p, pl, p, pl)
     mla_gen.merge_attn_states(out, p, pl, p, pl)
-    assert isinstance(_torch._last_pair[0], _torch._LayoutKey)
+    assert isinstance(_torch._last_pair[2].guard, _torch._LayoutKey)
     assert cpu_launch.last()[1]["suffix_output"] == p.data_ptr()
