@@ -40,6 +40,16 @@ def _variant(name: str) -> dict:
     return v
 
 
+def launched(kernel: str, num_tokens: int, num_heads: int) -> str:
+    """The kernel a launch of `kernel` with these rows runs in the current folder: the one its
+    size rule names (test_size_rule_cpu.py checks the rule itself), else itself."""
+    from mla_gen import manifest
+
+    kf = manifest.folder()
+    ints = {"num_tokens": num_tokens, "num_heads": num_heads}
+    return manifest.by_size_rule(kf, kf.kernel(kernel), ints.__getitem__)["name"]
+
+
 @pytest.fixture
 def contract_kernels(tmp_path, monkeypatch):
     """MLA_GEN_KERNELS pointing at a manifest of the contract table's kernels (no images)."""

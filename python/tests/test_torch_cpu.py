@@ -11,6 +11,8 @@ torch = pytest.importorskip("torch")
 import mla_gen  # noqa: E402
 from mla_gen import ArgumentError, manifest  # noqa: E402
 
+from conftest import launched  # noqa: E402
+
 BF16, F32 = torch.bfloat16, torch.float32
 T, H, D = 8, 4, 128
 
@@ -33,7 +35,7 @@ def test_values_in_signature_order_and_the_grid(cpu_launch):
     out_lse = torch.empty(H, T)
     mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, 5)
     name, v, grid = cpu_launch.last()
-    assert name == "merge_attn_states_bf16_d128_thr_lse"
+    assert name == launched("merge_attn_states_bf16_d128_thr_lse", T, H)
     assert v["output"] == out.data_ptr() and v["output_lse"] == out_lse.data_ptr()
     assert v["prefix_output"] == p.data_ptr() and v["suffix_lse"] == sl.data_ptr()
     assert (v["num_tokens"], v["num_heads"], v["prefill_tokens_with_context"]) == (T, H, 5)
@@ -188,7 +190,7 @@ def test_the_kernel_folder_is_read_per_lookup(cpu_launch, contract_kernels, monk
     assert cpu_launch.last()[0] == "merge_attn_states_bf16_d128"  # the table's kernel without options
     monkeypatch.delenv("MLA_GEN_KERNELS")
     mla_gen.merge_attn_states(out, p, pl, s, sl)
-    assert cpu_launch.last()[0] == "merge_attn_states_bf16_d128_thr_lse"  # the default kernels again
+    assert cpu_launch.last()[0] == launched("merge_attn_states_bf16_d128_thr_lse", T, H)  # the default kernels again
     monkeypatch.setenv("MLA_GEN_KERNELS", str(contract_kernels))
     mla_gen.merge_attn_states(out, p, pl, s, sl, None, 5)
     assert cpu_launch.last()[0] == "merge_attn_states_bf16_d128_thr"
