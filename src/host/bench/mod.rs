@@ -154,7 +154,8 @@ pub fn bench(dir: &Path, o: &BenchOptions) -> Result<serde_json::Value, RuntimeE
         .kernels()
         .iter()
         .map(|k| k.as_ref())
-        .filter(|k| is_pairwise(k))
+        // A size rule's kernels run inside their kernel's rows (its launches apply the rule).
+        .filter(|k| is_pairwise(k) && k.meta.variant.rows_below.is_none())
         .filter(|k| {
             o.only
                 .iter()
