@@ -43,6 +43,20 @@ fn check(text: &str) {
                     "pdl without sm_90+: {text:?}"
                 );
             }
+            // Every size rule's kernels are in the spec, without a rule of their own.
+            for v in s.variants.iter().filter(|v| !v.size_rule.is_empty()) {
+                for r in &v.size_rule {
+                    let alt = spec::MergeVariant {
+                        schedule: r.schedule,
+                        size_rule: Vec::new(),
+                        rows_below: Some(r.below_rows),
+                        ..v.clone()
+                    };
+                    let alt = s.find(&alt.kernel_name());
+                    let alt = alt.unwrap_or_else(|| panic!("rule kernel missing: {text:?}"));
+                    assert!(alt.size_rule.is_empty() && alt.rows_below == Some(r.below_rows));
+                }
+            }
             for n in &names {
                 assert!(
                     n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
@@ -57,8 +71,9 @@ fn check(text: &str) {
     }
 }
 
-const KEYS: [&str; 19] = [
+const KEYS: [&str; 20] = [
     "pdl",
+    "size_rule",
     "mask_empty_context",
     "group_size",
     "ue8m0",
@@ -168,7 +183,11 @@ proptest! {
             dtypes, heads.iter().collect::<Vec<_>>(), thr
         );
         let s = spec::parse("fuzz.toml", &text).unwrap();
-        prop_assert_eq!(s.variants.len(), dtypes.len() * heads.len() * thr.len());
+        // The kernels callers name; size rules add kernels of their own (rows_below).
+        let called = s.variants.iter().filter(|v| v.rows_below.is_none()).count();
+        prop_assert_eq!(called, dtypes.len() * heads.len() * thr.len());
+        let rule_kernels: usize = s.variants.iter().map(|v| v.size_rule.len()).sum();
+        prop_assert_eq!(s.variants.len(), called + rule_kernels);
     }
 }
 

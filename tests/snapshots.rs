@@ -197,3 +197,37 @@ fn pdl_kernels() {
     }
     insta::assert_snapshot!("pdl_added_lines", added);
 }
+
+/// A size rule as the manifest states it (`launch.size_rule`), and its range's kernel: the same
+/// source but for the schedule and the name.
+#[test]
+fn size_rule_in_the_manifest() {
+    let plain = spec::Schedule {
+        rows_per_thread: 1,
+        min_blocks_per_sm: 1,
+        block_threads: 128,
+        heads_per_block: 1,
+    };
+    let mut v = variant(Dtype::Bf16, 128, true, true);
+    v.size_rule = vec![spec::SizeRange {
+        below_rows: 4096,
+        schedule: plain,
+    }];
+    let launch = mla_gen::abi::Launch::for_variant(&v);
+    insta::assert_snapshot!(
+        "size_rule_launch",
+        serde_json::to_string_pretty(&launch.size_rule).unwrap()
+    );
+    let alt = MergeVariant {
+        schedule: plain,
+        size_rule: Vec::new(),
+        rows_below: Some(4096),
+        ..v.clone()
+    };
+    assert_eq!(
+        alt.kernel_name(),
+        "merge_attn_states_bf16_d128_thr_lse_below4096"
+    );
+    let t = Templates::embedded().unwrap();
+    insta::assert_snapshot!(alt.kernel_name(), t.render("snapshot.toml", &alt).unwrap());
+}

@@ -446,6 +446,15 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                     ),
                 ));
             }
+            // (The count above is before size rules add their kernels.)
+            if variants.len() >= MAX_VARIANTS {
+                return Err(ctx.at(
+                    table_offset,
+                    format!(
+                        "the spec expands to more than {MAX_VARIANTS} kernels (size rules included); split it, shorten its lists or set size_rule = false"
+                    ),
+                ));
+            }
             let name = v.kernel_name();
             if let Some(first) = seen.insert(name.clone(), table_line) {
                 return Err(ctx.at(

@@ -126,7 +126,7 @@ fn fp8_is_an_output_kind_not_an_input_dtype() {
     assert!(e.contains("write output = \"fp8_e4m3\""), "{e}");
     let s = parse(
         "t.toml",
-        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput = [\"same\", \"fp8_e4m3\"]\n",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput = [\"same\", \"fp8_e4m3\"]\nsize_rule = false\n",
     )
     .unwrap();
     assert_eq!(
@@ -273,13 +273,15 @@ fn every_tuned_entry_reaches_the_variants() {
             heads_per_block: e.heads_per_block,
         };
         assert_eq!(tuned_schedule(dtype, e.head_size), want);
-        // (A size rule's kernels take the rule's schedules: tested below.)
-        for v in spec.variants.iter().filter(|v| {
-            v.dtype == dtype
-                && v.head_size == e.head_size
-                && v.size_rule.is_empty()
-                && v.rows_below.is_none()
-        }) {
+        // (The kernels a size rule covers take its schedules: tested below.)
+        let ruled = |v: &MergeVariant| {
+            v.output == OutputKind::Same && tuned_size_rule(v.dtype, v.head_size).is_some()
+        };
+        for v in spec
+            .variants
+            .iter()
+            .filter(|v| v.dtype == dtype && v.head_size == e.head_size && !ruled(v))
+        {
             assert_eq!(v.schedule, want, "{}", v.kernel_name());
             assert!(!v.explicit_schedule);
         }
@@ -408,7 +410,7 @@ fn every_tuned_size_rule_is_well_formed_and_reaches_the_default_spec() {
         );
         let bounds: Vec<u64> = smaller.iter().map(|x| x.below_rows.expect(&what)).collect();
         assert!(
-            bounds.windows(2).all(|w| w[0] < w[1]) && bounds.first() > Some(&0),
+            bounds.windows(2).all(|w| w[0] < w[1]) && bounds.iter().all(|&b| b > 0),
             "{what}"
         );
         for x in &r.ranges {
