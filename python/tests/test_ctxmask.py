@@ -54,8 +54,9 @@ def plain_of(fused):
     """The kernel without the mask that the fused one must equal: the same variant otherwise (the
     schedule aside: the fused kernels default to smaller blocks, which change no result)."""
     def rule(variant):
-        return {k: v for k, v in variant.items() if k not in ("mask_empty_context", "schedule", "explicit_schedule")}
-    for k in KERNELS:
+        return {k: v for k, v in variant.items()
+                if k not in ("mask_empty_context", "schedule", "explicit_schedule", "size_rule")}
+    for k in KERNELS:  # (a size rule's kernels are reached through their kernel: rows_below differs)
         if not k["variant"].get("mask_empty_context") and rule(k["variant"]) == rule(fused["variant"]):
             return k
     return None
