@@ -365,3 +365,36 @@ fn a_prebuilt_folder_whose_file_differs_from_its_manifest_is_refused() {
         "{text}"
     );
 }
+
+#[test]
+fn a_size_rules_kernels_have_methods_but_no_dispatch_arm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let built = Builder::new()
+        .spec_str(
+            "engine.toml",
+            "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n",
+        )
+        .out_dir(tmp.path())
+        .build()
+        .unwrap();
+    let module = std::fs::read_to_string(&built.module).unwrap();
+    // The tuned rule of bf16 d128 (specs/tuned.toml) adds a kernel for smaller launches.
+    assert!(built.kernels >= 2, "{}", built.kernels);
+    let rule_kernel = module
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("pub fn merge_attn_states_bf16_d128_thr_lse_below")
+        })
+        .expect("a method for the rule's kernel");
+    let rows = rule_kernel.split('(').next().unwrap();
+    let arms: Vec<&str> = module
+        .lines()
+        .filter(|l| l.contains("=> Some(self."))
+        .collect();
+    assert_eq!(arms.len(), 1, "{arms:?}");
+    assert!(arms[0].ends_with("Some(self.merge_attn_states_bf16_d128_thr_lse.as_ref()),"));
+    assert!(!module.contains(&format!(
+        "=> Some(self.merge_attn_states_bf16_d128_thr_lse_below{rows}"
+    )));
+}

@@ -29,6 +29,9 @@ pub struct BindingKernel {
     pub fp8_group: Option<(u32, bool)>,
     /// Fuses the empty-context lse mask (takes the requests' start locations).
     pub mask_empty_context: bool,
+    /// A kernel of another's size rule: launched through that one, so `dispatch` never
+    /// returns it (its own method launches it as itself).
+    pub rule_kernel: bool,
     /// The parameters in signature order, with their contracts.
     pub params: Vec<Param>,
 }
@@ -46,6 +49,7 @@ impl BindingKernel {
             fp8_output: v.output == spec::OutputKind::Fp8E4m3,
             fp8_group: v.fp8_group.map(|g| (g.group_size, g.ue8m0)),
             mask_empty_context: v.mask_empty_context,
+            rule_kernel: v.rows_below.is_some(),
             params: crate::gen::abi::params(v),
         }
     }
@@ -78,6 +82,7 @@ impl BindingKernel {
                     fp8_output: v["output"].as_str() == Some("fp8_e4m3"),
                     fp8_group,
                     mask_empty_context: v["mask_empty_context"].as_bool().unwrap_or(false),
+                    rule_kernel: !v["rows_below"].is_null(),
                     params: serde_json::from_value(k["params"].clone()).ok()?,
                 })
             })
@@ -339,7 +344,7 @@ pub fn rust_module(
         s,
         "\n    /// The kernel the spec built for `key` (dtype, head size and options), picked at run\n    /// time; launch it with [`{RT}::Launch`].\n    #[allow(unreachable_patterns, clippy::match_single_binding)]\n    pub fn dispatch(&self, key: &{RT}::KernelKey) -> Option<&{RT}::Kernel> {{\n        #[allow(unused_imports)]\n        use {{mla_gen::dtype::Dtype as D, mla_gen::variant::Fp8Group as G, mla_gen::variant::LseLayout as L, mla_gen::variant::OutputKind as O, {RT}::KernelKey as K}};\n        match *key {{\n"
     );
-    for k in kernels {
+    for k in kernels.iter().filter(|k| !k.rule_kernel) {
         let _ = writeln!(
             s,
             "            {} => Some(self.{}.as_ref()),",
