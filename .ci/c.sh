@@ -68,7 +68,7 @@ sanitize() {  # name, spec, check file
         "$dir/check" | grep -q "1 passed, 0 failed"
     done
 }
-sanitize pairwise 'arch = ["sm_80", "sm_90"]\n[[merge_attn_states]]\ndtype = ["bf16", "f32"]\nhead_size = [128, 100]\n' launcher_check.c
+sanitize pairwise 'arch = ["sm_80", "sm_90"]\n[[merge_attn_states]]\ndtype = ["bf16", "f32"]\nhead_size = [128, 100]\nsize_rule = false\n' launcher_check.c
 sanitize families 'arch = "sm_90"\n[[merge_states]]\ndtype = "bf16"\nhead_size = 128\nnum_states = [4, "runtime"]\n[[merge_state_in_place]]\ndtype = "bf16"\nhead_size = 128\nmask = true\n[[mask_empty_context_lse]]\n' families_check.c
 sanitize group 'arch = "sm_90"\n[[merge_attn_states]]\ndtype = "bf16"\nhead_size = 128\noutput = "fp8_e4m3_group"\ngroup_size = 64\nue8m0 = true\n[[merge_attn_states]]\ndtype = "bf16"\nhead_size = 128\noutput = "fp8_e4m3"\n' group_check.c
 echo "1 passed, 0 failed: C launcher (CMake, sanitizers)"
