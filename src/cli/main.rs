@@ -166,7 +166,7 @@ enum Command {
     /// and plain (128 threads, one head per block) schedules' time over it; whether one schedule
     /// is within 2% of the best at every shape in every mode; and if none is, a proposed size
     /// rule: ranges of rows = tokens x heads with a schedule each (a proposal: adopt one as a
-    /// [[size_rule]] of specs/tuned.toml, and every host applies it from the manifest).
+    /// `[[size_rule]]` of specs/tuned.toml, and every host applies it from the manifest).
     ///
     /// Default shapes: 1024x16, 1024x128, 8192x16/2, 8192x128, 32768x16, 32768x128,
     /// 32768x128/2, 4096x64; default groups: every (dtype, head size) of the candidates, sorted
