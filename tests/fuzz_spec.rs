@@ -46,13 +46,7 @@ fn check(text: &str) {
             // Every size rule's kernels are in the spec, without a rule of their own.
             for v in s.variants.iter().filter(|v| !v.size_rule.is_empty()) {
                 for r in &v.size_rule {
-                    let alt = spec::MergeVariant {
-                        schedule: r.schedule,
-                        size_rule: Vec::new(),
-                        rows_below: Some(r.below_rows),
-                        ..v.clone()
-                    };
-                    let alt = s.find(&alt.kernel_name());
+                    let alt = s.find(&v.range_kernel(r).kernel_name());
                     let alt = alt.unwrap_or_else(|| panic!("rule kernel missing: {text:?}"));
                     assert!(alt.size_rule.is_empty() && alt.rows_below == Some(r.below_rows));
                 }

@@ -218,12 +218,8 @@ fn size_rule_in_the_manifest() {
         "size_rule_launch",
         serde_json::to_string_pretty(&launch.size_rule).unwrap()
     );
-    let alt = MergeVariant {
-        schedule: plain,
-        size_rule: Vec::new(),
-        rows_below: Some(4096),
-        ..v.clone()
-    };
+    let alt = v.range_kernel(&v.size_rule[0]);
+    assert_eq!((alt.schedule, alt.rows_below), (plain, Some(4096)));
     assert_eq!(
         alt.kernel_name(),
         "merge_attn_states_bf16_d128_thr_lse_below4096"

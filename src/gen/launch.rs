@@ -67,13 +67,7 @@ fn size_rule_of(v: &MergeVariant, grid_x: &GridAxis, grid_y: &GridAxis) -> Optio
         .iter()
         .map(|r| SizeRuleRange {
             below_rows: r.below_rows,
-            kernel: MergeVariant {
-                schedule: r.schedule,
-                size_rule: Vec::new(),
-                rows_below: Some(r.below_rows),
-                ..v.clone()
-            }
-            .kernel_name(),
+            kernel: v.range_kernel(r).kernel_name(),
         })
         .collect();
     Some(SizeRule {

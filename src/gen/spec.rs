@@ -162,18 +162,8 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         let ctx_masks = opt_list("mask_empty_context", &f.mask_empty_context, false)?;
         let pdls = opt_list("pdl", &f.pdl, false)?;
         let size_rule = match &f.size_rule {
-            Some(v) => match v.get_ref().as_bool() {
-                Some(b) => b,
-                None => {
-                    return Err(ctx.at(
-                        v.span().start,
-                        format!(
-                            "`size_rule`: expected true or false, got {}",
-                            short(v.get_ref())
-                        ),
-                    ))
-                }
-            },
+            Some(v) => boolean(v.get_ref())
+                .map_err(|why| ctx.at(v.span().start, format!("`size_rule`: {why}")))?,
             None => true,
         };
         let schedule_key = [
@@ -396,7 +386,13 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         // smaller range is a kernel of its own after it.
         let expanded: Vec<MergeVariant> = expanded
             .into_iter()
-            .flat_map(|v| with_size_rule(v, size_rule))
+            .flat_map(|v| {
+                if size_rule {
+                    v.with_tuned_size_rule()
+                } else {
+                    vec![v]
+                }
+            })
             .collect();
         for mut v in expanded {
             // The threads a block really has (whole rows); min_blocks_per_sm does not change it.
@@ -477,33 +473,6 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         archs,
         variants,
     })
-}
-
-/// `v` and the kernels of its tuned size rule, where one applies: a pairwise merge writing its
-/// input dtype, without the fused mask or a schedule of the spec's (what `mla-gen tune` times).
-fn with_size_rule(mut v: MergeVariant, enabled: bool) -> Vec<MergeVariant> {
-    let applies = enabled
-        && v.family == Family::MergeAttnStates
-        && v.output == OutputKind::Same
-        && !v.mask_empty_context
-        && !v.explicit_schedule;
-    let Some((largest, ranges)) = applies
-        .then(|| tuned_size_rule(v.dtype, v.head_size))
-        .flatten()
-    else {
-        return vec![v];
-    };
-    v.schedule = largest;
-    let mut out = vec![v.clone()];
-    for r in &ranges {
-        out.push(MergeVariant {
-            schedule: r.schedule,
-            rows_below: Some(r.below_rows),
-            ..v.clone()
-        });
-    }
-    out[0].size_rule = ranges;
-    out
 }
 
 /// Can `v`'s rows be split into groups of `group_size` elements whose lanes sit in one warp? The

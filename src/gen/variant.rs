@@ -222,6 +222,37 @@ impl MergeVariant {
         }
     }
 
+    /// The kernel of `range` in this variant's size rule: the same variant with the range's
+    /// schedule, named after this one with `_below<rows>`.
+    pub fn range_kernel(&self, range: &SizeRange) -> MergeVariant {
+        MergeVariant {
+            schedule: range.schedule,
+            size_rule: Vec::new(),
+            rows_below: Some(range.below_rows),
+            ..self.clone()
+        }
+    }
+
+    /// This variant and the kernels of its tuned size rule, where one applies: a pairwise merge
+    /// writing its input dtype, without the fused mask or a schedule of the spec's (what
+    /// `mla-gen tune` times). The variant takes the rule's schedule for the largest launches.
+    pub fn with_tuned_size_rule(mut self) -> Vec<MergeVariant> {
+        let applies = self.family == Family::MergeAttnStates
+            && self.output == OutputKind::Same
+            && !self.mask_empty_context
+            && !self.explicit_schedule;
+        let Some((largest, ranges)) = applies
+            .then(|| tuned_size_rule(self.dtype, self.head_size))
+            .flatten()
+        else {
+            return vec![self];
+        };
+        self.schedule = largest;
+        self.size_rule = ranges;
+        let kernels = self.size_rule.iter().map(|r| self.range_kernel(r));
+        std::iter::once(self.clone()).chain(kernels).collect()
+    }
+
     /// Readable and stable: family, dtype, head size, then one tag per non-default option.
     pub fn kernel_name(&self) -> String {
         let mut name = format!(

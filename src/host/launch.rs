@@ -89,17 +89,20 @@ impl Kernel {
         }
         // A size rule sends launches with fewer rows to the kernel built for them: the same
         // parameters (checked when the rule was loaded), that kernel's grid and block.
+        let mut launch = (self, grid, checked.block_threads, checked.shared_mem_bytes);
         let target = self.for_values(checked.values());
-        let (target, grid, block, shared) = match target.plan.grid_for(checked.values()) {
-            Some(g) if !std::ptr::eq(target, self) => (
-                target,
-                g,
-                target.plan.block_threads(),
-                target.plan.shared_mem_bytes(),
-            ),
-            // No rule, or its kernel's grid would pass a limit: this kernel.
-            _ => (self, grid, checked.block_threads, checked.shared_mem_bytes),
-        };
+        if !std::ptr::eq(target, self) {
+            // (Where the rule's kernel's grid would pass a limit, this kernel serves.)
+            if let Some(g) = target.plan.grid_for(checked.values()) {
+                launch = (
+                    target,
+                    g,
+                    target.plan.block_threads(),
+                    target.plan.shared_mem_bytes(),
+                );
+            }
+        }
+        let (target, grid, block, shared) = launch;
         // (A rule's kernel that does not wait is launched plainly.)
         let programmatic = programmatic && target.programmatic;
         let mut values = *checked;
