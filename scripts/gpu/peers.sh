@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# mla-gen against the peers engines run (issue #21: FlashInfer's MergeState, a vLLM-style CUDA op,
+# a same-size copy), hot and cold L2, in two halves:
+#
+#   scripts/gpu/peers.sh build   (here)  FlashInfer's headers from the flashinfer-python wheel (pip
+#                                        download, never committed) and the kernel folders into
+#                                        .device/peers/ (git-ignored; carry .device): `new` from the
+#                                        working tree's templates, `base` from BASE's (default HEAD),
+#                                        `new-tm` token-major twins for FlashInfer's layout, and one
+#                                        folder per LABEL=DIR of $PEERS_TEMPLATES (experiments)
+#   scripts/gpu/peers.sh run     (there) compiles python/bench/peers/peers.cu with nvcc, then
+#                                        python/bench/peers.py over the issue's table, cold and hot
+#                                        ($PEERS_SHAPES to narrow it), and Nsight Compute side by side
+#                                        at three shapes (~13, 25 and 50 MB). Results in $OUT/peers/.
+#
+# The table's verdicts (x peer = the faster peer's time / the default kernel's) are in peers.log;
+# docs/PERFORMANCE.md keeps the latest.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+P=.device/peers
+FLASHINFER=flashinfer-python==0.7.2.post1
+case "${1:-}" in
+build)
+    scripts/install-nvrtc.sh >/dev/null
+    cargo build --release --quiet
+    M=target/release/mla-gen
+    mkdir -p "$P"
+    if [[ ! -f "$P/include/flashinfer/attention/cascade.cuh" ]]; then
+        wheel_dir="$(mktemp -d)"
+        python3 -m pip download --quiet --no-deps "$FLASHINFER" -d "$wheel_dir"
+        rm -rf "$P/include" && mkdir -p "$P/include"
+        # cascade.cuh and what it includes (nvcc -M on peers.cu lists these).
+        python3 - "$wheel_dir"/flashinfer_python-*.whl "$P/include" <<'PY'
+import sys, zipfile
+wanted = ["attention/cascade.cuh", "attention/state.cuh", "cp_async.cuh", "exception.h", "math.cuh",
+          "utils.cuh", "vec_dtypes.cuh"]
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for name in wanted:
+        z.extract(f"flashinfer/data/include/flashinfer/{name}", "/tmp/flashinfer-wheel")
+import shutil
+shutil.copytree("/tmp/flashinfer-wheel/flashinfer/data/include/flashinfer", sys.argv[2] + "/flashinfer")
+PY
+        rm -rf "$wheel_dir" /tmp/flashinfer-wheel
+    fi
+    rm -rf "$P/kernels" && mkdir -p "$P/kernels"
+    base="${BASE:-HEAD}"
+    mkdir -p "$P/base-templates"
+    for f in $(git ls-tree -r --name-only "$base" templates); do
+        mkdir -p "$P/base-templates/$(dirname "${f#templates/}")"
+        git show "$base:$f" > "$P/base-templates/${f#templates/}"
+    done
+    "$M" generate --templates templates --arch sm_90 --out "$P/kernels/new" --quiet
+    "$M" generate --templates "$P/base-templates" --arch sm_90 --out "$P/kernels/base" --quiet
+    "$M" generate python/bench/peers/token-major.toml --templates templates --out "$P/kernels/new-tm" --quiet
+    for item in ${PEERS_TEMPLATES:-}; do
+        "$M" generate --templates "${item#*=}" --arch sm_90 --out "$P/kernels/${item%%=*}" --quiet
+    done
+    find "$P/kernels" -name '*.cu' -delete
+    { echo "base: $(git rev-parse --short "$base")"; echo "new: working tree of $(git rev-parse --short HEAD)";
+      echo "experiments: ${PEERS_TEMPLATES:-none}"; } > "$P/built.txt"
+    echo "built $P ($(du -sh "$P" | cut -f1)); on the GPU machine: scripts/gpu/peers.sh run (carry .device)"
+    ;;
+run)
+    OUT="${OUT:-.device/out}/peers"; mkdir -p "$OUT"
+    export PYTHONUNBUFFERED=1
+    cat "$P/built.txt"
+    lib="$(mktemp -d)"
+    nvcc -arch=sm_90 -O3 -std=c++17 -Xcompiler -fPIC -shared -o "$lib/libpeers_vllm.so" python/bench/peers/peers.cu
+    nvcc -arch=sm_90 -O3 -std=c++17 -use_fast_math -DPEERS_FLASHINFER -I"$P/include" -Xcompiler -fPIC -shared \
+        -o "$lib/libpeers_fi.so" python/bench/peers/peers.cu 2>&1 | grep -v -i warning || true
+    kernels=(--kernels "new=$P/kernels/new" --kernels "base=$P/kernels/base")
+    for item in ${PEERS_TEMPLATES:-}; do kernels+=(--kernels "${item%%=*}=$P/kernels/${item%%=*}"); done
+    kernels+=(--tm-kernels "new-tm=$P/kernels/new-tm")
+    shapes=()
+    [[ -n "${PEERS_SHAPES:-}" ]] && shapes=(--shapes "$PEERS_SHAPES")
+    status=0
+    timeout "${PEERS_CAP:-400}" python3 python/bench/peers.py --peers "$lib" "${kernels[@]}" "${shapes[@]}" \
+        --l2 both --out "$OUT" 2>&1 | tee "$OUT/peers.log" || status=1
+    if [[ "${PEERS_NCU:-1}" == 1 ]]; then
+        # Hot: no cache flush between kernels (--cache-control none), each kernel right after its producer.
+        ncu --clock-control none --cache-control none --kernel-name 'regex:merge_attn|MergeState|vllm_style' \
+            --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+            --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+            --csv --page details \
+            python3 python/bench/peers.py --profile --peers "$lib" "${kernels[@]}" \
+            --shapes bf16:1024x16x128,bf16:4096x16x64,bf16:4096x16x128 > "$OUT/ncu.csv" 2> "$OUT/ncu.err" || status=1
+        python3 - "$OUT/ncu.csv" <<'PY' | tee "$OUT/ncu-summary.txt"
+import csv, sys, collections
+rows = list(csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"')))
+want = ["Duration", "Executed Instructions", "Registers Per Thread", "Grid Size", "Block Size",
+        "Achieved Occupancy", "Issue Slots Busy", "No Eligible", "Memory Throughput", "L2 Hit Rate",
+        "Warp Cycles Per Issued Instruction", "Waves Per SM"]
+by = collections.defaultdict(dict)
+for r in rows:
+    if r["Metric Name"] in want:
+        by[(r["ID"], r["Kernel Name"][:60])][r["Metric Name"]] = f'{r["Metric Value"]} {r["Metric Unit"]}'.strip()
+for (i, k), m in by.items():
+    print(i, k)
+    print("   " + "; ".join(f"{n}: {m[n]}" for n in want if n in m))
+PY
+    fi
+    exit $status
+    ;;
+*)
+    echo "usage: scripts/gpu/peers.sh build|run   (see the comment at the top)" >&2; exit 2 ;;
+esac
