@@ -23,6 +23,16 @@ from ._version import __version__
 from .contract import ArgumentError, Buffer, check_args
 from .manifest import supports
 
+try:
+    import torch as _torch_module  # noqa: F401
+except ImportError:  # the checker, supports() and the manifest work without torch
+    _torch_module = None
+
+if _torch_module is not None:
+    from ._torch import (launch_kernel, mask_empty_context_lse, merge_attn_states, merge_attn_states_fp8_group,
+                         merge_state_in_place, merge_states)
+    from . import ops  # noqa: F401  registers torch.ops.mla_gen.*
+
 
 def kernels_dir():
     """The kernel folder a call would use now (a Path, or an importlib.resources Traversable)."""
@@ -44,8 +54,8 @@ def stats() -> dict:
     from . import _cuda
     out = dict(_cuda.stats)
     try:
-        from . import _torch
-        out["plans"] = _torch.stats["plans"]
+        from . import _plan
+        out["plans"] = _plan.stats["plans"]
     except ImportError:
         out["plans"] = 0
     from . import vllm as _vllm
@@ -55,16 +65,6 @@ def stats() -> dict:
 
 __all__ = ["__version__", "ArgumentError", "Buffer", "check_args", "supports", "kernels_dir", "available_kernels",
            "stats"]
-
-try:
-    import torch as _torch_module  # noqa: F401
-except ImportError:  # the checker, supports() and the manifest work without torch
-    _torch_module = None
-
 if _torch_module is not None:
-    from ._torch import (launch_kernel, mask_empty_context_lse, merge_attn_states,  # noqa: E402
-                         merge_attn_states_fp8_group, merge_state_in_place, merge_states)
-    from . import ops  # noqa: E402,F401  registers torch.ops.mla_gen.*
-
     __all__ += ["merge_attn_states", "merge_attn_states_fp8_group", "merge_states", "merge_state_in_place",
                 "mask_empty_context_lse", "launch_kernel", "ops"]

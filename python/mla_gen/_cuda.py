@@ -10,6 +10,7 @@ cuCtxCreate), the primary context is pushed around the launch and popped after i
 from __future__ import annotations
 
 import ctypes
+import re
 import struct
 import sys
 import threading
@@ -351,7 +352,7 @@ def _failed(launcher: Launcher, err: int):
 def launch(launcher: Launcher, values, gx: int, gy: int, stream: int):
     """Launch with `values` (parameter values in signature order) on `stream`, in the primary
     context of the launcher's device (pushed around the launch when another one is current).
-    The planned calls of _torch run this body inlined (launch_source)."""
+    The planned calls run this body inlined (launch_source, _fastpath)."""
     lock = _launch_lock
     lock.acquire()
     try:
@@ -374,55 +375,46 @@ def launch(launcher: Launcher, values, gx: int, gy: int, stream: int):
 
 _LAUNCH = launch
 
-# launch()'s body for one launcher, for code generated per plan (_torch): the launcher's fields
-# are bound as L_* names (the text does not depend on their values, so one compiled text serves
-# every plan of a shape), {stream} and {values} are the caller's expressions.
-_INLINE_EX = """\
+# launch()'s body for one launcher, for the code generated per plan (_fastpath): the launcher's
+# fields are bound as L_* names (the text does not depend on their values, so one compiled text
+# serves every plan of a shape). {pack} and {submit}: cuLaunchKernelEx's or cuLaunchKernel's.
+_INLINE = """\
 L_s = {stream}
 L_lock.acquire()
 try:
-    L_pack(L_buf, 0, L_gx, L_gy, 1, L_block, 1, 1, L_shmem, L_s, L_attrs, L_nattrs, {values})
+    {pack}
     L_get(L_cur_ref)
-    L_err = L_ex(L_cfg, L_fn, L_ptrs, None) if L_cur.value == L_ctx else L_foreign(L_launcher, L_gx, L_gy, L_s)
+    L_err = {submit} if L_cur.value == L_ctx else L_foreign(L_launcher, L_gx, L_gy, L_s)
 finally:
     L_lock.release()
 if L_err:
     L_failed(L_launcher, L_err)
 L_stats["launches"] += 1
 """
-_INLINE_PLAIN = """\
-L_s = {stream}
-L_lock.acquire()
-try:
-    L_pack(L_buf, 56, {values})
-    L_get(L_cur_ref)
-    L_err = (L_plain(L_fn, L_gx, L_gy, 1, L_block, 1, 1, L_shmem, L_vp(L_s), L_ptrs, None) if L_cur.value == L_ctx
-             else L_foreign(L_launcher, L_gx, L_gy, L_s))
-finally:
-    L_lock.release()
-if L_err:
-    L_failed(L_launcher, L_err)
-L_stats["launches"] += 1
-"""
+_PACK_EX = "L_pack(L_buf, 0, L_gx, L_gy, 1, L_block, 1, 1, L_shmem, L_s, L_attrs, L_nattrs, {values})"
+_SUBMIT_EX = "L_ex(L_cfg, L_fn, L_ptrs, None)"
+_PACK_PLAIN = "L_pack(L_buf, %d, {values})" % (8 * _CONFIG_WORDS)
+_SUBMIT_PLAIN = "L_plain(L_fn, L_gx, L_gy, 1, L_block, 1, 1, L_shmem, L_vp(L_s), L_ptrs, None)"
+# Where launch() has been replaced (a test's recorder), the text calls the replacement.
 _INLINE_CALL = "L_launch(L_launcher, ({values},), L_gx, L_gy, {stream})\n"
-_INLINE_NAMES = ("L_launcher", "L_gx", "L_gy", "L_lock", "L_pack", "L_buf", "L_block", "L_shmem", "L_attrs",
-                 "L_nattrs", "L_get", "L_cur_ref", "L_cur", "L_ctx", "L_ex", "L_plain", "L_vp", "L_cfg", "L_fn",
-                 "L_ptrs", "L_foreign", "L_failed", "L_stats", "L_launch")
 
 
-def launch_source(launcher: Launcher, gx: int, gy: int) -> tuple:
-    """(text, bindings): the statements that launch `launcher` on a grid (gx, gy), as `launch`
-    does, with the names of _INLINE_NAMES bound to `bindings`; the text has {stream} and {values}
-    to fill. Where `launch` has been replaced (a test's recorder), the text calls the replacement."""
+def launch_source(launcher: Launcher, gx: int, gy: int, stream: str, values: str) -> tuple:
+    """(text, names, bindings): the statements that launch `launcher` on a grid (gx, gy) on the
+    stream the expression `stream` gives, with the parameter values the expression `values`
+    lists, as `launch` does; the text's free names are `names`, to be bound to `bindings`."""
     if launch is not _LAUNCH:
-        text = _INLINE_CALL
-    elif launcher.ex:
-        text = _INLINE_EX
+        text = _INLINE_CALL.format(stream=stream, values=values)
     else:
-        text = _INLINE_PLAIN
-        assert 8 * _CONFIG_WORDS == 56
-    pack = launcher.pack if launcher.ex else launcher.pack_params
-    return text, (launcher, gx, gy, _launch_lock, pack, launcher.buffer, launcher.block, launcher.shmem,
-                  launcher.attrs, launcher.nattrs, _cu_get_current, launcher.cur_ref, launcher.cur, launcher.ctx,
-                  _cu_launch_ex, _cu_launch, _void_p, launcher.config_ref, launcher.function, launcher.pointers,
-                  _foreign, _failed, stats, launch)
+        pack, submit = (_PACK_EX, _SUBMIT_EX) if launcher.ex else (_PACK_PLAIN, _SUBMIT_PLAIN)
+        text = _INLINE.format(stream=stream, pack=pack.format(values=values), submit=submit)
+    every = {"L_launcher": launcher, "L_gx": gx, "L_gy": gy, "L_lock": _launch_lock,
+             "L_pack": launcher.pack if launcher.ex else launcher.pack_params, "L_buf": launcher.buffer,
+             "L_block": launcher.block, "L_shmem": launcher.shmem, "L_attrs": launcher.attrs,
+             "L_nattrs": launcher.nattrs, "L_get": _cu_get_current, "L_cur_ref": launcher.cur_ref,
+             "L_cur": launcher.cur, "L_ctx": launcher.ctx, "L_ex": _cu_launch_ex, "L_plain": _cu_launch,
+             "L_vp": _void_p, "L_cfg": launcher.config_ref, "L_fn": launcher.function, "L_ptrs": launcher.pointers,
+             "L_foreign": _foreign, "L_failed": _failed, "L_stats": stats, "L_launch": launch}
+    used = set(re.findall(r"\bL_\w+", text)) - {"L_s", "L_err"}
+    names = tuple(n for n in every if n in used)
+    return text, names, tuple(every[n] for n in names)

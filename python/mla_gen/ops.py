@@ -40,8 +40,8 @@ SCHEMAS = {
 }
 
 
-# The op's own entry (the op's argument order, its own last-plan slot): the dispatcher calls the
-# fast path's function directly, no wrapper frame.
+# The op's own entry (the op's argument order): the dispatcher calls it directly, no wrapper frame
+# here; it runs the function's fast path with the operator's last-plan slot.
 _merge_attn_states = _t.merge_attn_states_op
 
 
@@ -86,7 +86,7 @@ def _fake_merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffi
                             prefill_tokens_with_context=None, output_scale=None, query_start_loc=None,
                             context_start_loc=None):
     if (query_start_loc is None) != (context_start_loc is None):
-        _t._both_or_neither(query_start_loc, context_start_loc)
+        _t.both_or_neither(query_start_loc, context_start_loc)
     return None
 
 
@@ -94,7 +94,7 @@ def _fake_merge_attn_states_fp8_group(output, output_group_scales, output_lse, p
                                       suffix_output, suffix_lse, prefill_tokens_with_context=None, ue8m0=False,
                                       query_start_loc=None, context_start_loc=None):
     if (query_start_loc is None) != (context_start_loc is None):
-        _t._both_or_neither(query_start_loc, context_start_loc)
+        _t.both_or_neither(query_start_loc, context_start_loc)
     return None
 
 

@@ -78,7 +78,7 @@ class Recorder:
 def cpu_launch(monkeypatch):
     """The torch layer on CPU tensors, launches recorded as (kernel, values by name, grid)."""
     torch = pytest.importorskip("torch")
-    from mla_gen import _cuda, _torch, _torch_families
+    from mla_gen import _cuda, _torch
 
     rec = Recorder()
 
@@ -91,9 +91,8 @@ def cpu_launch(monkeypatch):
 
     monkeypatch.setattr(_torch, "_DEVICE_TYPE", "cpu")
     monkeypatch.setattr(_torch, "_plans", {})
-    monkeypatch.setattr(_torch, "_last_pair", _torch._NO_PLAN)
-    monkeypatch.setattr(_torch, "_last_pair_op", _torch._NO_PLAN)
-    monkeypatch.setattr(_torch_families, "_last_ctx", _torch._NO_PLAN)
+    for slot in ("_last_pair", "_last_pair_op", "_last_ctx"):
+        monkeypatch.setattr(_torch, slot, [None] * 4)
     monkeypatch.setattr(_cuda, "kernel", lambda folder, meta: FakeKernel(meta))
     monkeypatch.setattr(_cuda, "primary_context", lambda device: 0xC0)
     monkeypatch.setattr(_torch, "_stream", lambda device: 0)

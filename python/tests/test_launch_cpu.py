@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import mla_gen  # noqa: E402
-from mla_gen import _cuda, _torch, _torch_families, manifest  # noqa: E402
+from mla_gen import _cuda, _torch, manifest  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
 
@@ -95,9 +95,8 @@ def driver(monkeypatch, tmp_path):
     monkeypatch.setattr(_cuda, "_cc", {})
     monkeypatch.setattr(_torch, "_DEVICE_TYPE", "cpu")
     monkeypatch.setattr(_torch, "_plans", {})
-    monkeypatch.setattr(_torch, "_last_pair", _torch._NO_PLAN)
-    monkeypatch.setattr(_torch, "_last_pair_op", _torch._NO_PLAN)
-    monkeypatch.setattr(_torch_families, "_last_ctx", _torch._NO_PLAN)
+    for slot in ("_last_pair", "_last_pair_op", "_last_ctx"):
+        monkeypatch.setattr(_torch, slot, [None] * 4)
     monkeypatch.setattr(_torch, "_stream", lambda device: STREAM)
     monkeypatch.setattr(_cuda, "primary_context", lambda device: PRIMARY)
 

@@ -98,9 +98,9 @@ def test_the_contract_decides(cpu_launch, case):
 @pytest.fixture(params=["TensorGuards", "layout key"])
 def guard_kind(request, monkeypatch):
     """Both guards of the plain call's fast path: torch's TensorGuards and the Python fallback."""
-    from mla_gen import _torch
-    if request.param == "layout key" or _torch._TensorGuards is None:
-        monkeypatch.setattr(_torch, "_TensorGuards", None)
+    from mla_gen import _plan
+    if request.param == "layout key" or _plan.TensorGuards is None:
+        monkeypatch.setattr(_plan, "TensorGuards", None)
     return request.param
 
 
@@ -281,15 +281,55 @@ def test_the_plain_call_keeps_torchs_guard(cpu_launch):
     """The fast path's guard is torch's C++ TensorGuards where torch has it, with and without the
     optional tensors (a None slot stands in as its own empty tensor); a tensor given twice (the
     guard refuses aliases) falls back to the layout key and still launches."""
-    from mla_gen import _torch
-    if _torch._TensorGuards is None:
+    from mla_gen import _plan, _torch
+    if _plan.TensorGuards is None:
         pytest.skip("this torch has no torch._C._dynamo.guards.TensorGuards")
     out, p, pl, s, sl = pair()
     for args in ((out, p, pl, s, sl), (out, p, pl, s, sl, torch.empty(H, T), 3)):
         mla_gen.merge_attn_states(*args)
         mla_gen.merge_attn_states(*args)
-        assert isinstance(_torch._last_pair[2].guard, _torch._TensorGuards)
+        assert isinstance(_torch._last_pair[2].guard, _plan.TensorGuards)
     mla_gen.merge_attn_states(out, p, pl, p, pl)
     mla_gen.merge_attn_states(out, p, pl, p, pl)
-    assert isinstance(_torch._last_pair[2].guard, _torch._LayoutKey)
+    assert isinstance(_torch._last_pair[2].guard, _plan.LayoutKey)
     assert cpu_launch.last()[1]["suffix_output"] == p.data_ptr()
+
+
+def test_the_function_and_the_operator_share_one_fast_path(cpu_launch):
+    """The op's implementation runs the function's fast path with its own slot: the same plan
+    (from the cache), the same launch, each slot kept while the other changes layouts."""
+    from mla_gen import _torch
+    out, p, pl, s, sl = pair()
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2)
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2)
+    via_function = cpu_launch.last()
+    _torch.merge_attn_states_op(out, None, p, pl, s, sl, 2)
+    assert cpu_launch.last() == via_function
+    _torch.merge_attn_states_op(out, None, p, pl, s, sl, 2)
+    assert _torch._last_pair_op[2] is _torch._last_pair[2]
+    plans = mla_gen.stats()["plans"]
+    mla_gen.merge_attn_states(out, p, pl, s, sl, torch.empty(H, T), 2)  # another layout, the function's slot
+    mla_gen.merge_attn_states(out, p, pl, s, sl, torch.empty(H, T), 2)
+    _torch.merge_attn_states_op(out, None, p, pl, s, sl, 4)
+    assert _torch._last_pair_op[2] is not _torch._last_pair[2] and cpu_launch.last()[1]["output_lse"] == 0
+    assert mla_gen.stats()["plans"] == plans + 1
+
+
+def test_the_fast_path_source_prints_once_with_the_switch(cpu_launch, monkeypatch, capfd):
+    """MLA_GEN_SHOW_FASTPATH=1: each generated text to stderr when first compiled (plans of one
+    shape share it); without it, nothing."""
+    from mla_gen import _fastpath
+    monkeypatch.setattr(_fastpath, "_compiled", {})
+    monkeypatch.setenv("MLA_GEN_SHOW_FASTPATH", "1")
+    out, p, pl, s, sl = pair()
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2)
+    mla_gen.merge_attn_states(*pair(t=T - 1), None, 2)  # another plan of the same shape: the same text
+    err = capfd.readouterr().err
+    assert err.count("def make(") == 1 and "# mla_gen fast path (first compiled for merge_attn_states_bf16" in err
+    assert "prefill_tokens_with_context_max" in err and "output_ptr = output.data_ptr()" in err
+    mla_gen.merge_attn_states(out, p, pl, s, sl, torch.empty(H, T), 2)  # an output lse: another text
+    assert capfd.readouterr().err.count("def make(") == 1
+    monkeypatch.setattr(_fastpath, "_compiled", {})
+    monkeypatch.delenv("MLA_GEN_SHOW_FASTPATH")
+    mla_gen.merge_attn_states(*pair(t=T - 2), None, 2)
+    assert capfd.readouterr().err == ""

@@ -1,0 +1,383 @@
+"""Planning: which kernel serves a call, and the plan that checks and launches calls of its layouts.
+
+A call's tensors are mapped to the kernel's parameters by name; the integer parameters (sizes
+and strides) are read from the tensors through the contract's dims (a dim of size ``num_tokens``
+gives ``num_tokens``, a stride ``output_token_stride`` gives that stride); a buffer's length is
+the elements from its pointer to the end of its storage. The contract then decides everything it
+can (docs/MANIFEST.md, "The check"). This module adds only what the contract cannot say: a
+torch.Tensor on the kernels' device type, all on one device, of the rank the kernel addresses,
+and laid out as the kernel addresses it (the shape and strides its dims give, e.g. a contiguous
+head dim).
+
+``prepare`` runs that full check once per layout (shapes, strides, dtypes, device) and returns a
+plan, whose generated fast path (_fastpath) checks later calls with the same layouts only for what
+depends on the pointers and on the free integers. The storage-length rule needs no per-call work:
+torch keeps every tensor inside its storage, and the plan checked these layouts. The kinds at the
+end say, per way of calling, which tensors bind which parameters and which kernel serves.
+
+Nothing here reads a global setting of the calls: the device type and the stream function come
+in as arguments (_torch holds them, tests and the benches replace them there).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _cuda, _fastpath
+from . import manifest as _m
+from .contract import ArgumentError, Buffer, plan_for
+
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+_ELEM = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32",
+         torch.uint8: "u8", torch.bool: "u8", torch.float64: "f64", torch.int64: "i64", torch.int8: "i8",
+         torch.int16: "i16"}
+if _FP8 is not None:
+    _ELEM[_FP8] = "fp8_e4m3"
+
+# Where an empty tensor has no storage (data_ptr 0) it stands at this address: nothing is read
+# or written through it (its extent is 0, or the check refuses it as too short).
+EMPTY_ADDRESS = 1 << 12
+
+stats = {"plans": 0}  # full checks that built a plan (mla_gen.stats())
+
+
+def _elem(dtype) -> str:
+    return _ELEM.get(dtype) or str(dtype).removeprefix("torch.")
+
+
+def buffer(t: torch.Tensor) -> Buffer:
+    """The contract's view of a tensor: its address, the elements from there to the end of its
+    storage, its element type."""
+    size = t.element_size()
+    ptr = t.data_ptr()
+    length = (t.untyped_storage().nbytes() - t.storage_offset() * size) // size
+    if ptr == 0 and t.numel() == 0:
+        ptr, length = EMPTY_ADDRESS, 0
+    return Buffer(ptr, length, _elem(t.dtype))
+
+
+def pointer(t):
+    return 0 if t is None else (t.data_ptr() or (EMPTY_ADDRESS if t.numel() == 0 else 0))
+
+
+def layout_key(t):
+    """What a plan depends on of a tensor: shape, strides, dtype, device (None: not given)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+
+
+class Kind:
+    """One way of calling: the family, the kernel parameters its tensors bind (in call order),
+    its free integers, and how it picks the kernel: ``select(kf, tensors by name, options, free
+    integers given by name) -> manifest entry``."""
+
+    def __init__(self, family, names, free, select):
+        self.family, self.names, self.free, self.select = family, names, free, select
+
+
+class Prepared:
+    """A plan: the kernel, its launcher (None: nothing to launch), grid and device, and the fast
+    path (run, go, set_guard: _fastpath.build) with its layout guard."""
+
+    __slots__ = ("launcher", "run", "go", "set_guard", "guard", "grid", "device", "meta", "name", "gx", "gy")
+
+
+def _layout_error(name, t, sizes, strides, labels):
+    want = ", ".join(f"{lab}={s}" for lab, s in zip(labels, sizes))
+    return ValueError(f"{name} has shape {tuple(t.shape)} and strides {tuple(t.stride())}; the kernel addresses it "
+                      f"as [{want}] with strides {tuple(strides)} (strides of size-1 dims do not matter)")
+
+
+def _shaped(plan, tmap):
+    """(parameter, tensor) for each given tensor the contract addresses through dims."""
+    for p in plan.params:
+        t = tmap.get(p.name) if p.pointer else None
+        if t is not None and p.dims:
+            yield p, t
+
+
+def _arguments(kind: Kind, tensors: tuple, free: tuple, device_type: str):
+    """The call's device and free integers given by name, after what the contract cannot say of
+    them: tensors on one device of `device_type`, free integers as Python ints."""
+    device = first = None
+    for name, t in zip(kind.names, tensors):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != device_type:
+            raise ValueError(f"{name} is on {t.device}; the kernels run on a CUDA device")
+        if device is None:
+            device, first = t.device, name
+        elif t.device != device:
+            raise ValueError(f"{name} is on {t.device}, {first} on {device}; all tensors must be on one device")
+    given_free = {}
+    for name, v in zip(kind.free, free):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be a Python int (a tensor would need a device-to-host sync), "
+                            f"got {type(v).__name__}")
+        given_free[name] = int(v)
+    return device, given_free
+
+
+def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type: str, stream):
+    """Check a call in full; returns (plan for this layout, the parameter values of this call).
+    Raises TypeError/ValueError for what the contract cannot express, ArgumentError (a
+    ValueError) for what it refuses. `stream(device)`: the launch's stream, called per launch."""
+    device, given_free = _arguments(kind, tensors, free, device_type)
+    tmap = dict(zip(kind.names, tensors))
+    kf = _m.folder()
+    meta = kind.select(kf, tmap, options, given_free)
+    plan = plan_for(meta["name"], meta)
+    # The integers, from the tensors' shapes and strides through the contract's dims.
+    ints = {}
+    for p, t in _shaped(plan, tmap):
+        if t.dim() != len(p.dims):
+            raise ValueError(f"{p.name} must have {len(p.dims)} dimensions [{', '.join(d[0] for d in p.dims)}], "
+                             f"got shape {tuple(t.shape)}")
+        for k, (_, size, _) in enumerate(p.dims):
+            if size.mul == 1 and len(size.factors) == 1:
+                j = size.factors[0]
+                if j not in ints and plan.names[j] not in given_free:
+                    ints[j] = t.shape[k] - size.add
+        for k, (_, _, stride) in enumerate(p.dims):
+            j = stride.param()
+            if j is not None and j not in ints and plan.names[j] not in given_free:
+                ints[j] = t.stride(k) if t.shape[k] > 1 else 0
+    args = {name: (None if t is None else buffer(t)) for name, t in tmap.items()}
+    for j, v in ints.items():
+        args[plan.names[j]] = v
+    args.update(given_free)
+    checked = plan.check(args)
+    values = checked.values
+    # What the contract cannot say: the tensor is laid out as the kernel addresses it.
+    for p, t in _shaped(plan, tmap):
+        sizes, strides = plan.dims_of(p.name, values)
+        if tuple(t.shape) != sizes or (0 not in sizes and any(
+                sz > 1 and st != ts for sz, st, ts in zip(sizes, strides, t.stride()))):
+            raise _layout_error(p.name, t, sizes, strides, [d[0] for d in p.dims])
+    run_meta, run = sized(kf, meta, plan, checked, args)
+    prep = Prepared()
+    prep.meta = meta
+    prep.name = meta["name"]
+    prep.grid = run.grid
+    prep.gx, prep.gy = run.grid[:2] if run.grid else (0, 0)
+    prep.device = (device.index or 0) if device is not None else 0  # CPU tensors (tests): 0
+    prep.launcher = None
+    if run.grid is not None:
+        prep.launcher = make_launcher(kf, run_meta, run, prep.device)
+    sources = _launch_values(kind, plan, tensors, given_free, values)
+    prep.run, prep.go, prep.set_guard = _fast_path(kind, plan, checked, tensors, free, given_free, sources, prep,
+                                                   stream)
+    prep.guard = None
+    stats["plans"] += 1
+    pointers = [pointer(t) for t in tensors]
+    return prep, tuple(pointers[s[1]] if s[0] == "tensor" else free[s[1]] if s[0] == "free" else s[2]
+                       for s in sources)
+
+
+def _launch_values(kind: Kind, plan, tensors: tuple, given_free: dict, values) -> list:
+    """Where each kernel parameter's value comes from in a call of this plan: ("tensor", k) the
+    k-th tensor's pointer, ("free", k) the k-th free integer, ("plan", name, value)."""
+    pos = {name: k for k, name in enumerate(kind.names)}
+    out = []
+    for i, p in enumerate(plan.params):
+        if p.pointer and p.name in pos and tensors[pos[p.name]] is not None:
+            out.append(("tensor", pos[p.name]))
+        elif not p.pointer and p.name in given_free:
+            out.append(("free", kind.free.index(p.name)))
+        else:
+            out.append(("plan", p.name, values[i]))
+    return out
+
+
+def _fast_path(kind, plan, checked, tensors, free, given_free, sources, prep, stream):
+    """The plan's per-call checks (what a call with the same layouts still checks: alignment,
+    overlap, the free integers' bounds) and launch, generated by _fastpath."""
+    pos = {name: k for k, name in enumerate(kind.names)}
+    given = [p for p in plan.params if p.pointer and p.dims is not None and p.name in pos
+             and tensors[pos[p.name]] is not None]
+    aligned: dict = {}
+    for p in given:
+        if p.align > 1:
+            aligned.setdefault(p.align, []).append(pos[p.name])
+    extents = [0] * len(kind.names)
+    for i, p in enumerate(plan.params):
+        if p.pointer and p.name in pos and tensors[pos[p.name]] is not None:
+            extents[pos[p.name]] = checked.extents[i] * p.elem_bytes
+    overlaps = [(pos[p.name], pos[q.name]) for x, p in enumerate(given) for q in given[x + 1:]
+                if (p.writes or q.writes) and extents[pos[p.name]] and extents[pos[q.name]]]
+    values = checked.values
+    bounds = []
+    for name in given_free:
+        if name in plan.names:
+            p = plan.params[plan.names.index(name)]
+            deps = (p.min.factors if p.min else ()) + (p.max.factors if p.max else ())
+            lo = p.min.eval(values) if p.min else -(1 << 63)
+            hi = p.max.eval(values) if p.max else (1 << 63) - 1
+        else:  # a constant of the kernel: that value only
+            c = plan.constants[name]
+            deps = c.factors
+            lo = hi = c.eval(values)
+        if any(plan.names[d] in given_free for d in deps):
+            bounds = None  # a bound over another free integer: every call gets the full check
+            break
+        bounds.append((kind.free.index(name), lo, hi))
+    present = tuple(t is not None for t in tensors) + tuple(v is not None for v in free)
+    launch = None if prep.launcher is None else (prep.launcher, prep.gx, prep.gy)
+    return _fastpath.build(plan.kernel, kind.names, kind.free, present, sorted(aligned.items()), overlaps,
+                           tuple(extents), bounds, sources, launch, prep.device, stream)
+
+
+def sized(kf, meta, plan, checked, args):
+    """The kernel a launch with these checked values runs, and its check (same values; its own
+    grid and block): the size rule's kernel for the rows where it has one and its grid fits."""
+    if checked.grid is None:
+        return meta, checked
+    values = checked.values
+    run_meta = _m.by_size_rule(kf, meta, lambda name: values[plan.names.index(name)])
+    if run_meta is meta:
+        return meta, checked
+    try:
+        return run_meta, plan_for(run_meta["name"], run_meta).check(args)
+    except ArgumentError:  # past a grid limit of that kernel: this one serves
+        return meta, checked
+
+
+def make_launcher(kf, meta, checked, device):
+    return _cuda.Launcher(_cuda.kernel(kf, meta).function(device), _cuda.primary_context(device), len(meta["params"]),
+                          checked.block_threads, checked.shared_mem_bytes, kf.manifest.get("nvrtc"), meta["name"],
+                          _cuda.param_kinds(meta["params"]), _cuda.uses_pdl(meta, device))
+
+
+# ---- the layout guard ----
+
+try:  # a C++ check of dtype, device, shape, strides (and dispatch keys, requires_grad) of many tensors
+    from torch._C._dynamo.guards import TensorGuards
+except ImportError:  # pragma: no cover - torch without it: LayoutKey, the same check in Python
+    TensorGuards = None
+
+
+class LayoutKey:
+    """The guard where torch has no TensorGuards: the tensors' (shape, strides, dtype, device)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, tensors):
+        self.key = tuple([layout_key(t) for t in tensors])
+
+    def check(self, *tensors):
+        return tuple([layout_key(t) for t in tensors]) == self.key
+
+
+def layout_guard(tensors: tuple):
+    """A check that later tensors have the layouts (dtype, device, shape, strides) these have,
+    for the given (not None) ones, in order (which are None is part of the plan, checked by its
+    `go`): torch's TensorGuards (one C++ call, ~0.1 us a tensor; stricter: also the dispatch keys
+    and requires_grad, so it may say no where the plan would serve, and the call then looks the
+    plan up by its key; it refuses one tensor object in two slots, and then LayoutKey serves),
+    else LayoutKey."""
+    ts = tuple([t for t in tensors if t is not None])
+    if TensorGuards is not None:
+        try:
+            g = TensorGuards(*ts, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+            if g.check(*ts):
+                return g
+        except (TypeError, RuntimeError):
+            pass
+    return LayoutKey(ts)
+
+
+def set_guard(prep: Prepared, tensors: tuple):
+    prep.guard = layout_guard(tensors)
+    prep.set_guard(prep.guard.check)
+
+
+# ---- which kernel serves a call: the kinds and their selection ----
+
+_CTX_MASK = " with the empty-context mask (mask_empty_context = true)"
+
+
+def choose(kf, family: str, dtype, head_size, what: str, **want) -> dict:
+    """The manifest entry that serves a call (manifest.select's best), else the error that names
+    the call (`what`)."""
+    hit = _m.select(kf, family, dtype, head_size, **want)
+    if hit is None:
+        raise ValueError(f"no generated {family} kernel for {what} in {kf.label}; add it to the spec "
+                         f"([[{family}]]) and regenerate, or set MLA_GEN_KERNELS")
+    return hit[0]
+
+
+def dims(t, name, rank):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dimensions, got shape {tuple(t.shape)}")
+    return t.shape
+
+
+def _select_merge(kf, tmap, options, free):
+    """merge_attn_states: the output's dtype (the inputs', e4m3 with an output_scale, e4m3 per
+    token-group with output_scales: options (ue8m0, lse_layout)), with or without an output lse,
+    a threshold, the fused empty-context mask (the start locations given)."""
+    prefix = tmap["prefix_output"]
+    lse_layout = options[-1]
+    if "output_scales" in tmap:
+        ue8m0 = bool(options[0])
+        T, H, D = dims(prefix, "prefix_output", 3)
+        scales = tmap["output_scales"]
+        dims(scales, "output_group_scales", 2)
+        groups = scales.shape[1]
+        if groups < 1 or (H * D) % groups:
+            raise ValueError(f"output_group_scales must be [T, H * D / G] for a group size G, got "
+                             f"{tuple(scales.shape)} for H * D = {H * D}")
+        G = H * D // groups
+        want = dict(output="fp8_e4m3_group", group_size=G, ue8m0=ue8m0)
+        what = (f"dtype={prefix.dtype}, head_size={D}, output = fp8_e4m3_group, group_size = {G}, ue8m0 = {ue8m0}, "
+                f"lse_layout={lse_layout}")
+    else:
+        D = dims(prefix, "prefix_output", 3)[2]
+        want = dict(output="fp8_e4m3" if tmap["output_scale"] is not None else "same")
+        what = f"dtype={prefix.dtype}, head_size={D}, output={want['output']}, lse_layout={lse_layout}"
+    ctx = tmap.get("query_start_loc") is not None
+    return choose(kf, "merge_attn_states", prefix.dtype, D, what + (_CTX_MASK if ctx else ""), **want,
+                  output_lse=tmap["output_lse"] is not None, threshold="prefill_tokens_with_context" in free,
+                  lse_layout=lse_layout, mask_empty_context=ctx)
+
+
+def states_kernel(kf, v, output_lse: bool) -> dict:
+    """merge_states: this K compiled in, else the runtime-K kernel."""
+    T, K, H, D = dims(v, "v", 4)
+    return choose(kf, "merge_states", v.dtype, D, f"dtype={v.dtype}, head_size={D} merging {K} states "
+                  f"(no kernel with num_states = {K} or \"runtime\")", num_states=K, output_lse=output_lse)
+
+
+def _select_in_place(kf, tmap, options, free):
+    (lse_layout,) = options
+    v, mask = tmap["state"], tmap["mask"] is not None
+    D = dims(v, "v", 3)[2]
+    return choose(kf, "merge_state_in_place", v.dtype, D, f"dtype={v.dtype}, head_size={D}, lse_layout={lse_layout}"
+                  + (" and a mask" if mask else ""), mask=mask, lse_layout=lse_layout)
+
+
+def _select_mask(kf, tmap, options, free):
+    (lse_layout,) = options
+    return choose(kf, "mask_empty_context_lse", None, None, f"lse_layout={lse_layout}", lse_layout=lse_layout)
+
+
+_FREE = ("prefill_tokens_with_context",)
+_START_LOCATIONS = ("query_start_loc", "context_start_loc")  # the fused mask's: [B + 1] gives num_requests
+
+# merge_attn_states, per-tensor FP8 included (options: (lse_layout,)), with the fused mask
+PAIR = Kind("merge_attn_states", ("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output",
+                                  "suffix_lse", "output_scale"), _FREE, _select_merge)
+PAIR_CTX = Kind("merge_attn_states", PAIR.names + _START_LOCATIONS, _FREE, _select_merge)
+# per-token-group FP8 (options: (ue8m0, lse_layout)), with the fused mask
+GROUP = Kind("merge_attn_states", ("output", "output_scales", "output_lse", "prefix_output", "prefix_lse",
+                                   "suffix_output", "suffix_lse"), _FREE, _select_merge)
+GROUP_CTX = Kind("merge_attn_states", GROUP.names + _START_LOCATIONS, _FREE, _select_merge)
+STATES = Kind("merge_states", ("output", "output_lse", "states", "states_lse"), (),
+              lambda kf, tmap, options, free: states_kernel(kf, tmap["states"], tmap["output_lse"] is not None))
+IN_PLACE = Kind("merge_state_in_place", ("state", "state_lse", "other", "other_lse", "mask"), (), _select_in_place)
+MASK = Kind("mask_empty_context_lse", ("lse",) + _START_LOCATIONS, (), _select_mask)
