@@ -1,7 +1,7 @@
 //! The build-time API: a `build.rs` turns a spec into kernels in `OUT_DIR` and a Rust module to
 //! `include!`, with the images embedded, `load(ctx)` returning one resolved handle per kernel, one
 //! typed launch method per kernel and a run-time `dispatch` (the module's text:
-//! `src/host/rust_module.rs`). Needs NVRTC, no nvcc and no GPU. Unchanged inputs (spec,
+//! `src/writers/rust_module.rs`). Needs NVRTC, no nvcc and no GPU. Unchanged inputs (spec,
 //! templates, tool and NVRTC versions, archs) reuse the previous output and compile nothing.
 //!
 //! In `build.rs` (the engine build-depends on mla-gen with feature `codegen`):
@@ -25,18 +25,20 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use crate::constants::TOOL_VERSION;
 use crate::contract::{MANIFEST, SCHEMA_VERSION};
 use crate::gen::emit;
 use crate::gen::nvrtc;
-use crate::gen::render::{sha256_hex, Templates, TOOL_VERSION};
+use crate::gen::render::Templates;
+use crate::gen::sha256_hex;
 use crate::gen::spec::{self, Spec};
+use crate::generate::{generate_files, Error};
 #[doc(hidden)]
-pub use crate::host::rust_module::{rust_module, BindingKernel};
-use crate::Error;
+pub use crate::writers::rust_module::{rust_module, BindingKernel};
 
 /// Environment variable: when `1`, build no kernels (documentation builds, machines without
 /// NVRTC); the module still declares every method, and loading returns an error.
-pub const ENV_SKIP: &str = crate::ENV_SKIP;
+pub const ENV_SKIP: &str = crate::constants::ENV_SKIP;
 /// Environment variable docs.rs sets: the build then skips the kernels, as under [`ENV_SKIP`],
 /// and never loads NVRTC.
 pub const ENV_DOCS_RS: &str = "DOCS_RS";
@@ -271,7 +273,7 @@ impl Builder {
             .is_ok_and(|k| k.trim() == key)
             && dir.join(MANIFEST).is_file();
         if !cached {
-            let (mut files, _) = crate::generate_files(&spec, &templates, self.jobs, false)?;
+            let (mut files, _) = generate_files(&spec, &templates, self.jobs, false)?;
             // The key travels with the files, so both land in the same atomic swap.
             files.insert(CACHE_KEY_FILE.to_string(), key.into_bytes());
             emit::write(&dir, &files)?;

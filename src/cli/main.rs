@@ -9,12 +9,15 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use failure::Failure;
+
 use mla_gen::emit::{self, WriteOutcome};
 use mla_gen::nvrtc;
 use mla_gen::render::Templates;
 use mla_gen::spec::{self, Spec};
 
 mod doctor;
+mod failure;
 mod gpu;
 mod report;
 
@@ -224,15 +227,6 @@ enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
-}
-
-/// A failure to report: message, exit code.
-struct Failure(String, u8);
-
-impl<E: std::fmt::Display> From<E> for Failure {
-    fn from(e: E) -> Self {
-        Failure(e.to_string(), 1)
-    }
 }
 
 fn load_spec(args: &SpecArgs) -> Result<Spec, Failure> {

@@ -1,16 +1,17 @@
-//! `manifest.json` as the runtime reads it (docs/MANIFEST.md): per kernel its name, variant,
-//! argument contract ([`crate::contract`]) and files, and the one artifact rule that picks a
-//! kernel's file for a device. Reading needs no GPU.
+//! `manifest.json` as every host in Rust reads it (docs/MANIFEST.md): per kernel its name,
+//! variant, argument contract ([`crate::contract`]) and files, and the one artifact rule that
+//! picks a kernel's file for a device. Reading needs no GPU and no driver (serde only).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::constants::TOOL_VERSION;
 use crate::contract::{Contract, LaunchRule, Param, SCHEMA_VERSION};
+use crate::error::ManifestError;
 use crate::host::check::Plan;
-use crate::host::runtime::RuntimeError;
-use crate::host::typed::KernelKey;
+use crate::kernel_key::KernelKey;
 use crate::variant::{Arch, Family, Fp8Group, LseLayout, OutputKind, Schedule};
 
 /// The manifest: the NVRTC that made the files and every kernel.
@@ -97,8 +98,8 @@ pub struct Artifact {
 impl ManifestView {
     /// Parse a manifest; `origin` names it in errors. Another `schema_version` is refused
     /// rather than misread.
-    pub fn parse(origin: &Path, text: &[u8]) -> Result<ManifestView, RuntimeError> {
-        let bad = |detail: String| RuntimeError::Manifest {
+    pub fn parse(origin: &Path, text: &[u8]) -> Result<ManifestView, ManifestError> {
+        let bad = |detail: String| ManifestError {
             path: origin.to_path_buf(),
             detail,
         };
@@ -113,7 +114,7 @@ impl ManifestView {
             Some(v) => {
                 return Err(bad(format!(
                     "schema_version {v}; this mla-gen {} reads schema_version {SCHEMA_VERSION}: regenerate the kernels with it",
-                    crate::TOOL_VERSION
+                    TOOL_VERSION
                 )))
             }
             None => {
@@ -137,8 +138,8 @@ impl KernelView {
     }
 
     /// The checker of this kernel's launches (names resolved once).
-    pub fn plan(&self) -> Result<Plan, RuntimeError> {
-        Plan::new(&self.name, &self.contract()).map_err(|detail| RuntimeError::Manifest {
+    pub fn plan(&self) -> Result<Plan, ManifestError> {
+        Plan::new(&self.name, &self.contract()).map_err(|detail| ManifestError {
             path: "manifest.json".into(),
             detail,
         })

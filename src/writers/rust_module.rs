@@ -7,11 +7,11 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::constants::{ENV_SKIP, TOOL_VERSION};
 use crate::contract::MANIFEST;
 use crate::contract::{Param, ParamKind};
 use crate::dtype::Dtype;
 use crate::gen::spec::{self, LseLayout};
-use crate::TOOL_VERSION;
 
 /// What a typed binding needs to know of a kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -318,7 +318,7 @@ pub fn rust_module(
             let _ = write!(
                 s,
                 "/// Built without kernels ({}=1, or on docs.rs): none are embedded.\n#[allow(dead_code)]\npub const MANIFEST: &str = \"\";\n#[allow(dead_code)]\npub const FILES: &[(&str, &[u8])] = &[];\n\n",
-                crate::ENV_SKIP
+                ENV_SKIP
             );
         }
     }
