@@ -328,8 +328,8 @@ fn check(
     // A different NVRTC rewrites every PTX: say so rather than leave a wall of "stale".
     if let Some(old) = actual
         .get(emit::MANIFEST)
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-        .and_then(|m| m["nvrtc"]["release"].as_str().map(str::to_string))
+        .and_then(|b| mla_gen::host::manifest::NvrtcView::of(b))
+        .map(|n| n.release)
     {
         if old != manifest.nvrtc.release {
             msg.push_str(&format!(

@@ -136,10 +136,10 @@ pub fn bench(dir: &Path, o: &BenchOptions) -> Result<serde_json::Value, RuntimeE
         .filter(|k| {
             o.only
                 .iter()
-                .any(|(d, h)| k.meta.variant.dtype == *d && k.meta.variant.head_size == *h)
+                .any(|(d, h)| k.meta.variant.dtype.name() == d && k.meta.variant.head_size == *h)
         })
         .collect();
-    kernels.sort_by_key(|k| k.meta.variant.dtype.clone());
+    kernels.sort_by_key(|k| k.meta.variant.dtype.name());
     // The copies move each row's bytes: half read, half written.
     let copy_bytes = |k: &Kernel, (t, h, half): Shape| {
         let size = k.meta.dtype().map_or(4, |d| d.size_bytes() as usize);
