@@ -1,7 +1,7 @@
 //! The build-time API: a `build.rs` turns a spec into kernels in `OUT_DIR` and a Rust module to
 //! `include!`, with the images embedded, `load(ctx)` returning one resolved handle per kernel, one
 //! typed launch method per kernel and a run-time `dispatch` (the module's text:
-//! `src/host/rust_module.rs`). Needs NVRTC, no nvcc and no GPU. Unchanged inputs (spec,
+//! `src/writers/rust_module.rs`). Needs NVRTC, no nvcc and no GPU. Unchanged inputs (spec,
 //! templates, tool and NVRTC versions, archs) reuse the previous output and compile nothing.
 //!
 //! In `build.rs` (the engine build-depends on mla-gen with feature `codegen`):
@@ -25,18 +25,21 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use crate::contract::{MANIFEST, SCHEMA_VERSION};
+use crate::constants::TOOL_VERSION;
+use crate::contract::MANIFEST;
 use crate::gen::emit;
 use crate::gen::nvrtc;
-use crate::gen::render::{sha256_hex, Templates, TOOL_VERSION};
+use crate::gen::render::Templates;
+use crate::gen::sha256_hex;
 use crate::gen::spec::{self, Spec};
+use crate::generate::{generate_files, Error};
+use crate::host::manifest::{FileView, KernelView, ManifestView};
 #[doc(hidden)]
-pub use crate::host::rust_module::{rust_module, BindingKernel};
-use crate::Error;
+pub use crate::writers::rust_module::{rust_module, BindingKernel};
 
 /// Environment variable: when `1`, build no kernels (documentation builds, machines without
 /// NVRTC); the module still declares every method, and loading returns an error.
-pub const ENV_SKIP: &str = crate::ENV_SKIP;
+pub const ENV_SKIP: &str = crate::constants::ENV_SKIP;
 /// Environment variable docs.rs sets: the build then skips the kernels, as under [`ENV_SKIP`],
 /// and never loads NVRTC.
 pub const ENV_DOCS_RS: &str = "DOCS_RS";
@@ -271,7 +274,7 @@ impl Builder {
             .is_ok_and(|k| k.trim() == key)
             && dir.join(MANIFEST).is_file();
         if !cached {
-            let (mut files, _) = crate::generate_files(&spec, &templates, self.jobs, false)?;
+            let (mut files, _) = generate_files(&spec, &templates, self.jobs, false)?;
             // The key travels with the files, so both land in the same atomic swap.
             files.insert(CACHE_KEY_FILE.to_string(), key.into_bytes());
             emit::write(&dir, &files)?;
@@ -279,10 +282,11 @@ impl Builder {
         let manifest_path = dir.join(MANIFEST);
         let manifest_text =
             std::fs::read(&manifest_path).map_err(emit::io_err(&manifest_path, "cannot read"))?;
-        let manifest: serde_json::Value = serde_json::from_slice(&manifest_text)
-            .map_err(|e| Error::Emit(emit::EmitError::Json(e)))?;
+        // The same reader as prebuilt() and the runtime: an entry it cannot read is an error.
+        let manifest = ManifestView::parse(&manifest_path, &manifest_text)
+            .map_err(|e| prebuilt_err(&e.path, e.detail))?;
         let kernels = BindingKernel::from_manifest(&manifest);
-        let files: Vec<String> = image_files(&manifest).into_iter().map(|f| f.file).collect();
+        let files: Vec<String> = images(&manifest).map(|f| f.file.clone()).collect();
         let text = rust_module(&kernels, &spec.source_name(), Some((&dir, &files)));
         write_if_changed(&module, text.as_bytes())?;
         Ok(Built {
@@ -322,38 +326,10 @@ impl Builder {
                 format!("cannot read it ({e}): prebuilt() takes a folder `mla-gen generate --out` wrote"),
             )
         })?;
-        let manifest: serde_json::Value = serde_json::from_slice(&text)
-            .map_err(|e| prebuilt_err(&manifest_path, format!("not a manifest: {e}")))?;
-        match manifest["schema_version"].as_u64() {
-            Some(v) if v == u64::from(SCHEMA_VERSION) => {}
-            v => {
-                return Err(prebuilt_err(
-                    &manifest_path,
-                    format!(
-                        "schema_version {}; this mla-gen {TOOL_VERSION} reads schema_version {SCHEMA_VERSION}: regenerate the folder with it",
-                        v.map_or("missing".to_string(), |v| v.to_string())
-                    ),
-                ))
-            }
-        }
+        // Another schema_version, or an entry this mla-gen cannot read, is refused.
+        let manifest = ManifestView::parse(&manifest_path, &text)
+            .map_err(|e| prebuilt_err(&e.path, e.detail))?;
         let kernels = BindingKernel::from_manifest(&manifest);
-        let listed = manifest["kernels"].as_array().map_or(0, Vec::len);
-        if kernels.len() != listed {
-            let unread: Vec<&str> = manifest["kernels"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|k| k["name"].as_str())
-                .filter(|n| !kernels.iter().any(|b| b.name == *n))
-                .collect();
-            return Err(prebuilt_err(
-                &manifest_path,
-                format!(
-                    "cannot read the entries of {}: regenerate the folder with this mla-gen ({TOOL_VERSION})",
-                    if unread.is_empty() { "some kernels".to_string() } else { unread.join(", ") }
-                ),
-            ));
-        }
         // Names become Rust identifiers in the module: nothing else may reach it from a folder.
         let identifier = |s: &str| {
             s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
@@ -383,7 +359,7 @@ impl Builder {
         let abs = std::fs::canonicalize(dir)
             .map_err(|e| prebuilt_err(dir, format!("cannot resolve the folder: {e}")))?;
         let mut files = Vec::new();
-        for f in image_files(&manifest) {
+        for f in images(&manifest) {
             let relative = Path::new(&f.file);
             if f.file.is_empty()
                 || !relative
@@ -409,18 +385,19 @@ impl Builder {
                 )
             })?;
             let got = sha256_hex(&bytes);
-            if got != f.sha256 || f.bytes != Some(bytes.len() as u64) {
+            let want = f.sha256.as_deref().unwrap_or_default();
+            if got != want || f.bytes != Some(bytes.len() as u64) {
                 return Err(prebuilt_err(
                     &path,
                     format!(
                         "sha256 {got} ({} bytes) differs from the manifest's {} ({} bytes): the folder changed after it was generated; regenerate it (mla-gen generate) or run `mla-gen check` to see what differs",
                         bytes.len(),
-                        f.sha256,
+                        want,
                         f.bytes.map_or("?".to_string(), |b| b.to_string()),
                     ),
                 ));
             }
-            files.push(f.file);
+            files.push(f.file.clone());
         }
         let text = rust_module(&kernels, &source, Some((&abs, &files)));
         write_if_changed(module, text.as_bytes())?;
@@ -458,29 +435,9 @@ fn prebuilt_err(path: &Path, detail: String) -> Error {
     }
 }
 
-/// A kernel image the manifest lists: its path in the folder, size and hash.
-struct ImageFile {
-    file: String,
-    bytes: Option<u64>,
-    sha256: String,
-}
-
 /// Every PTX and CUBIN file of a manifest, in manifest order.
-fn image_files(manifest: &serde_json::Value) -> Vec<ImageFile> {
-    manifest["kernels"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|k| k["archs"].as_array().into_iter().flatten())
-        .flat_map(|a| [&a["ptx"], &a["cubin"]])
-        .filter_map(|f| {
-            Some(ImageFile {
-                file: f["file"].as_str()?.to_string(),
-                bytes: f["bytes"].as_u64(),
-                sha256: f["sha256"].as_str().unwrap_or_default().to_string(),
-            })
-        })
-        .collect()
+fn images(manifest: &ManifestView) -> impl Iterator<Item = &FileView> {
+    manifest.kernels.iter().flat_map(KernelView::images)
 }
 
 fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<(), Error> {

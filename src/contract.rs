@@ -164,6 +164,36 @@ pub struct SizeRuleRange {
     pub kernel: String,
 }
 
+/// A `[T, H, D]` tensor view in elements: row (t, h) starts at `t*token_stride + h*head_stride`.
+/// Every `[T, H, D]` tensor of every family passes its strides as the two parameters
+/// `<tensor>_token_stride` and `<tensor>_head_stride` ([`strides_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub token_stride: usize,
+    pub head_stride: usize,
+}
+
+impl Layout {
+    pub fn contiguous(heads: usize, head_size: usize) -> Layout {
+        Layout {
+            token_stride: heads * head_size,
+            head_stride: head_size,
+        }
+    }
+    pub fn row(&self, t: usize, h: usize) -> usize {
+        t * self.token_stride + h * self.head_stride
+    }
+}
+
+/// The stride parameters of each `[T, H, D]` tensor the kernels take: (token stride, head stride).
+pub mod strides_of {
+    pub const OUTPUT: (&str, &str) = ("output_token_stride", "output_head_stride");
+    pub const PREFIX: (&str, &str) = ("prefix_token_stride", "prefix_head_stride");
+    pub const SUFFIX: (&str, &str) = ("suffix_token_stride", "suffix_head_stride");
+    pub const STATE: (&str, &str) = ("state_token_stride", "state_head_stride");
+    pub const OTHER: (&str, &str) = ("other_token_stride", "other_head_stride");
+}
+
 /// Everything a caller must satisfy, and how the kernel is launched.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

@@ -3,24 +3,7 @@
 
 use crate::dtype::Dtype;
 
-/// A `[T, H, D]` tensor view in elements: row (t, h) starts at `t*token_stride + h*head_stride`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Layout {
-    pub token_stride: usize,
-    pub head_stride: usize,
-}
-
-impl Layout {
-    pub fn contiguous(heads: usize, head_size: usize) -> Layout {
-        Layout {
-            token_stride: heads * head_size,
-            head_stride: head_size,
-        }
-    }
-    pub fn row(&self, t: usize, h: usize) -> usize {
-        t * self.token_stride + h * self.head_stride
-    }
-}
+pub use crate::contract::Layout;
 
 /// Where `(t, h)` of an lse array lives.
 pub fn lse_index(

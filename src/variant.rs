@@ -12,7 +12,7 @@ use crate::dtype::Dtype;
 /// Oldest compute capability the templates support (bf16 conversions need sm_80).
 pub const MIN_ARCH: u32 = 80;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -29,7 +29,7 @@ pub enum OutputKind {
 }
 
 impl OutputKind {
-    #[cfg_attr(not(any(feature = "runtime", feature = "codegen")), allow(dead_code))]
+    #[cfg_attr(not(feature = "codegen"), allow(dead_code))]
     pub(crate) const ALL: [(&'static str, OutputKind); 3] = [
         ("same", OutputKind::Same),
         ("fp8_e4m3", OutputKind::Fp8E4m3),
@@ -59,7 +59,7 @@ pub struct Fp8Group {
     pub ue8m0: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum LseLayout {
@@ -70,7 +70,7 @@ pub enum LseLayout {
 }
 
 impl LseLayout {
-    #[cfg_attr(not(any(feature = "runtime", feature = "codegen")), allow(dead_code))]
+    #[cfg_attr(not(feature = "codegen"), allow(dead_code))]
     pub(crate) const ALL: [(&'static str, LseLayout); 2] = [
         ("head_major", LseLayout::HeadMajor),
         ("token_major", LseLayout::TokenMajor),

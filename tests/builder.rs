@@ -80,6 +80,47 @@ fn a_second_build_with_nothing_changed_compiles_nothing() {
         .contains(".sm_80.cubin"));
 }
 
+/// `build()` reads its manifest as `prebuilt()` and the runtime do: an entry it cannot read
+/// is refused, never left out of the module.
+#[test]
+fn build_refuses_a_kernel_it_cannot_read_as_prebuilt_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let build = || {
+        Builder::new()
+            .spec_str("engine.toml", SPEC)
+            .out_dir(tmp.path())
+            .build()
+    };
+    assert_eq!(build().unwrap().kernels, 2);
+    // The cache key still matches, so the second build reads the manifest as it is now.
+    let manifest = tmp.path().join("mla-gen").join("manifest.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let unreadable = text.replacen(
+        "\"lse_layout\": \"head_major\"",
+        "\"lse_layout\": \"diagonal\"",
+        1,
+    );
+    assert_ne!(text, unreadable);
+    std::fs::write(&manifest, unreadable).unwrap();
+    let refused = |e: mla_gen::Error| {
+        let e = e.to_string();
+        assert!(
+            e.contains("cannot read the entry of kernel merge_attn_states_bf16_d128_thr_lse")
+                && e.contains("regenerate"),
+            "{e}"
+        );
+    };
+    refused(build().unwrap_err());
+    let other = tempfile::tempdir().unwrap();
+    refused(
+        Builder::new()
+            .prebuilt(tmp.path().join("mla-gen"))
+            .out_dir(other.path())
+            .build()
+            .unwrap_err(),
+    );
+}
+
 #[test]
 fn skip_mode_declares_every_function_and_embeds_nothing() {
     let tmp = tempfile::tempdir().unwrap();

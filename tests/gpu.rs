@@ -1054,9 +1054,9 @@ fn fp8_conversion_matches_the_reference_on_every_float32() {
             .iter()
             .find(|k| {
                 let v = &k.meta.variant;
-                v.dtype == "f32"
+                v.dtype == Dtype::F32
                     && v.head_size == D as u32
-                    && v.output == "fp8_e4m3"
+                    && v.output == mla_gen::variant::OutputKind::Fp8E4m3
                     && v.prefix_threshold
             })
             .unwrap_or_else(|| panic!("{}: no f32 d128 per-tensor FP8 kernel", dir.display()));

@@ -3,7 +3,7 @@
 use mla_gen::{driver, nvrtc};
 use serde_json::{json, Value};
 
-use crate::Failure;
+use crate::failure::Failure;
 
 /// The findings, printed as text as they come, or gathered into one JSON object.
 pub fn doctor(as_json: bool) -> Result<(), Failure> {

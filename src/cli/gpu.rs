@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use mla_gen::bench::{self, report, L2};
 
-use super::Failure;
+use crate::failure::Failure;
 
 /// Which L2 condition the kernels are timed in.
 #[derive(Clone, Copy, Debug, ValueEnum)]

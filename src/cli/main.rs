@@ -9,12 +9,15 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use failure::Failure;
+
 use mla_gen::emit::{self, WriteOutcome};
 use mla_gen::nvrtc;
 use mla_gen::render::Templates;
 use mla_gen::spec::{self, Spec};
 
 mod doctor;
+mod failure;
 mod gpu;
 mod report;
 
@@ -226,15 +229,6 @@ enum Command {
     },
 }
 
-/// A failure to report: message, exit code.
-struct Failure(String, u8);
-
-impl<E: std::fmt::Display> From<E> for Failure {
-    fn from(e: E) -> Self {
-        Failure(e.to_string(), 1)
-    }
-}
-
 fn load_spec(args: &SpecArgs) -> Result<Spec, Failure> {
     let mut spec = match &args.spec {
         Some(path) => {
@@ -334,8 +328,8 @@ fn check(
     // A different NVRTC rewrites every PTX: say so rather than leave a wall of "stale".
     if let Some(old) = actual
         .get(emit::MANIFEST)
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-        .and_then(|m| m["nvrtc"]["release"].as_str().map(str::to_string))
+        .and_then(|b| mla_gen::host::manifest::NvrtcView::of(b))
+        .map(|n| n.release)
     {
         if old != manifest.nvrtc.release {
             msg.push_str(&format!(

@@ -4,7 +4,7 @@ use mla_gen::emit::Diff;
 use mla_gen::spec::Spec;
 use serde_json::json;
 
-use crate::Failure;
+use crate::failure::Failure;
 
 /// Kernel names, or one JSON object per kernel with its variant and argument contract.
 pub fn list(spec: &Spec, as_json: bool) -> Result<(), Failure> {

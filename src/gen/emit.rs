@@ -7,10 +7,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::constants::TOOL_VERSION;
 use crate::gen::abi::{self, Launch, Param};
 use crate::gen::compile::{CompiledKernel, Resources};
 use crate::gen::nvrtc::{self, Nvrtc};
-use crate::gen::render::{sha256_hex, Templates, TOOL_VERSION};
+use crate::gen::render::Templates;
+use crate::gen::sha256_hex;
 use crate::gen::spec::{MergeVariant, Spec};
 
 pub const KERNEL_DIR: &str = "kernels";

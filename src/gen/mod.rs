@@ -16,5 +16,10 @@ use sha2::{Digest, Sha256};
 
 /// Lower-case hex sha256 of `bytes` (file hashes, cache keys, the spec's hash).
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    render::hex(&Sha256::digest(bytes))
+    hex(&Sha256::digest(bytes))
+}
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

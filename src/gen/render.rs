@@ -7,6 +7,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::gen::abi::{self, Launch, Param};
+use crate::gen::hex;
 pub use crate::gen::sha256_hex;
 use crate::gen::variant::{Family, MergeVariant};
 
@@ -34,7 +35,7 @@ pub const EMBEDDED_TEMPLATES: [(&str, &str); 5] = [
     ),
 ];
 
-pub use crate::TOOL_VERSION;
+pub use crate::constants::TOOL_VERSION;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -210,8 +211,4 @@ fn tidy(text: &str) -> String {
         out.pop();
     }
     out
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -396,7 +396,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             .collect();
         for mut v in expanded {
             // The threads a block really has (whole rows); min_blocks_per_sm does not change it.
-            let block = crate::gen::abi::Launch::for_variant(&v).block_threads;
+            let block = crate::gen::launch::Launch::for_variant(&v).block_threads;
             if v.mask_empty_context && f.min_blocks_per_sm.is_none() && v.dtype.size_bytes() <= 2 {
                 // Full occupancy for the fused mask (variant.rs, fused_mask_schedule); float32
                 // rows need more registers (d576 spilled at 32).
@@ -480,7 +480,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
 /// whole vectors, its lanes (a power of two up to 32) divide the threads of a row, and every
 /// thread walks whole rows (no partial last pass).
 pub(crate) fn group_fits(v: &MergeVariant, group_size: u32) -> bool {
-    let l = crate::gen::abi::Launch::for_variant(v);
+    let l = crate::gen::launch::Launch::for_variant(v);
     let lanes = group_size / l.vec_elems.max(1);
     v.head_size % group_size == 0
         && group_size % l.vec_elems == 0

@@ -7,6 +7,7 @@
 //! signature order and the grid, or the first rule they break.
 
 use crate::contract::{Contract, Expr, ParamKind, Role};
+pub use crate::error::Refusal;
 
 /// The most parameters a kernel may have (the launch keeps its values on the stack).
 pub const MAX_PARAMS: usize = 32;
@@ -51,15 +52,6 @@ impl Checked {
     pub(crate) fn values_mut(&mut self) -> &mut [u64] {
         &mut self.values[..self.len]
     }
-}
-
-/// An argument the kernel cannot take: the kernel's name and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{kernel}: {problem}")]
-#[non_exhaustive]
-pub struct Refusal {
-    pub kernel: String,
-    pub problem: String,
 }
 
 /// An expression with names resolved: `mul * product(values[factors]) + add`.

@@ -1,5 +1,5 @@
-//! Loading: every kernel of a manifest into one CUDA context, each as a [`Kernel`] that owns its
-//! module (unloaded when the last handle drops), its function and its checker.
+//! Loading: every kernel of a manifest into one CUDA context ([`Runtime`]), each as a [`Kernel`]
+//! (`kernel.rs`) that owns its module, its function and its checker.
 //!
 //! Modules are loaded through cudarc's driver layer (`cuModuleLoadData`) rather than
 //! `CudaContext::load_module`, which needs cudarc's `nvrtc` feature: under an engine's
@@ -13,105 +13,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 
-use crate::host::check::Plan;
-use crate::host::manifest::{KernelView, ManifestView};
-use crate::host::runtime::RuntimeError;
-use crate::host::typed::KernelKey;
-
-/// A loaded module; unloaded (in its context) on drop.
-struct Module {
-    handle: sys::CUmodule,
-    ctx: Arc<CudaContext>,
-}
-
-// SAFETY: a CUmodule is a driver handle usable from any thread once its context is current
-// (every use binds `ctx` first); it is unloaded once, in Drop, when no Kernel refers to it.
-unsafe impl Send for Module {}
-// SAFETY: as above; nothing mutates the handle after loading.
-unsafe impl Sync for Module {}
-
-impl Drop for Module {
-    fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: loaded by `Runtime::load_with`, unloaded only here; its functions are only
-            // reachable through Kernels, which hold this module alive.
-            let _ = unsafe { result::module::unload(self.handle) };
-        }
-    }
-}
-
-/// One kernel, loaded and ready to launch: its manifest entry, checker, function and module.
-/// Share it across threads as `Arc<Kernel>` ([`Runtime::kernels`] hands out those).
-#[non_exhaustive]
-pub struct Kernel {
-    pub meta: KernelView,
-    /// The file it was loaded from (`kernels/x.sm_90.cubin`).
-    pub loaded_from: String,
-    pub(crate) plan: Plan,
-    key: Option<KernelKey>,
-    pub(crate) function: sys::CUfunction,
-    /// Launch with programmatic stream serialization: the manifest's `launch.pdl` on a device of
-    /// compute capability 9.0 or newer (decided once, at load).
-    pub(crate) programmatic: bool,
-    /// Launches with fewer rows run these kernels (the manifest's `launch.size_rule`).
-    size_rule: Option<LoadedRule>,
-    module: Module,
-}
-
-/// A size rule with its kernels loaded: rows = the product of two parameters' values.
-struct LoadedRule {
-    rows: [usize; 2],
-    ranges: Vec<(u64, Arc<Kernel>)>,
-}
-
-// SAFETY: the CUfunction belongs to `module`, which lives as long as this Kernel; launches
-// bind the module's context before cuLaunchKernel, which may be called from any thread.
-unsafe impl Send for Kernel {}
-// SAFETY: as above; nothing mutates the handles after loading.
-unsafe impl Sync for Kernel {}
-
-impl Kernel {
-    pub fn name(&self) -> &str {
-        &self.meta.name
-    }
-    /// The kernel's checker (argument contract with names resolved).
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-    /// The options that select it at run time ([`Runtime::dispatch`]).
-    pub fn key(&self) -> Option<&KernelKey> {
-        self.key.as_ref()
-    }
-    /// Whether launches use programmatic dependent launch (`cuLaunchKernelEx` with programmatic
-    /// stream serialization): a `pdl` kernel on a device of compute capability 9.0 or newer.
-    pub fn programmatic(&self) -> bool {
-        self.programmatic
-    }
-    /// The context the kernel is loaded in: launch it on streams of this context.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.module.ctx
-    }
-
-    /// The kernel a launch of this one with `rows` (tokens x heads) runs: the kernel its size
-    /// rule names for them, or itself.
-    pub fn for_rows(&self, rows: u64) -> &Kernel {
-        self.size_rule
-            .as_ref()
-            .and_then(|r| r.ranges.iter().find(|(below, _)| rows < *below))
-            .map_or(self, |(_, k)| k)
-    }
-
-    /// The kernel a launch with these checked values runs (see [`Kernel::for_rows`]).
-    pub(crate) fn for_values(&self, values: &[u64]) -> &Kernel {
-        match &self.size_rule {
-            Some(r) => {
-                let [a, b] = r.rows.map(|i| values.get(i).copied().unwrap_or(u64::MAX));
-                self.for_rows(a.saturating_mul(b))
-            }
-            None => self,
-        }
-    }
-}
+use crate::constants::ENV_SKIP;
+use crate::error::RuntimeError;
+use crate::host::kernel::{Kernel, LoadedRule, Module};
+use crate::host::manifest::ManifestView;
+use crate::kernel_key::KernelKey;
 
 /// Every kernel of one manifest, loaded into one context.
 #[non_exhaustive]
@@ -158,7 +64,7 @@ impl Runtime {
                 path: origin,
                 detail: format!(
                     "no kernels are embedded: the module was built without them ({}=1, or on docs.rs)",
-                    crate::ENV_SKIP
+                    ENV_SKIP
                 ),
             });
         }

@@ -1,16 +1,18 @@
-//! `manifest.json` as the runtime reads it (docs/MANIFEST.md): per kernel its name, variant,
-//! argument contract ([`crate::contract`]) and files, and the one artifact rule that picks a
-//! kernel's file for a device. Reading needs no GPU.
+//! `manifest.json` as every host in Rust reads it (docs/MANIFEST.md): per kernel its name,
+//! variant, argument contract ([`crate::contract`]) and files, and the one artifact rule that
+//! picks a kernel's file for a device. Reading needs no GPU and no driver (serde only).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::constants::TOOL_VERSION;
 use crate::contract::{Contract, LaunchRule, Param, SCHEMA_VERSION};
+use crate::dtype::Dtype;
+use crate::error::ManifestError;
 use crate::host::check::Plan;
-use crate::host::runtime::RuntimeError;
-use crate::host::typed::KernelKey;
+use crate::kernel_key::KernelKey;
 use crate::variant::{Arch, Family, Fp8Group, LseLayout, OutputKind, Schedule};
 
 /// The manifest: the NVRTC that made the files and every kernel.
@@ -35,16 +37,15 @@ pub struct NvrtcView {
 #[non_exhaustive]
 pub struct VariantView {
     pub family: Family,
-    pub dtype: String,
-    /// "same", "fp8_e4m3" or "fp8_e4m3_group".
-    pub output: String,
+    pub dtype: Dtype,
+    pub output: OutputKind,
     /// With output "fp8_e4m3_group": group size and UE8M0.
     #[serde(default)]
     pub fp8_group: Option<Fp8Group>,
     pub head_size: u32,
     pub prefix_threshold: bool,
     pub output_lse: bool,
-    pub lse_layout: String,
+    pub lse_layout: LseLayout,
     pub schedule: Schedule,
     /// The empty-context mask fused in (absent: false).
     #[serde(default)]
@@ -58,6 +59,11 @@ pub struct VariantView {
 #[non_exhaustive]
 pub struct FileView {
     pub file: String,
+    /// Size and sha256 as generated (what `Builder::prebuilt` checks the file against).
+    #[serde(default)]
+    pub bytes: Option<u64>,
+    #[serde(default)]
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -97,8 +103,8 @@ pub struct Artifact {
 impl ManifestView {
     /// Parse a manifest; `origin` names it in errors. Another `schema_version` is refused
     /// rather than misread.
-    pub fn parse(origin: &Path, text: &[u8]) -> Result<ManifestView, RuntimeError> {
-        let bad = |detail: String| RuntimeError::Manifest {
+    pub fn parse(origin: &Path, text: &[u8]) -> Result<ManifestView, ManifestError> {
+        let bad = |detail: String| ManifestError {
             path: origin.to_path_buf(),
             detail,
         };
@@ -113,7 +119,7 @@ impl ManifestView {
             Some(v) => {
                 return Err(bad(format!(
                     "schema_version {v}; this mla-gen {} reads schema_version {SCHEMA_VERSION}: regenerate the kernels with it",
-                    crate::TOOL_VERSION
+                    TOOL_VERSION
                 )))
             }
             None => {
@@ -122,7 +128,44 @@ impl ManifestView {
                 )))
             }
         }
-        serde_json::from_slice(text).map_err(|e| bad(e.to_string()))
+        // Kernel by kernel, so that an entry this mla-gen cannot read is named.
+        #[derive(Deserialize)]
+        struct Entries {
+            schema_version: u32,
+            nvrtc: NvrtcView,
+            kernels: Vec<serde_json::Value>,
+        }
+        let entries: Entries = serde_json::from_slice(text).map_err(|e| bad(e.to_string()))?;
+        let mut kernels = Vec::with_capacity(entries.kernels.len());
+        for k in entries.kernels {
+            let name = k
+                .get("name")
+                .and_then(|n| n.as_str())
+                .unwrap_or("?")
+                .to_string();
+            kernels.push(serde_json::from_value(k).map_err(|e| {
+                bad(format!(
+                    "cannot read the entry of kernel {name} ({e}): regenerate the kernels with this mla-gen ({TOOL_VERSION})"
+                ))
+            })?);
+        }
+        Ok(ManifestView {
+            schema_version: entries.schema_version,
+            nvrtc: entries.nvrtc,
+            kernels,
+        })
+    }
+}
+
+impl NvrtcView {
+    /// The NVRTC a manifest records, whatever its schema version (`mla-gen check` names it
+    /// when a folder differs).
+    pub fn of(text: &[u8]) -> Option<NvrtcView> {
+        #[derive(Deserialize)]
+        struct Made {
+            nvrtc: NvrtcView,
+        }
+        serde_json::from_slice::<Made>(text).ok().map(|m| m.nvrtc)
     }
 }
 
@@ -137,23 +180,21 @@ impl KernelView {
     }
 
     /// The checker of this kernel's launches (names resolved once).
-    pub fn plan(&self) -> Result<Plan, RuntimeError> {
-        Plan::new(&self.name, &self.contract()).map_err(|detail| RuntimeError::Manifest {
+    pub fn plan(&self) -> Result<Plan, ManifestError> {
+        Plan::new(&self.name, &self.contract()).map_err(|detail| ManifestError {
             path: "manifest.json".into(),
             detail,
         })
     }
 
-    /// What [`KernelKey`] selects this kernel, if its variant names known options. A kernel of
-    /// another's size rule has none: launches reach it through that kernel.
+    /// What [`KernelKey`] selects this kernel. A kernel of another's size rule has none:
+    /// launches reach it through that kernel.
     pub fn key(&self) -> Option<KernelKey> {
         let v = &self.variant;
         if v.rows_below.is_some() {
             return None;
         }
-        let dtype = crate::dtype::Dtype::from_name(&v.dtype)?;
-        let lse_layout = LseLayout::ALL.iter().find(|(n, _)| *n == v.lse_layout)?.1;
-        let output = OutputKind::ALL.iter().find(|(n, _)| *n == v.output)?.1;
+        let (dtype, lse_layout, output) = (v.dtype, v.lse_layout, v.output);
         Some(match v.family {
             Family::MergeAttnStates => KernelKey::MergeAttnStates {
                 dtype,
@@ -219,21 +260,24 @@ impl KernelView {
 
     /// The kernel's lse layout is `[H, T]`.
     pub fn head_major(&self) -> bool {
-        self.variant.lse_layout == "head_major"
+        self.variant.lse_layout == LseLayout::HeadMajor
     }
 
-    /// The inputs' element type.
-    pub fn dtype(&self) -> Option<crate::dtype::Dtype> {
-        crate::dtype::Dtype::from_name(&self.variant.dtype)
+    /// The inputs' element type (always known: a manifest with another is not read).
+    pub fn dtype(&self) -> Option<Dtype> {
+        Some(self.variant.dtype)
     }
 
     /// The output's element type.
-    pub fn output_dtype(&self) -> Option<crate::dtype::Dtype> {
-        match self.variant.output.as_str() {
-            "same" => self.dtype(),
-            "fp8_e4m3" | "fp8_e4m3_group" => Some(crate::dtype::Dtype::Fp8E4m3),
-            _ => None,
-        }
+    pub fn output_dtype(&self) -> Option<Dtype> {
+        Some(self.variant.output.dtype(self.variant.dtype))
+    }
+
+    /// Every PTX and CUBIN file of the kernel, in manifest order.
+    pub fn images(&self) -> impl Iterator<Item = &FileView> {
+        self.archs
+            .iter()
+            .flat_map(|a| std::iter::once(&a.ptx).chain(a.cubin.as_ref()))
     }
 }
 

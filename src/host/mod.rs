@@ -1,32 +1,33 @@
-//! The hosts' side: what loads and launches generated kernels, and what writes bindings for them.
+//! The hosts' side in Rust: what reads a manifest, checks arguments and loads and launches
+//! generated kernels. A stack, each layer importing only those under it:
 //!
-//! - always: [`check`], the one launch checker over a manifest's argument contract (no GPU);
-//! - feature `runtime`: `runtime` and its layers (`manifest`, `load`, `launch`, `typed`), the
-//!   driver probe (`driver`) and the benchmarks (`bench`);
-//! - feature `codegen`: the C launcher emitter (`bindings`, `c`) and the Rust module the
-//!   `Builder` writes (`rust_module`), which write files from a manifest and need no GPU.
+//! - always (no GPU, serde only): [`check`], the one launch checker over a manifest's argument
+//!   contract; [`manifest`], the typed manifest every Rust reader uses;
+//! - feature `runtime`: `driver` (the driver probe), `args` (arguments by name and the
+//!   per-family argument and shape structs), `kernel` (one loaded kernel and its launches),
+//!   `load` (`Runtime`), `typed` (the safe launch over cudarc views) and
+//!   `runtime`, the façade that makes them public;
+//! - feature `cli`: `bench`, the GPU timing behind `mla-gen tune` and `mla-gen bench`.
+//!
+//! The errors are under all of them ([`crate::error`]); the writers of bindings (C launcher,
+//! Rust module) are codegen and live in `src/writers/`.
 
 pub mod check;
-
-#[cfg(feature = "codegen")]
-pub mod bindings;
-#[cfg(feature = "codegen")]
-pub(crate) mod c;
-#[cfg(feature = "codegen")]
-pub(crate) mod rust_module;
+pub mod manifest;
 
 #[cfg(feature = "runtime")]
-#[doc(hidden)]
-pub mod bench;
+pub(crate) mod args;
 #[cfg(feature = "runtime")]
 pub mod driver;
 #[cfg(feature = "runtime")]
-pub(crate) mod launch;
+pub(crate) mod kernel;
 #[cfg(feature = "runtime")]
 pub(crate) mod load;
-#[cfg(feature = "runtime")]
-pub(crate) mod manifest;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 #[cfg(feature = "runtime")]
 pub(crate) mod typed;
+
+#[cfg(feature = "cli")]
+#[doc(hidden)]
+pub mod bench;

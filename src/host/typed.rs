@@ -6,17 +6,15 @@
 //! lives until the launch is enqueued, so cudarc orders other streams' work around it.
 //!
 //! The Builder's generated module (`mla_gen_kernels.rs`) calls this with one method per kernel,
-//! its element types fixed at compile time; [`KernelKey`] picks a kernel at run time.
+//! its element types fixed at compile time; [`crate::kernel_key::KernelKey`] picks a kernel at
+//! run time. The integers travel as [`Shape`]s (`args.rs`).
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
-use crate::dtype::Dtype;
+use crate::error::RuntimeError;
+use crate::host::args::{NamedArgs, Shape, MAX_ARGS};
 use crate::host::check::{Arg, MAX_PARAMS};
-use crate::host::launch::{strides, NamedArgs, StatesLayout, OTHER, OUTPUT, PREFIX, STATE, SUFFIX};
-use crate::host::load::Kernel;
-use crate::host::runtime::RuntimeError;
-use crate::reference::Layout;
-use crate::variant::{Fp8Group, LseLayout, OutputKind};
+use crate::host::kernel::Kernel;
 
 mod sealed {
     pub trait Sealed {}
@@ -148,10 +146,7 @@ impl<'a> Launch<'a> {
             return Err(e);
         }
         if args.overflowed() {
-            return Err(refusal(
-                kernel,
-                format!("more than {} arguments", crate::host::launch::MAX_ARGS),
-            ));
+            return Err(refusal(kernel, format!("more than {} arguments", MAX_ARGS)));
         }
         let checked = kernel.check(&args)?;
         // SAFETY: every buffer argument is a cudarc view of this kernel's context (checked
@@ -208,187 +203,5 @@ impl<'a> Launch<'a> {
 }
 
 fn refusal(kernel: &Kernel, problem: String) -> RuntimeError {
-    RuntimeError::InvalidArgument(crate::host::check::Refusal {
-        kernel: kernel.name().to_string(),
-        problem,
-    })
-}
-
-/// Integer arguments that travel together: counts and the strides of a family's tensors.
-pub trait Shape {
-    fn push_to(&self, args: &mut NamedArgs<'_>);
-}
-
-/// T, H and each `[T, H, D]` tensor's strides (elements) of a `merge_attn_states` launch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MergeShape {
-    pub num_tokens: usize,
-    pub num_heads: usize,
-    pub output: Layout,
-    pub prefix: Layout,
-    pub suffix: Layout,
-}
-
-impl MergeShape {
-    /// Every tensor dense `[T, H, D]`.
-    pub fn contiguous(num_tokens: usize, num_heads: usize, head_size: usize) -> MergeShape {
-        let l = Layout::contiguous(num_heads, head_size);
-        MergeShape {
-            num_tokens,
-            num_heads,
-            output: l,
-            prefix: l,
-            suffix: l,
-        }
-    }
-}
-
-impl Shape for MergeShape {
-    fn push_to(&self, a: &mut NamedArgs<'_>) {
-        a.int("num_tokens", self.num_tokens)
-            .int("num_heads", self.num_heads);
-        strides(a, OUTPUT, self.output);
-        strides(a, PREFIX, self.prefix);
-        strides(a, SUFFIX, self.suffix);
-    }
-}
-
-/// T, H, K and the strides of output `[T, H, D]` and states `[T, K, H, D]` (`merge_states`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StatesShape {
-    pub num_tokens: usize,
-    pub num_heads: usize,
-    /// K: the kernel's compile-time K, or any K >= 1 for a runtime-K kernel.
-    pub num_states: usize,
-    pub output: Layout,
-    pub states: StatesLayout,
-}
-
-impl StatesShape {
-    /// Every tensor dense.
-    pub fn contiguous(
-        num_tokens: usize,
-        num_states: usize,
-        num_heads: usize,
-        head_size: usize,
-    ) -> StatesShape {
-        StatesShape {
-            num_tokens,
-            num_heads,
-            num_states,
-            output: Layout::contiguous(num_heads, head_size),
-            states: StatesLayout::contiguous(num_states, num_heads, head_size),
-        }
-    }
-}
-
-impl Shape for StatesShape {
-    fn push_to(&self, a: &mut NamedArgs<'_>) {
-        a.int("num_tokens", self.num_tokens)
-            .int("num_heads", self.num_heads)
-            .int("num_states", self.num_states);
-        strides(a, OUTPUT, self.output);
-        let s = self.states;
-        a.int("states_token_stride", s.token_stride)
-            .int("states_state_stride", s.state_stride)
-            .int("states_head_stride", s.head_stride);
-    }
-}
-
-/// T, H and the strides of `state` and `other` (`[T, H, D]` each) of `merge_state_in_place`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InPlaceShape {
-    pub num_tokens: usize,
-    pub num_heads: usize,
-    pub state: Layout,
-    pub other: Layout,
-}
-
-impl InPlaceShape {
-    /// Both tensors dense.
-    pub fn contiguous(num_tokens: usize, num_heads: usize, head_size: usize) -> InPlaceShape {
-        let l = Layout::contiguous(num_heads, head_size);
-        InPlaceShape {
-            num_tokens,
-            num_heads,
-            state: l,
-            other: l,
-        }
-    }
-}
-
-impl Shape for InPlaceShape {
-    fn push_to(&self, a: &mut NamedArgs<'_>) {
-        a.int("num_tokens", self.num_tokens)
-            .int("num_heads", self.num_heads);
-        strides(a, STATE, self.state);
-        strides(a, OTHER, self.other);
-    }
-}
-
-/// B requests over T tokens of H heads (`mask_empty_context_lse`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MaskLseShape {
-    pub num_requests: usize,
-    pub num_tokens: usize,
-    pub num_heads: usize,
-}
-
-impl Shape for MaskLseShape {
-    fn push_to(&self, a: &mut NamedArgs<'_>) {
-        a.int("num_requests", self.num_requests)
-            .int("num_tokens", self.num_tokens)
-            .int("num_heads", self.num_heads);
-    }
-}
-
-/// Where a per-token-group FP8 kernel writes its float32 scales: group g of head h of token t
-/// at `t * token_stride + (h * D / group_size + g) * group_stride`. Row-major `[T, H*D/G]` is
-/// `(H*D/G, 1)`, column-major `(1, T)`; padded rows are a larger token stride.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScaleLayout {
-    pub token_stride: usize,
-    pub group_stride: usize,
-}
-
-impl Shape for ScaleLayout {
-    fn push_to(&self, a: &mut NamedArgs<'_>) {
-        a.int("scale_token_stride", self.token_stride)
-            .int("scale_group_stride", self.group_stride);
-    }
-}
-
-/// The options that select a kernel of a family at run time (what a generated module's
-/// `dispatch` matches on); the schedule is not part of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum KernelKey {
-    MergeAttnStates {
-        dtype: Dtype,
-        head_size: u32,
-        output: OutputKind,
-        /// With `output: Fp8E4m3Group`.
-        fp8_group: Option<Fp8Group>,
-        prefix_threshold: bool,
-        output_lse: bool,
-        lse_layout: LseLayout,
-        /// Takes the requests' start locations and fuses the empty-context lse mask.
-        mask_empty_context: bool,
-    },
-    MergeStates {
-        dtype: Dtype,
-        head_size: u32,
-        /// `None`: K is a launch argument.
-        num_states: Option<u32>,
-        output_lse: bool,
-    },
-    MergeStateInPlace {
-        dtype: Dtype,
-        head_size: u32,
-        mask: bool,
-        lse_layout: LseLayout,
-    },
-    MaskEmptyContextLse {
-        lse_layout: LseLayout,
-    },
+    RuntimeError::refused(kernel.name(), problem)
 }

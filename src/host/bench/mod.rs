@@ -25,6 +25,7 @@ use crate::host::runtime::{Kernel, Runtime, RuntimeError};
 use buffers::{buffers_for, CopyBuffers};
 
 pub use graph::graph_iterations;
+pub use report::L2;
 pub use tune::{tune, TuneOptions, TUNE_SHAPES};
 
 /// Bytes a merge moves: rows with context read two rows and write one (and three lse), rows
@@ -33,30 +34,6 @@ pub(crate) fn merge_bytes(t: usize, h: usize, d: usize, size: usize, n: usize, l
     let (ctx, plain) = ((n * h) as u64, ((t - n) * h) as u64);
     let (l3, l2) = if lse { (12, 8) } else { (8, 4) };
     ctx * (3 * (d * size) as u64 + l3) + plain * (2 * (d * size) as u64 + l2)
-}
-
-/// Which L2 condition to time in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum L2 {
-    Cold,
-    Hot,
-    Both,
-}
-
-impl L2 {
-    pub fn cold(self) -> bool {
-        matches!(self, L2::Cold | L2::Both)
-    }
-    pub fn hot(self) -> bool {
-        matches!(self, L2::Hot | L2::Both)
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            L2::Cold => "cold",
-            L2::Hot => "hot",
-            L2::Both => "both",
-        }
-    }
 }
 
 /// A shape: (tokens, heads, threshold at T/2).
@@ -159,10 +136,10 @@ pub fn bench(dir: &Path, o: &BenchOptions) -> Result<serde_json::Value, RuntimeE
         .filter(|k| {
             o.only
                 .iter()
-                .any(|(d, h)| k.meta.variant.dtype == *d && k.meta.variant.head_size == *h)
+                .any(|(d, h)| k.meta.variant.dtype.name() == d && k.meta.variant.head_size == *h)
         })
         .collect();
-    kernels.sort_by_key(|k| k.meta.variant.dtype.clone());
+    kernels.sort_by_key(|k| k.meta.variant.dtype.name());
     // The copies move each row's bytes: half read, half written.
     let copy_bytes = |k: &Kernel, (t, h, half): Shape| {
         let size = k.meta.dtype().map_or(4, |d| d.size_bytes() as usize);

@@ -3,7 +3,30 @@
 use serde_json::Value;
 
 use super::rule::{Analysis, Mode};
-use super::L2;
+
+/// Which L2 condition to time in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L2 {
+    Cold,
+    Hot,
+    Both,
+}
+
+impl L2 {
+    pub fn cold(self) -> bool {
+        matches!(self, L2::Cold | L2::Both)
+    }
+    pub fn hot(self) -> bool {
+        matches!(self, L2::Hot | L2::Both)
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            L2::Cold => "cold",
+            L2::Hot => "hot",
+            L2::Both => "both",
+        }
+    }
+}
 
 fn f(r: &Value, key: &str) -> f64 {
     r[key].as_f64().unwrap_or(f64::NAN)

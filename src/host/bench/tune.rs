@@ -74,7 +74,10 @@ pub fn tune(
         .filter(|k| is_pairwise(k))
     {
         groups
-            .entry((k.meta.variant.dtype.clone(), k.meta.variant.head_size))
+            .entry((
+                k.meta.variant.dtype.name().to_string(),
+                k.meta.variant.head_size,
+            ))
             .or_default()
             .push(k);
     }

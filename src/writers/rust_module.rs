@@ -7,11 +7,12 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::constants::{ENV_SKIP, TOOL_VERSION};
 use crate::contract::MANIFEST;
 use crate::contract::{Param, ParamKind};
 use crate::dtype::Dtype;
-use crate::gen::spec::{self, LseLayout};
-use crate::TOOL_VERSION;
+use crate::gen::spec::{self, LseLayout, OutputKind};
+use crate::host::manifest::{KernelView, ManifestView};
 
 /// What a typed binding needs to know of a kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +47,7 @@ impl BindingKernel {
             prefix_threshold: v.prefix_threshold,
             output_lse: v.output_lse,
             head_major: v.lse_layout == LseLayout::HeadMajor,
-            fp8_output: v.output == spec::OutputKind::Fp8E4m3,
+            fp8_output: v.output == OutputKind::Fp8E4m3,
             fp8_group: v.fp8_group.map(|g| (g.group_size, g.ue8m0)),
             mask_empty_context: v.mask_empty_context,
             rule_kernel: v.rows_below.is_some(),
@@ -54,39 +55,31 @@ impl BindingKernel {
         }
     }
 
-    /// From a manifest's JSON; kernels it cannot read are left out.
-    pub fn from_manifest(manifest: &serde_json::Value) -> Vec<BindingKernel> {
-        manifest["kernels"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|k| {
-                let v = &k["variant"];
-                let group = &v["fp8_group"];
-                let fp8_group = if group.is_null() {
-                    None
-                } else {
-                    Some((
-                        u32::try_from(group["group_size"].as_u64()?).ok()?,
-                        group["ue8m0"].as_bool()?,
-                    ))
-                };
-                Some(BindingKernel {
-                    name: k["name"].as_str()?.to_string(),
-                    family: serde_json::from_value(v["family"].clone()).ok()?,
-                    dtype: Dtype::from_name(v["dtype"].as_str()?)?,
-                    head_size: u32::try_from(v["head_size"].as_u64()?).ok()?,
-                    prefix_threshold: v["prefix_threshold"].as_bool()?,
-                    output_lse: v["output_lse"].as_bool()?,
-                    head_major: v["lse_layout"].as_str()? == "head_major",
-                    fp8_output: v["output"].as_str() == Some("fp8_e4m3"),
-                    fp8_group,
-                    mask_empty_context: v["mask_empty_context"].as_bool().unwrap_or(false),
-                    rule_kernel: !v["rows_below"].is_null(),
-                    params: serde_json::from_value(k["params"].clone()).ok()?,
-                })
-            })
+    /// From a manifest as every host reads it (an entry it cannot read fails the parse).
+    pub fn from_manifest(manifest: &ManifestView) -> Vec<BindingKernel> {
+        manifest
+            .kernels
+            .iter()
+            .map(BindingKernel::from_view)
             .collect()
+    }
+
+    fn from_view(k: &KernelView) -> BindingKernel {
+        let v = &k.variant;
+        BindingKernel {
+            name: k.name.clone(),
+            family: v.family,
+            dtype: v.dtype,
+            head_size: v.head_size,
+            prefix_threshold: v.prefix_threshold,
+            output_lse: v.output_lse,
+            head_major: v.lse_layout == LseLayout::HeadMajor,
+            fp8_output: v.output == OutputKind::Fp8E4m3,
+            fp8_group: v.fp8_group.map(|g| (g.group_size, g.ue8m0)),
+            mask_empty_context: v.mask_empty_context,
+            rule_kernel: v.rows_below.is_some(),
+            params: k.params.clone(),
+        }
     }
 
     fn doc(&self) -> String {
@@ -318,7 +311,7 @@ pub fn rust_module(
             let _ = write!(
                 s,
                 "/// Built without kernels ({}=1, or on docs.rs): none are embedded.\n#[allow(dead_code)]\npub const MANIFEST: &str = \"\";\n#[allow(dead_code)]\npub const FILES: &[(&str, &[u8])] = &[];\n\n",
-                crate::ENV_SKIP
+                ENV_SKIP
             );
         }
     }

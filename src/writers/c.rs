@@ -5,9 +5,10 @@
 
 use serde::Serialize;
 
+use crate::constants::TOOL_VERSION;
 use crate::contract::{Expr, Param, ParamKind};
 use crate::gen::emit::{FileSet, KernelEntry, Manifest};
-use crate::gen::render::{RenderError, TOOL_VERSION};
+use crate::gen::render::RenderError;
 
 mod tables;
 use tables::{comment, kernel, wrap};

@@ -1,11 +1,11 @@
 //! Bindings derived from the manifest, the only description of the kernel ABI: a C launcher
-//! (`--emit c`, written by `src/host/c.rs`). Each reads the manifest and the planned files; none knows the
-//! templates' insides.
+//! (`--emit c`, written by `src/writers/c.rs`). It reads the manifest and the planned files; it
+//! knows nothing of the templates' insides.
 
 use crate::gen::emit::{FileSet, Manifest};
 use crate::gen::render::RenderError;
 
-pub use crate::host::c::{CPrefix, C_DIR};
+pub use crate::writers::c::{CPrefix, C_DIR};
 
 /// Extra outputs `generate --emit` can add.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +18,7 @@ pub enum Emit {
 
 /// `c/mla_kernels.h` and `c/mla_kernels.c` for the kernels of `manifest` (the default prefix).
 pub fn c_launcher(manifest: &Manifest, files: &FileSet) -> Result<FileSet, RenderError> {
-    crate::host::c::launcher(manifest, files, &CPrefix::default())
+    crate::writers::c::launcher(manifest, files, &CPrefix::default())
 }
 
 /// As [`c_launcher`], every exported C name starting with `prefix`.
@@ -27,5 +27,5 @@ pub fn c_launcher_with_prefix(
     files: &FileSet,
     prefix: &CPrefix,
 ) -> Result<FileSet, RenderError> {
-    crate::host::c::launcher(manifest, files, prefix)
+    crate::writers::c::launcher(manifest, files, prefix)
 }
