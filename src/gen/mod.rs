@@ -1,7 +1,9 @@
-//! Generation, one stage a module, data flowing one way:
+//! Generation, one stage a module:
 //! [`spec`] (parse, validate, expand into [`variant`]s) -> [`abi`] (each kernel's argument
-//! contract; its thread geometry and grid rule in [`launch`]) -> [`render`] (Tera -> CUDA) -> [`compile`] ([`nvrtc`] -> PTX,
-//! CUBIN) -> [`emit`] (files, manifest). No stage knows the ones after it.
+//! contract; its thread geometry and grid rule in [`launch`]) -> [`render`] (Tera -> CUDA) ->
+//! [`compile`] ([`nvrtc`] -> PTX, CUBIN) -> [`emit`] (files, manifest). A stage imports only
+//! those before it, except that `spec` reads `launch` (a variant's block size, to validate its
+//! schedule) and `variant`'s types: `scripts/structure.py` holds the exact order.
 
 pub mod abi;
 pub mod compile;

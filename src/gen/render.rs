@@ -136,7 +136,8 @@ impl Templates {
 #[derive(Serialize)]
 struct Context {
     kernel_name: String,
-    /// The spec table: merge_attn_states, merge_states or merge_state_in_place.
+    /// The spec table (and template): merge_attn_states, merge_states, merge_state_in_place or
+    /// mask_empty_context_lse.
     family: &'static str,
     /// merge_states: K (0 with runtime_k).
     num_states: u32,

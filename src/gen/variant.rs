@@ -25,10 +25,9 @@ pub const FALLBACK_SCHEDULE: Schedule = Schedule {
 };
 
 /// The K-way merge's schedule where the spec sets none: 128-thread blocks of eight adjacent heads.
-/// Round 1 (specs/kway-candidates.toml, 48 candidates) found 128-thread blocks best; round 2
-/// (specs/kway-candidates-2.toml) found 8 heads per block 2-12% faster than 2 at K = 4 and 8,
-/// bf16 D = 128 on the H200 (docs/PERFORMANCE.md): each state's rows of adjacent heads are
-/// adjacent in memory. One row per thread, since the K rows of a token are already the loads in
+/// Tuning over specs/kway-candidates.toml found 128-thread blocks best, and over
+/// specs/kway-candidates-2.toml 8 heads per block faster than 2 at K = 4 and 8, bf16 D = 128 on
+/// the H200 (docs/PERFORMANCE.md): each state's rows of adjacent heads are adjacent in memory. One row per thread, since the K rows of a token are already the loads in
 /// flight.
 pub const KWAY_SCHEDULE: Schedule = Schedule {
     rows_per_thread: 1,
@@ -39,7 +38,8 @@ pub const KWAY_SCHEDULE: Schedule = Schedule {
 
 /// The lse mask's launch (not a spec key): 256 threads, one token each, and every thread masks
 /// 16 heads of its token after one binary search over the request starts, instead of one search
-/// per (token, head) (run 14: that was slower than a PyTorch composite at 32768 x 128).
+/// per (token, head), which was slower than a PyTorch composite at 32768 x 128
+/// (docs/PERFORMANCE.md).
 pub const MASK_SCHEDULE: Schedule = Schedule {
     rows_per_thread: 1,
     min_blocks_per_sm: 1,
@@ -150,7 +150,7 @@ pub fn tuned_size_rule(dtype: Dtype, head_size: u32) -> Option<(Schedule, Vec<Si
 /// for their tokens' flags, so they are at most 256 threads (a shorter wait per block), and unless
 /// the spec says otherwise 16-bit ones ask ptxas for full occupancy (spec.rs), which the search's
 /// registers would otherwise cost (40 registers: 6 blocks of 256). At 1K-32K tokens x 16 heads,
-/// bf16 D = 128 and 512, 256 threads with 8 blocks per SM beat 128 and 512 (GPU runs 35-39).
+/// bf16 D = 128 and 512, 256 threads with 8 blocks per SM beat 128 and 512 (docs/PERFORMANCE.md).
 pub fn fused_mask_schedule(tuned: Schedule) -> Schedule {
     Schedule {
         block_threads: tuned.block_threads.min(256),

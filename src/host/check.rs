@@ -1,6 +1,6 @@
 //! The one argument check, driven by a kernel's [`Contract`] from the manifest. The C launcher
 //! and the Python package implement the same steps in the same order with the same messages
-//! (docs/MANIFEST.md, "The check"); `tests/bad_args.json` holds the refusals all three must give.
+//! (docs/MANIFEST.md, "The check"); `tests/contract/cases.json` holds the refusals all three must give.
 //!
 //! Needs no GPU and no driver: a [`Plan`] is built once per kernel (names resolved to indexes),
 //! then [`Plan::check`] takes the arguments by name and returns the parameter values in
