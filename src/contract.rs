@@ -145,6 +145,21 @@ pub struct LaunchRule {
     /// every launch runs this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_rule: Option<SizeRule>,
+    /// Kernels that serve some of this kernel's launches faster, with the same parameters: a
+    /// host launches the first of them whose contract accepts the call's arguments, after the
+    /// size rule chose this kernel (docs/MANIFEST.md, "Specializations"). Absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub specializations: Vec<String>,
+}
+
+/// A limit on the integer arguments beyond their own bounds: `expr` (a size expression over
+/// them) at most `max`; `why` says what in the kernel needs it (messages quote it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct Limit {
+    pub expr: String,
+    pub max: u64,
+    pub why: String,
 }
 
 /// A size rule as hosts apply it: rows = the product of the two grid dimensions' integers
@@ -202,6 +217,9 @@ pub struct Contract {
     /// Names fixed when the kernel was generated (head_size, a compile-time num_states, the
     /// threshold of a kernel without one): a caller may pass them, and must pass these values.
     pub constants: BTreeMap<String, String>,
+    /// Checked after every parameter's own bounds; absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<Limit>,
     pub launch: LaunchRule,
 }
 

@@ -8,7 +8,7 @@ use std::process::Command;
 use mla_gen::Builder;
 
 // Without size rules: two kernels whatever specs/tuned.toml holds.
-const SPEC: &str = "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = 128\nsize_rule = false\n";
+const SPEC: &str = "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = 128\nsize_rule = false\ndense = false\n";
 
 #[test]
 fn a_second_build_with_nothing_changed_compiles_nothing() {

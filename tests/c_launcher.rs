@@ -14,7 +14,7 @@ use std::process::Command;
 use common::{build_and_run, cuda_include, generate_c, mla_gen, test_file, STRICT};
 
 // Without size rules: launcher_check.c asserts the tuned schedule's grid (rule_check.c tests rules).
-const PAIRWISE_SPEC: &str = "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = [128, 100]\nsize_rule = false\n";
+const PAIRWISE_SPEC: &str = "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = [128, 100]\nsize_rule = false\ndense = false\n";
 
 const FAMILIES_SPEC: &str = "arch = \"sm_90\"\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n\
      [[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 128\nmask = true\n[[mask_empty_context_lse]]\n";
@@ -200,7 +200,7 @@ fn two_launchers_with_different_prefixes_link_into_one_program() {
     let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
     let a = generate_c(
         &a_dir,
-        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nsize_rule = false\n",
+        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nsize_rule = false\ndense = false\n",
         Some("alpha"),
     );
     let b = generate_c(

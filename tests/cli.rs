@@ -29,7 +29,7 @@ fn write_spec(dir: &Path, name: &str, text: &str) -> String {
     p.display().to_string()
 }
 
-const SMALL: &str = "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = [64, 128]\nsize_rule = false\n";
+const SMALL: &str = "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = [64, 128]\nsize_rule = false\ndense = false\n";
 
 #[test]
 fn generate_then_check_then_detect_every_kind_of_drift() {
@@ -39,13 +39,13 @@ fn generate_then_check_then_detect_every_kind_of_drift() {
     let o = mla_gen(&["generate", "--out", &out_s], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let tree = read_tree(&out).unwrap();
-    // 27 kernels engines call and their size rules' kernels, each source + 4 PTX + 4 CUBIN
-    // (sm_80, sm_90, sm_100, sm_120), + manifest.
+    // 27 kernels engines call, their size rules' kernels and the dense specialization of each,
+    // each source + 4 PTX + 4 CUBIN (sm_80, sm_90, sm_100, sm_120), + manifest.
     let manifest: serde_json::Value = serde_json::from_slice(&tree["manifest.json"]).unwrap();
     let kernels = manifest["kernels"].as_array().unwrap();
     let called = kernels
         .iter()
-        .filter(|k| k["variant"]["rows_below"].is_null())
+        .filter(|k| k["variant"]["rows_below"].is_null() && k["variant"]["dense"].is_null())
         .count();
     assert_eq!(called, 27);
     assert_eq!(tree.len(), kernels.len() * 9 + 1);
@@ -291,7 +291,10 @@ fn list_render_inspect_doctor() {
     let o = mla_gen(&["list"], &[]);
     assert!(o.status.success());
     let names: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
-    assert_eq!(names.iter().filter(|n| !n.contains("_below")).count(), 27);
+    let called = names
+        .iter()
+        .filter(|n| !n.contains("_below") && !n.ends_with("_dense"));
+    assert_eq!(called.count(), 27);
     assert!(names.contains(&"merge_attn_states_bf16_d576_thr_lse".to_string()));
 
     let o = mla_gen(
@@ -399,7 +402,7 @@ fn schema_json_is_fresh_and_machine_outputs_parse() {
     let rows = rows.as_array().unwrap();
     assert_eq!(
         rows.iter()
-            .filter(|r| r["variant"]["rows_below"].is_null())
+            .filter(|r| r["variant"]["rows_below"].is_null() && r["variant"]["dense"].is_null())
             .count(),
         27
     );

@@ -7,8 +7,11 @@ use mla_gen::spec;
 #[test]
 fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
     let spec = spec::default_spec().unwrap();
-    // The 27 kernels engines call, and their size rules' kernels.
-    let called = spec.variants.iter().filter(|v| v.rows_below.is_none());
+    // The 27 kernels engines call, their size rules' kernels and each one's dense specialization.
+    let called = spec
+        .variants
+        .iter()
+        .filter(|v| v.rows_below.is_none() && !v.dense);
     assert_eq!(called.count(), 27);
     let templates = Templates::embedded().unwrap();
     let (kernels, _) = mla_gen::compile::compile(&templates, &spec, 0, false)
@@ -48,24 +51,27 @@ fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
                 a.arch,
                 launch.vec_bytes
             );
-            let row_stores = ptx
-                .lines()
-                .filter(|l| l.trim_start().starts_with("st.global"))
-                .count();
-            let lse_stores = ptx
-                .lines()
-                .filter(|l| {
-                    l.trim_start().starts_with("st.global.f32")
-                        || l.trim_start().starts_with("st.global.u32")
-                })
-                .count();
-            // copy path, empty path, merge path: one vector store each per vector of the thread.
-            assert!(
-                row_stores - lse_stores <= 3 * launch.vecs_per_thread as usize,
-                "{} {}: split stores",
-                k.name,
-                a.arch
-            );
+            // Per function (the kernel, and the 64-bit body a general kernel calls out of line):
+            // copy path, empty path, merge path, one vector store each per vector of the thread.
+            for body in functions(&ptx) {
+                let row_stores = body
+                    .iter()
+                    .filter(|l| l.trim_start().starts_with("st.global"))
+                    .count();
+                let lse_stores = body
+                    .iter()
+                    .filter(|l| {
+                        l.trim_start().starts_with("st.global.f32")
+                            || l.trim_start().starts_with("st.global.u32")
+                    })
+                    .count();
+                assert!(
+                    row_stores - lse_stores <= 3 * launch.vecs_per_thread as usize,
+                    "{} {}: split stores",
+                    k.name,
+                    a.arch
+                );
+            }
             let cubin = a.cubin.as_ref().expect("sm_ arch has a CUBIN");
             assert_eq!(&cubin[..4], b"\x7fELF", "{}: CUBIN is an ELF image", k.name);
             let r = a.resources.as_ref().expect("ptxas report parsed");
@@ -105,9 +111,9 @@ fn compile_errors_name_the_kernel_options_and_source_line() {
     std::fs::create_dir_all(&dir).unwrap();
     for (name, text) in mla_gen::render::EMBEDDED_TEMPLATES {
         let text = if name == "merge_attn_states.cu.tera" {
-            let line = "if (h >= num_heads) return;";
+            let line = "if (h >= heads) return;";
             assert!(text.contains(line), "the test's anchor left {name}");
-            text.replace(line, "if (h >= num_heads + undefined_symbol) return;")
+            text.replace(line, "if (h >= heads + undefined_symbol) return;")
         } else {
             text.to_string()
         };
@@ -139,7 +145,7 @@ fn fp8_kernels_compile_without_spills_and_store_whole_vectors() {
     .unwrap();
     let (kernels, _) =
         mla_gen::compile::compile(&Templates::embedded().unwrap(), &spec, 0, false).unwrap();
-    assert_eq!(kernels.len(), 12);
+    assert_eq!(kernels.len(), 24, "12 and their dense specializations");
     for k in &kernels {
         let launch = Launch::for_variant(&k.variant);
         let store = match launch.out_vec_bytes {
@@ -189,16 +195,26 @@ fn pdl_kernels_wait_before_any_global_access_on_sm_90_only() {
     let templates = Templates::embedded().unwrap();
     let (kernels, _) = mla_gen::compile::compile(&templates, &spec, 0, false)
         .unwrap_or_else(|e| panic!("NVRTC is needed for this test:\n{e}"));
-    let called = kernels.iter().filter(|k| k.variant.rows_below.is_none());
+    let called = kernels
+        .iter()
+        .filter(|k| k.variant.rows_below.is_none() && !k.variant.dense);
     assert_eq!(called.count(), 15);
     for k in &kernels {
         assert!(k.name.ends_with("_pdl"), "{}", k.name);
         for a in &k.archs {
             let ptx = String::from_utf8(a.ptx.clone()).expect("PTX is text");
-            let line = |pat: &dyn Fn(&str) -> bool| ptx.lines().position(|l| pat(l.trim_start()));
+            // In the kernel's own body: the wait comes before any global access and any call (a
+            // general kernel's 64-bit body is a function it calls).
+            let entry = functions(&ptx)
+                .into_iter()
+                .find(|f| f[0].starts_with(".visible .entry"))
+                .expect("a kernel entry");
+            let line = |pat: &dyn Fn(&str) -> bool| entry.iter().position(|l| pat(l.trim_start()));
             let wait = line(&|l| l.starts_with("griddepcontrol.wait"));
             let trigger = line(&|l| l.starts_with("griddepcontrol.launch_dependents"));
-            let global = line(&|l| l.starts_with("ld.global") || l.starts_with("st.global"));
+            let global = line(&|l| {
+                l.starts_with("ld.global") || l.starts_with("st.global") || l.starts_with("call")
+            });
             if a.arch.major_minor < 90 {
                 assert!(!ptx.contains("griddepcontrol"), "{} {}", k.name, a.arch);
                 continue;
@@ -213,4 +229,21 @@ fn pdl_kernels_wait_before_any_global_access_on_sm_90_only() {
             assert!(trigger.is_none_or(|t| t > wait), "{} {}", k.name, a.arch);
         }
     }
+}
+
+/// The PTX's functions (`.entry` and `.func` bodies), each as its lines from its header on.
+fn functions(ptx: &str) -> Vec<Vec<&str>> {
+    let mut out: Vec<Vec<&str>> = Vec::new();
+    for l in ptx.lines() {
+        if l.starts_with(".visible .entry")
+            || l.starts_with(".func")
+            || l.starts_with(".weak .func")
+        {
+            out.push(Vec::new());
+        }
+        if let Some(f) = out.last_mut() {
+            f.push(l);
+        }
+    }
+    out
 }

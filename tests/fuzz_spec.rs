@@ -65,9 +65,10 @@ fn check(text: &str) {
     }
 }
 
-const KEYS: [&str; 20] = [
+const KEYS: [&str; 21] = [
     "pdl",
     "size_rule",
+    "dense",
     "mask_empty_context",
     "group_size",
     "ue8m0",
@@ -177,11 +178,12 @@ proptest! {
             dtypes, heads.iter().collect::<Vec<_>>(), thr
         );
         let s = spec::parse("fuzz.toml", &text).unwrap();
-        // The kernels callers name; size rules add kernels of their own (rows_below).
-        let called = s.variants.iter().filter(|v| v.rows_below.is_none()).count();
+        // The kernels callers name; size rules add kernels of their own (rows_below), and each
+        // of those kernels has its dense specialization.
+        let called = s.variants.iter().filter(|v| v.rows_below.is_none() && !v.dense).count();
         prop_assert_eq!(called, dtypes.len() * heads.len() * thr.len());
         let rule_kernels: usize = s.variants.iter().map(|v| v.size_rule.len()).sum();
-        prop_assert_eq!(s.variants.len(), called + rule_kernels);
+        prop_assert_eq!(s.variants.len(), 2 * (called + rule_kernels));
     }
 }
 

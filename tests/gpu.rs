@@ -359,6 +359,13 @@ fn padded_layouts(d: usize, h: usize, vec: usize) -> Layouts {
     )
 }
 
+/// Dense layouts: no padding, what a dense specialization takes (and what a general kernel
+/// hands to its specialization).
+fn dense_layouts(d: usize, h: usize) -> Layouts {
+    let dense = Layout::contiguous(h, d);
+    (dense, dense, dense)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_case(
     k: &Kernel,
@@ -373,7 +380,14 @@ fn run_case(
     let dtype = k.meta.dtype().unwrap();
     let d = k.meta.variant.head_size as usize;
     let vec = vec_elems(k);
-    let (pl, sl, ol) = layouts.unwrap_or_else(|| padded_layouts(d, h, vec));
+    // A dense specialization takes dense tensors only (its contract bounds the strides).
+    let (pl, sl, ol) = layouts.unwrap_or_else(|| {
+        if k.meta.variant.dense {
+            dense_layouts(d, h)
+        } else {
+            padded_layouts(d, h, vec)
+        }
+    });
     let prefix = random_tensor(dtype, t, h, d, pl, seed ^ 0x1111);
     let suffix = random_tensor(dtype, t, h, d, sl, seed ^ 0x2222);
     let (plse, slse) = random_lse(t * h, seed ^ 0x3333);
@@ -877,9 +891,13 @@ fn run_any(
                 .flat_map(|&th| lse_opts.iter().map(move |&l| (th, l)))
                 .collect();
             let (th, with_lse) = combos[case % combos.len()];
+            // Every third case dense: a general kernel then launches its dense specialization.
+            let dense = case % 3 == 1;
+            let d = k.meta.variant.head_size as usize;
+            let layouts = dense.then(|| dense_layouts(d, h));
             (
-                format!("threshold={th:?} lse={with_lse}"),
-                run_case(k, stream, t, h, th, with_lse, seed, None),
+                format!("threshold={th:?} lse={with_lse} dense={dense}"),
+                run_case(k, stream, t, h, th, with_lse, seed, layouts),
             )
         }
         Family::MergeStates { num_states } => {
@@ -1009,6 +1027,10 @@ fn boundary_shapes_stay_inside_their_buffers() {
             (4097, 1, None),
             (3, 2, Some((wide(2, 1 << 20), wide(2, 0), wide(2, 1 << 18)))),
         ] {
+            // A dense specialization takes dense tensors only: its own cases are the dense ones.
+            if k.meta.variant.dense && layouts.is_some() {
+                continue;
+            }
             for threshold in [None, Some(0), Some(t)] {
                 cases += 1;
                 let seed = 0xb0 ^ ((t * 131 + h) as u64) ^ ((cases as u64) << 20);
@@ -1027,6 +1049,49 @@ fn boundary_shapes_stay_inside_their_buffers() {
         report(&format!("  FAILED {f}"));
     }
     assert!(failed.is_empty());
+}
+
+/// Strides past 2^31 elements: the general pairwise kernel's 64-bit body (its 32-bit one serves
+/// every call whose sizes and strides stay below 2^31). One bf16 and one f32 kernel of the
+/// default folder, prefix rows 2^31 + 64 elements apart (a 4 or 8 GB buffer), against the float64
+/// reference with the other tensors dense and padded.
+#[test]
+fn strides_past_2_31_take_the_64_bit_path() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.default_stream();
+    let rt = Runtime::load(ctx.clone(), &dir_of(None).unwrap()).unwrap();
+    let mut cases = 0;
+    for name in [
+        "merge_attn_states_bf16_d128_thr_lse",
+        "merge_attn_states_f32_d64_thr_lse",
+    ] {
+        let Some(k) = rt.kernel(name) else {
+            say(&format!("note: {name} not in the folder: skipped"));
+            continue;
+        };
+        let d = k.meta.variant.head_size as usize;
+        let far = Layout {
+            head_stride: d,
+            token_stride: (1usize << 31) + 64,
+        };
+        let (_, _, padded_out) = padded_layouts(d, 1, vec_elems(k));
+        for threshold in [None, Some(1)] {
+            cases += 1;
+            let layouts = (far, Layout::contiguous(1, d), padded_out);
+            run_case(
+                k,
+                &stream,
+                2,
+                1,
+                threshold,
+                true,
+                0x64b1 ^ cases,
+                Some(layouts),
+            )
+            .unwrap_or_else(|why| panic!("{name} threshold={threshold:?}: {why}"));
+        }
+    }
+    report(&format!("strides past 2^31: {cases} cases passed"));
 }
 
 /// The FP8 conversion against the reference on every float32 bit pattern (2^32), through the

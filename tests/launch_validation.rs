@@ -229,7 +229,7 @@ fn options_the_variant_lacks_are_refused() {
 
 #[test]
 fn the_grid_follows_the_manifest_launch_rule_for_every_schedule() {
-    let text = "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = [80, 128]\nrows_per_thread = [1, 2]\nheads_per_block = [1, 4]\nblock_threads = 256\n";
+    let text = "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = [80, 128]\nrows_per_thread = [1, 2]\nheads_per_block = [1, 4]\nblock_threads = 256\ndense = false\n";
     let spec = mla_gen::spec::parse("t.toml", text).unwrap();
     let t = mla_gen::render::Templates::embedded().unwrap();
     let (_, manifest) = mla_gen::generate_files(&spec, &t, 1, false).unwrap();
@@ -722,8 +722,11 @@ fn every_kernel_has_the_run_time_key_that_selects_it() {
          [[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 128\nmask = [true, false]\n\
          [[mask_empty_context_lse]]\nlse_layout = [\"head_major\", \"token_major\"]\n",
     );
-    // A size rule's kernels have none: launches reach them through their kernel.
-    let (ruled, called): (Vec<_>, Vec<_>) = ks.iter().partition(|k| k.variant.rows_below.is_some());
+    // A size rule's kernels and the dense specializations have none: launches reach them
+    // through their kernel.
+    let (ruled, called): (Vec<_>, Vec<_>) = ks
+        .iter()
+        .partition(|k| k.variant.rows_below.is_some() || k.variant.dense);
     assert!(!ruled.is_empty() && ruled.iter().all(|k| k.key().is_none()));
     let keys: Vec<KernelKey> = called.iter().map(|k| k.key().unwrap()).collect();
     for (i, a) in keys.iter().enumerate() {

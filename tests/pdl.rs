@@ -9,7 +9,7 @@ mod common;
 use common::{build_and_run, generate_c, test_file};
 
 // Without size rules: two kernels, whatever specs/tuned.toml holds.
-const SPEC: &str = "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\npdl = [false, true]\nsize_rule = false\n";
+const SPEC: &str = "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\npdl = [false, true]\nsize_rule = false\ndense = false\n";
 
 #[test]
 fn launch_pdl_is_in_the_manifest_and_reads_back() {

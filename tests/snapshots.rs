@@ -36,6 +36,23 @@ fn head_sizes_in_bf16() {
     }
 }
 
+/// A dense specialization and its general kernel's launch naming it.
+#[test]
+fn dense_specialization() {
+    let t = Templates::embedded().unwrap();
+    let general = MergeVariant {
+        dense_specialization: true,
+        ..variant(Dtype::Bf16, 128, true, true)
+    };
+    let twin = general.dense_twin().unwrap();
+    insta::assert_snapshot!(
+        twin.kernel_name(),
+        t.render("snapshot.toml", &twin).unwrap()
+    );
+    let launch = mla_gen::abi::Launch::for_variant(&general);
+    assert_eq!(launch.specializations, [twin.kernel_name()]);
+}
+
 #[test]
 fn explicit_schedule() {
     let t = Templates::embedded().unwrap();

@@ -25,6 +25,27 @@ __device__ __forceinline__ long long lse_index(long long t, long long h, long lo
     return HEAD_MAJOR_LSE ? h * num_tokens + t : t * num_heads + h;
 }
 
+// Do 32-bit indices serve this launch? True when num_tokens, num_heads, T x H and `strides` (the
+// bitwise or of every stride, all non-negative) are below 2^31: token and head indices, lse
+// positions and a block's overshoot then fit 32 bits, and every row offset is a sum of
+// 32 x 32 -> 64-bit products (row_offset). The same answer for every thread of a launch.
+__device__ __forceinline__ bool narrow_indices(long long num_tokens, long long num_heads, long long strides) {
+    const unsigned long long rows = static_cast<unsigned long long>(static_cast<unsigned int>(num_tokens)) *
+                                    static_cast<unsigned int>(num_heads);  // exact when both are below 2^31
+    return ((static_cast<unsigned long long>(num_tokens | num_heads | strides) | rows) >> 31) == 0;
+}
+
+// t * a + h * b, an element offset: with 32-bit indices (a and b then below 2^31 too) two
+// multiply-adds of one instruction each (IMAD.WIDE.U32); with 64-bit ones full products.
+__device__ __forceinline__ long long row_offset(unsigned int t, long long a, unsigned int h, long long b) {
+    unsigned long long offset = static_cast<unsigned long long>(t) * static_cast<unsigned int>(a);
+    offset += static_cast<unsigned long long>(h) * static_cast<unsigned int>(b);
+    return static_cast<long long>(offset);
+}
+__device__ __forceinline__ long long row_offset(long long t, long long a, long long h, long long b) {
+    return t * a + h * b;
+}
+
 // Does token t belong to a request whose context is empty? Request b holds the tokens
 // query_start_loc[b] .. query_start_loc[b+1] and has an empty context when
 // context_start_loc[b+1] == context_start_loc[b]; tokens outside every request do not. One
@@ -90,6 +111,17 @@ __device__ __forceinline__ Pack load_pack(const elem_t* p) {
     return x;
 }
 
+// The VEC float32 values of a vector. A word holds two bfloat16 values, its low and high halves: the
+// low one moves up 16 bits, the high one keeps its place with the low bits cleared (one
+// instruction each instead of an extract and a shift).
+__device__ __forceinline__ void unpack(const Pack& x, float (&f)[VEC]) {
+#pragma unroll
+    for (int i = 0; i < VEC / 2; ++i) {
+        f[2 * i] = __uint_as_float(x.w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(x.w[i] & 0xffff0000u);
+    }
+}
+
 __device__ __forceinline__ void store_pack(elem_t* p, const Pack& x) {
     asm volatile("st.global.v4.b32 [%0], { %1, %2, %3, %4 };"
                  :: "l"(p), "r"(x.w[0]), "r"(x.w[1]), "r"(x.w[2]), "r"(x.w[3]) : "memory");
@@ -99,22 +131,28 @@ typedef elem_t out_t;  // output = input dtype
 // This block's token tile (grid x) and head block (grid y). Blocks start in launch order, x
 // fastest: taken as is, the blocks resident at one moment would hold one head's rows, a whole
 // token stride apart. Renumbered so that the head blocks of a token tile come first, they hold
-// a contiguous stretch of the tensors, as a copy reads them (GPU run 22, pairwise merge: 84-99%
-// of copy bandwidth before, 93-103% after). The renumbering is a bijection of the grid. It costs
-// a division per warp, which a grid the GPU holds at once (up to 2048 / THREADS_PER_BLOCK blocks
-// per SM, the thread limit of sm_80 and sm_90) does not win back (run 23: 2-4% slower at
-// 5-14 us), so such a grid, and one of more than 2^32 blocks, keeps launch order.
+// a contiguous stretch of the tensors, as a copy reads them (pairwise merge, cold: 84-99% of
+// copy bandwidth before, 93-103% after; without it the largest grids lose 5-18%,
+// docs/PERFORMANCE.md). The renumbering is a bijection of the grid. A grid the GPU holds at once
+// (up to 2048 / THREADS_PER_BLOCK blocks per SM, the thread limit of sm_80 and sm_90) gains
+// nothing from it and keeps launch order, as does one of 2^32 blocks or more; for a power of two
+// head blocks (the usual head counts) it is a shift and a mask, otherwise a division.
 template <int THREADS_PER_BLOCK>
 __device__ __forceinline__ void place_block(unsigned int& tile, unsigned int& head_block) {
     tile = blockIdx.x;
     head_block = blockIdx.y;
-    const unsigned long long blocks = static_cast<unsigned long long>(gridDim.x) * gridDim.y;
+    const unsigned int tiles = gridDim.x, head_blocks = gridDim.y;
     unsigned int sm_ids;  // the number of SM identifiers, at least the number of SMs
     asm("mov.u32 %0, %%nsmid;" : "=r"(sm_ids));
-    if (blocks > static_cast<unsigned long long>(sm_ids) * (2048 / THREADS_PER_BLOCK) && blocks <= 0xffffffffull) {
-        const unsigned int launch_index = blockIdx.y * gridDim.x + blockIdx.x;
-        tile = launch_index / gridDim.y;
-        head_block = launch_index % gridDim.y;
+    const unsigned long long blocks = static_cast<unsigned long long>(tiles) * head_blocks;
+    if (blocks <= static_cast<unsigned long long>(sm_ids) * (2048 / THREADS_PER_BLOCK) || blocks > 0xffffffffull) return;
+    const unsigned int launch_index = blockIdx.y * tiles + blockIdx.x;
+    if ((head_blocks & (head_blocks - 1)) == 0) {
+        tile = launch_index >> (__ffs(head_blocks) - 1);
+        head_block = launch_index & (head_blocks - 1);
+    } else {
+        tile = launch_index / head_blocks;
+        head_block = launch_index % head_blocks;
     }
 }
 
@@ -133,6 +171,35 @@ __device__ __forceinline__ bool no_keys(float prefix_lse, float suffix_lse) {
     return max_keep_nan(normalize_lse(prefix_lse), normalize_lse(suffix_lse)) == -INF;
 }
 
+// exp, log and the reciprocal on the special-function unit. In the hot-L2 regime engines run the
+// merge in (inputs just written by attention), it is issue-bound, and the IEEE-accurate expf,
+// logf and division cost about 60 instructions per row and thread, more than the row's loads,
+// blend and store together (docs/PERFORMANCE.md, session 8). Their arguments here are bounded:
+// exp2 of a value <= 0, the reciprocal and log2 of a sum in [1, 2], so the approximations stay
+// within a few float32 ulps (docs/SEMANTICS.md, "Arithmetic").
+constexpr float LOG2E = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x * LOG2E)
+constexpr float LN2 = 0.6931471805599453f;    // ln(2): log(x) = log2(x) * LN2
+
+// 2^x, subnormal results kept (no .ftz: a weight of 2^-130 still scales an infinite row to inf,
+// as exp() does, instead of 0 * inf = NaN); 2^-inf = +0.
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// 1 / x and log2(x) for x in [1, 2] (or NaN, which they keep).
+__device__ __forceinline__ float rcp_approx(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float log2_approx(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // How one row merges: out = prefix * prefix_scale + suffix * suffix_scale, or, with copy_prefix
 // (no keys on either side), the prefix row as is; lse() is the merged lse.
 struct MergeWeights {
@@ -146,25 +213,32 @@ struct MergeWeights {
     __device__ __forceinline__ float blend(float prefix, float suffix) const {
         return prefix * prefix_scale + suffix * suffix_scale;
     }
-    __device__ __forceinline__ float lse() const { return copy_prefix ? -INF : logf(sum) + m; }
+    __device__ __forceinline__ float lse() const { return copy_prefix ? -INF : fmaf(log2_approx(sum), LN2, m); }
 };
 
 // The rule for a row with context, from its two lse values: +inf read as -inf, m the NaN-keeping
 // max; m = -inf copies the prefix (lse -inf, never NaN), else a = exp(p - m), b = exp(s - m).
+// The side holding m has weight exactly 1 before normalizing, so with e = exp(-|p - s|) the
+// weights are 1 / (1 + e) and e / (1 + e): one exponential and one reciprocal per row. A NaN on
+// either side makes e, the sum and both weights NaN.
 __device__ __forceinline__ MergeWeights merge_weights(float prefix_lse, float suffix_lse) {
     const float p = normalize_lse(prefix_lse);
     const float s = normalize_lse(suffix_lse);
     const float m = max_keep_nan(p, s);
     if (m == -INF) return MergeWeights{0.0f, 0.0f, 0.0f, -INF, true};
-    const float a = expf(p - m);
-    const float b = expf(s - m);
-    const float sum = a + b;
-    return MergeWeights{a / sum, b / sum, sum, m, false};
+    const float e = exp2_approx(-fabsf(p - s) * LOG2E);
+    const float sum = 1.0f + e;
+    const float larger = rcp_approx(sum);
+    const float smaller = e * larger;
+    const bool prefix_larger = p >= s;
+    return MergeWeights{prefix_larger ? larger : smaller, prefix_larger ? smaller : larger, sum, m, false};
 }
 
 // The FP8 outputs keep launch order: they are issue-bound, and renumbering the blocks (a division
-// per warp, place_block) made them 5-6% slower (GPU run 23).
-constexpr bool PLACE_BLOCKS = true;
+// per warp, place_block) made them 5-6% slower. So does the kernel of a size rule's range below
+// 65536 rows: its launches fit the GPU at once (or nearly), where renumbering gains nothing and
+// its test costs the prologue of every block.
+constexpr bool PLACE_BLOCKS = false;
 // Group FP8 picks each element by selects instead of branching per row: with a branch per row
 // kind, each inlining the group reduction, ptxas took 38 registers instead of 32.
 constexpr bool GROUP_FP8 = false;
@@ -184,7 +258,16 @@ struct RowWriter {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) merge_attn_states_bf16_d64_thr_lse_below39232(
+// A dense specialization (docs/MANIFEST.md, "Specializations"): hosts launch it instead of the
+// general kernel when the three [T, H, HEAD_SIZE] tensors have no padding (its contract bounds
+// every stride to the dense one, and T x H below 2^32), so one row number t * H + h addresses all
+// three and the stride parameters go unread.
+constexpr bool DENSE = false;
+
+// The kernel's body, for 32-bit token and head indices (Index = unsigned int) or 64-bit ones
+// (long long); the kernel below picks one for the whole launch.
+template <typename Index>
+__device__ __forceinline__ void merge_rows(
     mla_bf16* __restrict__ output,
     float* __restrict__ output_lse,
     const mla_bf16* __restrict__ prefix_output,
@@ -209,33 +292,43 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
     const int group = threadIdx.x / THREADS_PER_ROW;
     unsigned int tile = blockIdx.x, head_block = blockIdx.y;
     if (PLACE_BLOCKS) place_block<BLOCK_THREADS>(tile, head_block);  // the head blocks of a token tile run together
-    const long long h = static_cast<long long>(head_block) * HEADS_PER_BLOCK + group % HEADS_PER_BLOCK;
-    if (h >= num_heads) return;
-    const long long first_token = static_cast<long long>(tile) * (TOKENS_PER_BLOCK * ROWS_PER_THREAD) +
-                                  group / HEADS_PER_BLOCK;
-    const long long n = prefill_tokens_with_context;
+    const Index h = static_cast<Index>(head_block) * HEADS_PER_BLOCK + group % HEADS_PER_BLOCK;
+    const Index tokens = static_cast<Index>(num_tokens), heads = static_cast<Index>(num_heads);
+    if (h >= heads) return;
+    const Index first_token = static_cast<Index>(tile) * (TOKENS_PER_BLOCK * ROWS_PER_THREAD) + group / HEADS_PER_BLOCK;
+    const Index n = static_cast<Index>(prefill_tokens_with_context);
     float* const lse_out = output_lse;  // null: not written
     const RowWriter out{};
 
     Pack prefix[ROWS_PER_THREAD][VECS_PER_THREAD], suffix[ROWS_PER_THREAD][VECS_PER_THREAD];
     float p_lse[ROWS_PER_THREAD], s_lse[ROWS_PER_THREAD];
+    Index lse_at[ROWS_PER_THREAD];      // kept for phase 2
+    long long out_at[ROWS_PER_THREAD];
+    bool in_range[ROWS_PER_THREAD];
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_THREAD; ++r) {
+        in_range[r] = first_token + r * TOKENS_PER_BLOCK < tokens;
+    }
+    if (ROWS_PER_THREAD == 1 && !in_range[0]) return;  // then phase 1 and 2 need no test of their own
 
     // Phase 1: issue every load. Rows past the threshold read the suffix only.
 #pragma unroll
     for (int r = 0; r < ROWS_PER_THREAD; ++r) {
-        const long long t = first_token + r * TOKENS_PER_BLOCK;
-        if (t >= num_tokens) continue;
-        const long long lse_at = lse_index(t, h, num_tokens, num_heads);
-        const elem_t* suffix_row = suffix_output + t * suffix_token_stride + h * suffix_head_stride;
-        const elem_t* prefix_row = prefix_output + t * prefix_token_stride + h * prefix_head_stride;
-        s_lse[r] = suffix_lse[lse_at];
+        const Index t = first_token + r * TOKENS_PER_BLOCK;
+        if (!in_range[r]) continue;
+        lse_at[r] = HEAD_MAJOR_LSE ? h * tokens + t : t * heads + h;
+        const long long dense_at = static_cast<long long>(t * heads + h) * HEAD_SIZE;  // DENSE: every tensor's row offset
+        out_at[r] = DENSE ? dense_at : row_offset(t, output_token_stride, h, output_head_stride);
+        const elem_t* suffix_row = suffix_output + (DENSE ? dense_at : row_offset(t, suffix_token_stride, h, suffix_head_stride));
+        s_lse[r] = suffix_lse[lse_at[r]];
 #pragma unroll
         for (int k = 0; k < VECS_PER_THREAD; ++k) {
             const int v = lane + k * THREADS_PER_ROW;
             if (vec_in_row(v)) suffix[r][k] = load_pack(suffix_row + v * VEC);
         }
         if (t < n) {
-            p_lse[r] = prefix_lse[lse_at];
+            const elem_t* prefix_row = prefix_output + (DENSE ? dense_at : row_offset(t, prefix_token_stride, h, prefix_head_stride));
+            p_lse[r] = prefix_lse[lse_at[r]];
 #pragma unroll
             for (int k = 0; k < VECS_PER_THREAD; ++k) {
                 const int v = lane + k * THREADS_PER_ROW;
@@ -247,10 +340,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
     // Phase 2: merge and store, row by row.
 #pragma unroll
     for (int r = 0; r < ROWS_PER_THREAD; ++r) {
-        const long long t = first_token + r * TOKENS_PER_BLOCK;
-        if (t >= num_tokens) continue;  // the whole row skips (group FP8: its group lanes stay together)
-        const long long lse_at = lse_index(t, h, num_tokens, num_heads);
-        out_t* out_row = output + t * output_token_stride + h * output_head_stride;
+        const Index t = first_token + r * TOKENS_PER_BLOCK;
+        if (!in_range[r]) continue;  // the whole row skips (group FP8: its group lanes stay together)
+        const Index lse_pos = lse_at[r];
+        out_t* out_row = output + out_at[r];
 
         if (GROUP_FP8) {
             // Each element selected from the row's rule: past the threshold the suffix as is, no
@@ -268,7 +361,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
                     lse = w.lse();
                 }
             }
-            if (lse_out != nullptr && lane == 0) lse_out[lse_at] = lse;
+            if (lse_out != nullptr && lane == 0) lse_out[lse_pos] = lse;
 #pragma unroll
             for (int k = 0; k < VECS_PER_THREAD; ++k) {
                 const int v = lane + k * THREADS_PER_ROW;
@@ -292,7 +385,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
                 const int v = lane + k * THREADS_PER_ROW;
                 if (vec_in_row(v)) out.copy(out_row, t, h, v, suffix[r][k]);
             }
-            if (lse_out != nullptr && lane == 0) lse_out[lse_at] = s_lse[r];
+            if (lse_out != nullptr && lane == 0) lse_out[lse_pos] = s_lse[r];
             continue;
         }
 
@@ -303,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
                 const int v = lane + k * THREADS_PER_ROW;
                 if (vec_in_row(v)) out.copy(out_row, t, h, v, prefix[r][k]);
             }
-            if (lse_out != nullptr && lane == 0) lse_out[lse_at] = -INF;
+            if (lse_out != nullptr && lane == 0) lse_out[lse_pos] = -INF;
             continue;
         }
 
@@ -312,13 +405,60 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) m
         for (int k = 0; k < VECS_PER_THREAD; ++k) {
             const int v = lane + k * THREADS_PER_ROW;
             if (!vec_in_row(v)) continue;
-            float merged[VEC];
+            float merged[VEC], suffix_values[VEC];
+            unpack(prefix[r][k], merged);
+            unpack(suffix[r][k], suffix_values);
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                merged[e] = w.blend(to_float(prefix[r][k].v[e]), to_float(suffix[r][k].v[e]));
-            }
+            for (int e = 0; e < VEC; ++e) merged[e] = w.blend(merged[e], suffix_values[e]);
             out.values(out_row, t, h, v, merged);
         }
-        if (lse_out != nullptr && lane == 0) lse_out[lse_at] = w.lse();
+        if (lse_out != nullptr && lane == 0) lse_out[lse_pos] = w.lse();
+    }
+}
+__device__ __noinline__ void merge_rows_wide(
+    mla_bf16* __restrict__ output,
+    float* __restrict__ output_lse,
+    const mla_bf16* __restrict__ prefix_output,
+    const float* __restrict__ prefix_lse,
+    const mla_bf16* __restrict__ suffix_output,
+    const float* __restrict__ suffix_lse,
+    long long num_tokens,
+    long long num_heads,
+    long long output_token_stride,
+    long long output_head_stride,
+    long long prefix_token_stride,
+    long long prefix_head_stride,
+    long long suffix_token_stride,
+    long long suffix_head_stride,
+    long long prefill_tokens_with_context)
+{
+    merge_rows<long long>(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, num_tokens, num_heads, output_token_stride, output_head_stride, prefix_token_stride, prefix_head_stride, suffix_token_stride, suffix_head_stride, prefill_tokens_with_context);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) merge_attn_states_bf16_d64_thr_lse_below39232(
+    mla_bf16* __restrict__ output,
+    float* __restrict__ output_lse,
+    const mla_bf16* __restrict__ prefix_output,
+    const float* __restrict__ prefix_lse,
+    const mla_bf16* __restrict__ suffix_output,
+    const float* __restrict__ suffix_lse,
+    long long num_tokens,
+    long long num_heads,
+    long long output_token_stride,
+    long long output_head_stride,
+    long long prefix_token_stride,
+    long long prefix_head_stride,
+    long long suffix_token_stride,
+    long long suffix_head_stride,
+    long long prefill_tokens_with_context)
+{
+    // 32-bit indices when the sizes and strides allow (the same answer for every thread): lse
+    // positions below H * T, offsets from 32 x 32-bit products. Otherwise the 64-bit body, kept
+    // out of line so that the common path runs straight through.
+    if (narrow_indices(num_tokens, num_heads, output_token_stride | output_head_stride | prefix_token_stride |
+                                              prefix_head_stride | suffix_token_stride | suffix_head_stride)) {
+        merge_rows<unsigned int>(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, num_tokens, num_heads, output_token_stride, output_head_stride, prefix_token_stride, prefix_head_stride, suffix_token_stride, suffix_head_stride, prefill_tokens_with_context);
+    } else {
+        merge_rows_wide(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, num_tokens, num_heads, output_token_stride, output_head_stride, prefix_token_stride, prefix_head_stride, suffix_token_stride, suffix_head_stride, prefill_tokens_with_context);
     }
 }

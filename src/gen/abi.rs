@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::contract::{Bounds, Dim, LaunchRule, Tensor};
+use crate::contract::{Bounds, Dim, LaunchRule, Limit, Tensor};
 pub use crate::contract::{Contract, Param, ParamKind, Role};
 use crate::dtype::Dtype;
 pub use crate::gen::launch::{Launch, GRID_RULE, MAX_GRID_Y, MAX_THREADS_PER_ROW, MAX_VEC_BYTES};
@@ -26,9 +26,23 @@ pub fn contract(v: &MergeVariant) -> Contract {
         Family::MergeStateInPlace { mask } => b.in_place(mask, &mut constants),
         Family::MaskEmptyContextLse => b.mask_lse(),
     };
+    // A dense specialization reads its tensors without padding, rows numbered in 32 bits.
+    let (params, limits) = if v.dense {
+        (
+            dense_strides(params, v.head_size),
+            vec![Limit {
+                expr: "num_tokens*num_heads".into(),
+                max: u64::from(u32::MAX),
+                why: "this kernel numbers rows (tokens x heads) in 32 bits".into(),
+            }],
+        )
+    } else {
+        (params, Vec::new())
+    };
     Contract {
         params,
         constants,
+        limits,
         launch: LaunchRule {
             block_threads: launch.block_threads,
             shared_mem_bytes: launch.shared_mem_bytes,
@@ -36,8 +50,30 @@ pub fn contract(v: &MergeVariant) -> Contract {
             grid_y: launch.grid_y,
             pdl: launch.pdl,
             size_rule: launch.size_rule,
+            specializations: launch.specializations,
         },
     }
+}
+
+/// The stride parameters of a dense kernel's `[T, H, D]` tensors bound to the dense strides:
+/// token stride H x D, head stride D (the kernel does not read them).
+fn dense_strides(mut params: Vec<Param>, head_size: u32) -> Vec<Param> {
+    for p in &mut params {
+        let dense = if p.name.ends_with("_token_stride") && !p.name.starts_with("scale_") {
+            format!("num_heads*{head_size}")
+        } else if p.name.ends_with("_head_stride") {
+            head_size.to_string()
+        } else {
+            continue;
+        };
+        p.bounds = Some(Bounds {
+            min: dense.clone(),
+            max: Some(dense),
+            default: None,
+        });
+        p.doc = format!("{} (dense: this value only)", p.doc);
+    }
+    params
 }
 
 /// Builds one variant's parameters; each family below reads as its signature.

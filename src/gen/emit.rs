@@ -129,6 +129,9 @@ pub struct KernelEntry {
     pub params: Vec<Param>,
     /// Names fixed at generation that a caller may pass and must match.
     pub constants: BTreeMap<String, String>,
+    /// Limits on the integer arguments beyond their bounds (docs/MANIFEST.md); absent: none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<crate::contract::Limit>,
     pub launch: Launch,
     pub source: FileRef,
     pub archs: Vec<ArchEntry>,
@@ -214,6 +217,7 @@ pub fn plan(
             inputs_sha256,
             params: contract.params,
             constants: contract.constants,
+            limits: contract.limits,
             launch: Launch::for_variant(&k.variant),
             source,
             archs,

@@ -55,6 +55,10 @@ pub struct Launch {
     /// every launch runs this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_rule: Option<SizeRule>,
+    /// Kernels to launch instead, the first whose contract accepts the call (docs/MANIFEST.md,
+    /// "Specializations"); absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub specializations: Vec<String>,
 }
 
 /// The size rule of `v` (the main kernel of one), with its ranges' kernel names.
@@ -121,6 +125,7 @@ impl Launch {
                 grid_rule: GRID_RULE,
                 pdl: v.pdl,
                 size_rule: None,
+                specializations: Vec::new(),
             };
         }
         // Widest power-of-two vector that divides the row: no partial vector at the row's end, so
@@ -147,6 +152,11 @@ impl Launch {
         };
         let (grid_x, grid_y) = grid_axes(tokens_per_block * rows_per_thread, heads_per_block);
         let size_rule = size_rule_of(v, &grid_x, &grid_y);
+        let specializations = v
+            .dense_twin()
+            .map(|t| t.kernel_name())
+            .into_iter()
+            .collect();
         Launch {
             grid_x,
             grid_y,
@@ -167,6 +177,7 @@ impl Launch {
             grid_rule: GRID_RULE,
             pdl: v.pdl,
             size_rule,
+            specializations,
         }
     }
 

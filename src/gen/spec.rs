@@ -166,6 +166,11 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                 .map_err(|why| ctx.at(v.span().start, format!("`size_rule`: {why}")))?,
             None => true,
         };
+        let dense = match &f.dense {
+            Some(v) => boolean(v.get_ref())
+                .map_err(|why| ctx.at(v.span().start, format!("`dense`: {why}")))?,
+            None => true,
+        };
         let schedule_key = [
             &f.rows_per_thread,
             &f.min_blocks_per_sm,
@@ -373,6 +378,8 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                                             pdl,
                                             size_rule: Vec::new(),
                                             rows_below: None,
+                                            dense: false,
+                                            dense_specialization: false,
                                         });
                                     }
                                 }
@@ -384,13 +391,19 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         }
         // The tuned size rule: its main kernel takes the largest launches' schedule, and each
         // smaller range is a kernel of its own after it.
+        // Then the dense specialization of every pairwise merge kernel, right after it.
         let expanded: Vec<MergeVariant> = expanded
             .into_iter()
             .flat_map(|v| {
-                if size_rule {
+                let kernels = if size_rule {
                     v.with_tuned_size_rule()
                 } else {
                     vec![v]
+                };
+                if dense {
+                    MergeVariant::with_dense_twins(kernels)
+                } else {
+                    kernels
                 }
             })
             .collect();

@@ -197,6 +197,16 @@ pub struct MergeVariant {
     /// (tokens x heads) than this, and is named after it with `_below<rows>` (before `_pdl`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows_below: Option<u64>,
+    /// The dense specialization of a pairwise merge (`_dense`): its `[T, H, D]` tensors have no
+    /// padding, which its contract requires, so one row number addresses all three. Hosts launch
+    /// it in place of the general kernel when its contract accepts the call (docs/MANIFEST.md,
+    /// "Specializations").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dense: bool,
+    /// This kernel has a dense specialization (spec key `dense`, default true for pairwise
+    /// merges), listed in its launch's `specializations`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dense_specialization: bool,
 }
 
 impl MergeVariant {
@@ -219,6 +229,8 @@ impl MergeVariant {
             pdl: false,
             size_rule: Vec::new(),
             rows_below: None,
+            dense: false,
+            dense_specialization: false,
         }
     }
 
@@ -251,6 +263,30 @@ impl MergeVariant {
         self.size_rule = ranges;
         let kernels = self.size_rule.iter().map(|r| self.range_kernel(r));
         std::iter::once(self.clone()).chain(kernels).collect()
+    }
+
+    /// The dense specialization of this kernel, where it has one (`dense_specialization`).
+    pub fn dense_twin(&self) -> Option<MergeVariant> {
+        // The general kernel's size rule has already chosen this kernel when a host looks at
+        // its specializations: the twin has none of its own.
+        self.dense_specialization.then(|| MergeVariant {
+            dense: true,
+            dense_specialization: false,
+            size_rule: Vec::new(),
+            ..self.clone()
+        })
+    }
+
+    /// These kernels, each pairwise merge followed by its dense specialization.
+    pub fn with_dense_twins(kernels: Vec<MergeVariant>) -> Vec<MergeVariant> {
+        kernels
+            .into_iter()
+            .flat_map(|mut k| {
+                k.dense_specialization = k.family == Family::MergeAttnStates && !k.dense;
+                let twin = k.dense_twin();
+                std::iter::once(k).chain(twin)
+            })
+            .collect()
     }
 
     /// Readable and stable: family, dtype, head size, then one tag per non-default option.
@@ -318,6 +354,9 @@ impl MergeVariant {
         }
         if let Some(rows) = self.rows_below {
             name.push_str(&format!("_below{rows}"));
+        }
+        if self.dense {
+            name.push_str("_dense");
         }
         if self.pdl {
             name.push_str("_pdl");

@@ -128,6 +128,8 @@ pub struct Plan {
     kernel: String,
     params: Vec<ParamPlan>,
     constants: Vec<(String, Resolved)>,
+    /// The contract's limits: (expression, maximum, why).
+    limits: Vec<(Resolved, i64, String)>,
     axes: [Axis; 2],
     block_threads: u32,
     shared_mem_bytes: u32,
@@ -221,6 +223,17 @@ impl Plan {
             .iter()
             .map(|(name, text)| Ok((name.clone(), resolve(text)?)))
             .collect::<Result<_, String>>()?;
+        let limits = contract
+            .limits
+            .iter()
+            .map(|l| {
+                Ok((
+                    resolve(&l.expr)?,
+                    i64::try_from(l.max).unwrap_or(i64::MAX),
+                    l.why.clone(),
+                ))
+            })
+            .collect::<Result<_, String>>()?;
         let axis = |a: &crate::contract::GridAxis, name| -> Result<Axis, String> {
             Ok(Axis {
                 dim: index(&a.dim).ok_or_else(|| {
@@ -238,6 +251,7 @@ impl Plan {
             kernel: kernel.to_string(),
             params: plans,
             constants,
+            limits,
             axes: [
                 axis(&contract.launch.grid_x, "x")?,
                 axis(&contract.launch.grid_y, "y")?,
@@ -269,6 +283,39 @@ impl Plan {
             *g = u32::try_from(blocks).ok()?;
         }
         Some(grid)
+    }
+
+    /// Do values another kernel of the same parameters checked also meet this kernel's integer
+    /// bounds and limits? What a specialization adds to its general kernel's contract is only
+    /// those (docs/MANIFEST.md, "Specializations"), so then this kernel accepts the call too.
+    #[cfg(feature = "runtime")]
+    pub(crate) fn accepts_values(&self, values: &[u64]) -> bool {
+        let n = self.params.len();
+        if values.len() != n {
+            return false;
+        }
+        let mut ints = [0i64; MAX_PARAMS];
+        for (i, p) in self.params.iter().enumerate() {
+            if p.kind == ParamKind::I64 {
+                ints[i] = values[i] as i64;
+            }
+        }
+        let ints = &ints[..n];
+        let within = |v: i64, min: &Option<Resolved>, max: &Option<Resolved>| {
+            min.as_ref()
+                .is_none_or(|m| m.eval(ints).is_some_and(|m| v >= m))
+                && max
+                    .as_ref()
+                    .is_none_or(|m| m.eval(ints).is_some_and(|m| v <= m))
+        };
+        self.params
+            .iter()
+            .enumerate()
+            .all(|(i, p)| p.kind != ParamKind::I64 || within(ints[i], &p.min, &p.max))
+            && self
+                .limits
+                .iter()
+                .all(|(e, max, _)| e.eval(ints).is_some_and(|v| v <= *max))
     }
 
     #[cfg(feature = "runtime")]
@@ -363,7 +410,7 @@ impl Plan {
             }
         }
         let ints = &ints[..n];
-        // 4. Ranges of the integers.
+        // 4. Ranges of the integers, then the kernel's limits.
         for (i, p) in self.params.iter().enumerate() {
             let v = ints[i];
             if let Some(min) = &p.min {
@@ -383,6 +430,12 @@ impl Plan {
                         max.show(ints)
                     )));
                 }
+            }
+        }
+        // The kernel's limits on several integers together (an overflow exceeds any).
+        for (expr, max, why) in &self.limits {
+            if expr.eval(ints).is_none_or(|v| v > *max) {
+                return Err(self.refuse(format!("{} exceeds {max}: {why}", expr.show(ints))));
             }
         }
         // 5. Constants passed must match the kernel's.

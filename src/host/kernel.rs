@@ -54,6 +54,8 @@ pub struct Kernel {
     pub(crate) programmatic: bool,
     /// Launches with fewer rows run these kernels (the manifest's `launch.size_rule`).
     pub(crate) size_rule: Option<LoadedRule>,
+    /// Launches these kernels accept run them instead (the manifest's `launch.specializations`).
+    pub(crate) specializations: Vec<Arc<Kernel>>,
     pub(crate) module: Module,
 }
 
@@ -109,6 +111,16 @@ impl Kernel {
             }
             None => self,
         }
+    }
+
+    /// The kernel a launch with these checked values runs after this one's size rule chose it:
+    /// the first of its specializations whose integer bounds and limits the values meet, or
+    /// itself.
+    pub(crate) fn specialized_for(&self, values: &[u64]) -> &Kernel {
+        self.specializations
+            .iter()
+            .find(|s| s.plan.accepts_values(values))
+            .map_or(self, |s| s)
     }
 
     /// Check `args` (by name, any order) against the kernel's contract, without launching.
@@ -180,8 +192,11 @@ impl Kernel {
         }
         // A size rule sends launches with fewer rows to the kernel built for them: the same
         // parameters (checked when the rule was loaded), that kernel's grid and block.
+        // Then the chosen kernel's specializations: the first that accepts the values runs.
         let mut launch = (self, grid, checked.block_threads, checked.shared_mem_bytes);
-        let target = self.for_values(checked.values());
+        let target = self
+            .for_values(checked.values())
+            .specialized_for(checked.values());
         if !std::ptr::eq(target, self) {
             // (Where the rule's kernel's grid would pass a limit, this kernel serves.)
             if let Some(g) = target.plan.grid_for(checked.values()) {

@@ -154,10 +154,11 @@ impl Runtime {
                 function,
                 programmatic: k.launch.pdl && cc.0 >= 9,
                 size_rule: None,
+                specializations: Vec::new(),
                 module,
             });
         }
-        let kernels = link_size_rules(path, loaded, &by_name)?;
+        let kernels = link_kernels(path, loaded, &by_name)?;
         Ok(Runtime {
             ctx,
             compute_capability: cc,
@@ -193,9 +194,10 @@ impl Runtime {
     }
 }
 
-/// Share the loaded kernels, each size rule holding the kernels it names. A rule's kernel must
-/// be in the manifest, have no rule itself and take the same parameters.
-fn link_size_rules(
+/// Share the loaded kernels, each holding the kernels its size rule and specializations name. A
+/// named kernel must be in the manifest, take the same parameters and name no kernel of this one
+/// (no cycle); kernels are shared once every kernel they name is.
+fn link_kernels(
     path: &Path,
     loaded: Vec<Kernel>,
     by_name: &HashMap<String, usize>,
@@ -204,55 +206,86 @@ fn link_size_rules(
         path: path.to_path_buf(),
         detail,
     };
+    let names = |k: &Kernel| -> Vec<String> {
+        let rule = k.meta.launch.size_rule.iter().flat_map(|r| &r.ranges);
+        rule.map(|r| r.kernel.clone())
+            .chain(k.meta.launch.specializations.iter().cloned())
+            .collect()
+    };
     let mut slots: Vec<Option<Kernel>> = loaded.into_iter().map(Some).collect();
     let mut shared: Vec<Option<Arc<Kernel>>> = vec![None; slots.len()];
-    // Kernels without a rule first: the rules' kernels are among them.
-    for (i, slot) in slots.iter_mut().enumerate() {
-        if slot
-            .as_ref()
-            .is_some_and(|k| k.meta.launch.size_rule.is_none())
-        {
-            shared[i] = slot.take().map(Arc::new);
-        }
-    }
-    for (i, slot) in slots.iter_mut().enumerate() {
-        let Some(mut k) = slot.take() else { continue };
-        let rule = k
-            .meta
-            .launch
-            .size_rule
-            .clone()
-            .unwrap_or_else(|| unreachable!());
-        let param = |name: &str| {
-            k.plan.param_names().position(|p| p == name).ok_or_else(|| {
-                bad(format!(
-                    "{}: its size rule counts rows by `{name}`, which is not a parameter",
-                    k.meta.name
-                ))
-            })
-        };
-        let rows = [param(&rule.rows[0])?, param(&rule.rows[1])?];
-        let mut ranges = Vec::with_capacity(rule.ranges.len());
-        for r in &rule.ranges {
-            let target = by_name
-                .get(&r.kernel)
-                .and_then(|&j| shared[j].clone())
-                .ok_or_else(|| {
+    loop {
+        let mut progress = false;
+        for i in 0..slots.len() {
+            let Some(k) = slots[i].as_ref() else { continue };
+            let named = names(k);
+            let mut targets = Vec::with_capacity(named.len());
+            for n in &named {
+                let j = *by_name.get(n).ok_or_else(|| {
                     bad(format!(
-                        "{}: its size rule names {}, which the manifest lacks or which has a size rule itself",
-                        k.meta.name, r.kernel
+                        "{}: names {n}, which the manifest lacks",
+                        k.meta.name
                     ))
                 })?;
-            if !target.plan.param_names().eq(k.plan.param_names()) {
+                targets.push(shared[j].clone());
+            }
+            if targets.iter().any(Option::is_none) {
+                continue; // a named kernel is not shared yet
+            }
+            let mut k = slots[i].take().unwrap_or_else(|| unreachable!());
+            let targets: Vec<Arc<Kernel>> = targets.into_iter().flatten().collect();
+            if let Some(t) = targets
+                .iter()
+                .find(|t| !t.plan.param_names().eq(k.plan.param_names()))
+            {
                 return Err(bad(format!(
-                    "{}: its size rule names {}, whose parameters differ",
-                    k.meta.name, r.kernel
+                    "{}: names {}, whose parameters differ",
+                    k.meta.name, t.meta.name
                 )));
             }
-            ranges.push((r.below_rows, target));
+            let (ranges, specializations) = targets.split_at(
+                k.meta
+                    .launch
+                    .size_rule
+                    .as_ref()
+                    .map_or(0, |r| r.ranges.len()),
+            );
+            if let Some(rule) = k.meta.launch.size_rule.clone() {
+                let param = |name: &str| {
+                    k.plan.param_names().position(|p| p == name).ok_or_else(|| {
+                        bad(format!(
+                            "{}: its size rule counts rows by `{name}`, which is not a parameter",
+                            k.meta.name
+                        ))
+                    })
+                };
+                let rows = [param(&rule.rows[0])?, param(&rule.rows[1])?];
+                let ranges = rule
+                    .ranges
+                    .iter()
+                    .map(|r| r.below_rows)
+                    .zip(ranges.iter().cloned())
+                    .collect();
+                k.size_rule = Some(LoadedRule { rows, ranges });
+            }
+            k.specializations = specializations.to_vec();
+            shared[i] = Some(Arc::new(k));
+            progress = true;
         }
-        k.size_rule = Some(LoadedRule { rows, ranges });
-        shared[i] = Some(Arc::new(k));
+        if slots.iter().all(Option::is_none) {
+            break;
+        }
+        if !progress {
+            let stuck = slots
+                .iter()
+                .flatten()
+                .map(|k| k.meta.name.as_str())
+                .collect::<Vec<_>>();
+            return Err(bad(format!(
+                "kernels naming each other in a cycle: {}",
+                stuck.join(", ")
+            )));
+        }
     }
     Ok(shared.into_iter().flatten().collect())
 }

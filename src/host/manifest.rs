@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::constants::TOOL_VERSION;
-use crate::contract::{Contract, LaunchRule, Param, SCHEMA_VERSION};
+use crate::contract::{Contract, LaunchRule, Limit, Param, SCHEMA_VERSION};
 use crate::dtype::Dtype;
 use crate::error::ManifestError;
 use crate::host::check::Plan;
@@ -53,6 +53,9 @@ pub struct VariantView {
     /// A kernel of another's size rule (launched through that one); absent: none.
     #[serde(default)]
     pub rows_below: Option<u64>,
+    /// A dense specialization (launched through its general kernel); absent: false.
+    #[serde(default)]
+    pub dense: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -84,6 +87,9 @@ pub struct KernelView {
     pub params: Vec<Param>,
     /// Names fixed at generation, with their value as an expression.
     pub constants: BTreeMap<String, String>,
+    /// Limits on the integer arguments beyond their bounds; absent: none.
+    #[serde(default)]
+    pub limits: Vec<Limit>,
     /// Block size, shared memory and the grid rule (the manifest's other launch fields describe
     /// how the kernel was built; no host needs them).
     pub launch: LaunchRule,
@@ -175,6 +181,7 @@ impl KernelView {
         Contract {
             params: self.params.clone(),
             constants: self.constants.clone(),
+            limits: self.limits.clone(),
             launch: self.launch.clone(),
         }
     }
@@ -187,11 +194,11 @@ impl KernelView {
         })
     }
 
-    /// What [`KernelKey`] selects this kernel. A kernel of another's size rule has none:
-    /// launches reach it through that kernel.
+    /// What [`KernelKey`] selects this kernel. A kernel of another's size rule, or a
+    /// specialization, has none: launches reach it through that kernel.
     pub fn key(&self) -> Option<KernelKey> {
         let v = &self.variant;
-        if v.rows_below.is_some() {
+        if v.rows_below.is_some() || v.dense {
             return None;
         }
         let (dtype, lse_layout, output) = (v.dtype, v.lse_layout, v.output);

@@ -30,8 +30,8 @@ pub struct BindingKernel {
     pub fp8_group: Option<(u32, bool)>,
     /// Fuses the empty-context lse mask (takes the requests' start locations).
     pub mask_empty_context: bool,
-    /// A kernel of another's size rule: launched through that one, so `dispatch` never
-    /// returns it (its own method launches it as itself).
+    /// A kernel of another's size rule, or a specialization: launched through that one, so
+    /// `dispatch` never returns it (its own method launches it as itself).
     pub rule_kernel: bool,
     /// The parameters in signature order, with their contracts.
     pub params: Vec<Param>,
@@ -50,7 +50,7 @@ impl BindingKernel {
             fp8_output: v.output == OutputKind::Fp8E4m3,
             fp8_group: v.fp8_group.map(|g| (g.group_size, g.ue8m0)),
             mask_empty_context: v.mask_empty_context,
-            rule_kernel: v.rows_below.is_some(),
+            rule_kernel: v.rows_below.is_some() || v.dense,
             params: crate::gen::abi::params(v),
         }
     }
@@ -77,7 +77,7 @@ impl BindingKernel {
             fp8_output: v.output == OutputKind::Fp8E4m3,
             fp8_group: v.fp8_group.map(|g| (g.group_size, g.ue8m0)),
             mask_empty_context: v.mask_empty_context,
-            rule_kernel: v.rows_below.is_some(),
+            rule_kernel: v.rows_below.is_some() || v.dense,
             params: k.params.clone(),
         }
     }

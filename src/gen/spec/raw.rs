@@ -71,6 +71,8 @@ pub(super) struct RawMerge {
     pub(super) pdl: Option<Spanned<toml::Value>>,
     /// merge_attn_states only: build the tuned size rule's kernels (default true).
     pub(super) size_rule: Option<Spanned<toml::Value>>,
+    /// merge_attn_states only: build each kernel's dense specialization (default true).
+    pub(super) dense: Option<Spanned<toml::Value>>,
 }
 
 impl RawMerge {
@@ -83,7 +85,7 @@ impl RawMerge {
         use Table::*;
         // (key, its value, the tables it belongs to, why elsewhere it is refused)
         const MERGES: &[Table] = &[Pairwise, KWay, InPlace];
-        let keys: [KeyRule; 16] = [
+        let keys: [KeyRule; 17] = [
             (
                 "group_size",
                 &self.group_size,
@@ -149,6 +151,12 @@ impl RawMerge {
                 &self.size_rule,
                 &[Pairwise],
                 "size rules are tuned for the pairwise merge only",
+            ),
+            (
+                "dense",
+                &self.dense,
+                &[Pairwise],
+                "dense specializations exist for the pairwise merge only",
             ),
             (
                 "prefix_threshold",

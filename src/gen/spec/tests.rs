@@ -13,7 +13,7 @@ fn err(text: &str) -> String {
 fn the_fused_context_mask_is_a_pairwise_key() {
     let s = parse(
         "t.toml",
-        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nmask_empty_context = [false, true]\nsize_rule = false\n",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nmask_empty_context = [false, true]\nsize_rule = false\ndense = false\n",
     )
     .unwrap();
     let names = s.kernel_names();
@@ -50,14 +50,27 @@ fn the_fused_context_mask_is_a_pairwise_key() {
 fn default_spec_is_the_vllm_set() {
     let s = default_spec().unwrap();
     // 27 kernels engines call, and the kernels of their size rules (launched through them).
+    // Each of those has a dense specialization right after it.
     let called: Vec<&MergeVariant> = s
         .variants
         .iter()
-        .filter(|v| v.rows_below.is_none())
+        .filter(|v| v.rows_below.is_none() && !v.dense)
         .collect();
     assert_eq!(called.len(), 27);
     let rule_kernels: usize = called.iter().map(|v| v.size_rule.len()).sum();
-    assert_eq!(s.variants.len(), 27 + rule_kernels);
+    assert_eq!(s.variants.len(), 2 * (27 + rule_kernels));
+    for pair in s.variants.chunks(2) {
+        assert!(
+            pair[0].dense_specialization && !pair[0].dense,
+            "{}",
+            pair[0].kernel_name()
+        );
+        assert_eq!(
+            pair[1].kernel_name(),
+            format!("{}_dense", pair[0].kernel_name())
+        );
+        assert!(pair[1].dense && pair[1].size_rule.is_empty());
+    }
     assert_eq!(
         s.archs.iter().map(Arch::name).collect::<Vec<_>>(),
         ["sm_80", "sm_90", "sm_100", "sm_120"]
@@ -77,7 +90,7 @@ fn default_spec_is_the_vllm_set() {
 fn lists_expand_to_their_cross_product_in_order() {
     let s = parse(
         "t.toml",
-        "[[merge_attn_states]]\ndtype = [\"f16\", \"bf16\"]\nhead_size = [64, 128]\nprefix_threshold = [true, false]\nsize_rule = false\n",
+        "[[merge_attn_states]]\ndtype = [\"f16\", \"bf16\"]\nhead_size = [64, 128]\nprefix_threshold = [true, false]\nsize_rule = false\ndense = false\n",
     )
     .unwrap();
     let names = s.kernel_names();
@@ -126,7 +139,7 @@ fn fp8_is_an_output_kind_not_an_input_dtype() {
     assert!(e.contains("write output = \"fp8_e4m3\""), "{e}");
     let s = parse(
         "t.toml",
-        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput = [\"same\", \"fp8_e4m3\"]\nsize_rule = false\n",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\noutput = [\"same\", \"fp8_e4m3\"]\nsize_rule = false\ndense = false\n",
     )
     .unwrap();
     assert_eq!(
@@ -201,7 +214,7 @@ fn k_way_and_in_place_tables() {
 fn per_token_group_fp8_keys() {
     let s = parse(
         "t.toml",
-        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = [\"fp8_e4m3\", \"fp8_e4m3_group\"]\ngroup_size = [16, 128]\nue8m0 = [false, true]\n",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = [\"fp8_e4m3\", \"fp8_e4m3_group\"]\ngroup_size = [16, 128]\nue8m0 = [false, true]\ndense = false\n",
     )
     .unwrap();
     assert_eq!(
@@ -301,7 +314,7 @@ fn arch_names_round_trip() {
 fn pdl_is_a_key_of_every_table_and_names_its_kernels() {
     let s = parse(
         "t.toml",
-        "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\npdl = [false, true]\nsize_rule = false\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = 4\npdl = true\n[[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 64\npdl = true\n[[mask_empty_context_lse]]\npdl = true\n",
+        "arch = [\"sm_80\", \"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\npdl = [false, true]\nsize_rule = false\ndense = false\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = 4\npdl = true\n[[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 64\npdl = true\n[[mask_empty_context_lse]]\npdl = true\n",
     )
     .unwrap();
     assert_eq!(
@@ -452,7 +465,8 @@ fn every_tuned_size_rule_is_well_formed_and_reaches_the_default_spec() {
 #[test]
 fn the_size_rule_applies_to_the_tuned_merge_only_and_can_be_turned_off() {
     let (dtype, head, ranges) = first_tuned_rule();
-    let table = format!("[[merge_attn_states]]\ndtype = \"{dtype}\"\nhead_size = {head}\n");
+    let table =
+        format!("[[merge_attn_states]]\ndtype = \"{dtype}\"\nhead_size = {head}\ndense = false\n");
     let s = parse("t.toml", &table).unwrap();
     let main = format!("merge_attn_states_{dtype}_d{head}_thr_lse");
     let mut want = vec![main.clone()];
@@ -479,11 +493,11 @@ fn the_size_rule_applies_to_the_tuned_merge_only_and_can_be_turned_off() {
     // Refused where it means nothing.
     assert_eq!(
         err(&format!("{table}size_rule = true\nblock_threads = 256\n")),
-        "t.toml:4:13: `size_rule` = true picks among the tuned schedules, and this table sets its own schedule: remove `size_rule` or the schedule keys"
+        "t.toml:5:13: `size_rule` = true picks among the tuned schedules, and this table sets its own schedule: remove `size_rule` or the schedule keys"
     );
     assert_eq!(
         err(&format!("{table}size_rule = \"yes\"\n")),
-        "t.toml:4:13: `size_rule`: expected true or false, got \"yes\""
+        "t.toml:5:13: `size_rule`: expected true or false, got \"yes\""
     );
     let e = err(
         "[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = 4\nsize_rule = false\n",
@@ -492,4 +506,70 @@ fn the_size_rule_applies_to_the_tuned_merge_only_and_can_be_turned_off() {
         e.contains("`size_rule` is not a key of [[merge_states]]"),
         "{e}"
     );
+}
+
+#[test]
+fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_false() {
+    let s = parse(
+        "t.toml",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n\
+         [[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 128\n",
+    )
+    .unwrap();
+    let names = s.kernel_names();
+    let rule = "merge_attn_states_bf16_d128_thr_lse_below16384";
+    assert_eq!(
+        names,
+        [
+            "merge_attn_states_bf16_d128_thr_lse",
+            "merge_attn_states_bf16_d128_thr_lse_dense",
+            rule,
+            &format!("{rule}_dense"),
+            "merge_state_in_place_bf16_d128",
+        ]
+    );
+    // The general kernel names its specialization; the specialization's strides are bound to
+    // the dense ones and its rows to 32 bits.
+    let launch = crate::gen::launch::Launch::for_variant(&s.variants[0]);
+    assert_eq!(
+        launch.specializations,
+        ["merge_attn_states_bf16_d128_thr_lse_dense"]
+    );
+    let twin = crate::gen::abi::contract(&s.variants[1]);
+    assert!(twin.launch.specializations.is_empty() && twin.launch.size_rule.is_none());
+    let bound = |name: &str| {
+        let b = twin
+            .params
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap()
+            .bounds
+            .clone()
+            .unwrap();
+        (b.min, b.max.unwrap())
+    };
+    assert_eq!(
+        bound("prefix_token_stride"),
+        ("num_heads*128".into(), "num_heads*128".into())
+    );
+    assert_eq!(bound("output_head_stride"), ("128".into(), "128".into()));
+    assert_eq!(twin.limits.len(), 1);
+    assert_eq!(twin.limits[0].expr, "num_tokens*num_heads");
+    assert!(crate::gen::abi::contract(&s.variants[0]).limits.is_empty());
+    let off = parse(
+        "t.toml",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\ndense = false\n",
+    )
+    .unwrap();
+    assert_eq!(
+        off.kernel_names(),
+        ["merge_attn_states_bf16_d128_thr_lse", rule]
+    );
+    assert!(crate::gen::launch::Launch::for_variant(&off.variants[0])
+        .specializations
+        .is_empty());
+    let e = err("[[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 128\ndense = true\n");
+    assert!(e.contains("`dense` is not a key of"), "{e}");
+    let e = err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\ndense = 1\n");
+    assert!(e.contains("`dense`"), "{e}");
 }
