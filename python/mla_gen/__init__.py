@@ -41,7 +41,8 @@ def kernels_dir():
 
 
 def available_kernels() -> list:
-    """The kernel names of the current folder's manifest."""
+    """The kernel names of the current folder's manifest: every kernel, those a call reaches only
+    through another (a size rule's ranges, specializations such as ``_dense``) included."""
     from . import manifest
     return [k["name"] for k in manifest.load()["kernels"]]
 

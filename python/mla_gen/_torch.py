@@ -283,8 +283,8 @@ def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None
     """Launch one kernel of the current folder by name (the scripts' way to time a given
     schedule): `args` by parameter name as ``check_args`` takes them, torch tensors standing for
     their buffers. Always the full check; on torch's current stream of `device` (default: the
-    first tensor's device, else the current device). A kernel with a size rule launches the
-    rule's kernel for the call's rows, as every call does."""
+    first tensor's device, else the current device). A kernel with a size rule or
+    specializations launches the one they choose for the call's values, as every call does."""
     kf = _m.folder()
     meta = kf.kernel(kernel)
     plan = plan_for(kernel, meta)
@@ -296,7 +296,7 @@ def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None
             a = _plan.buffer(a)
         conv[name] = a
     checked = plan.check(conv)
-    meta, checked = _plan.sized(kf, meta, plan, checked, conv)
+    meta, checked, _ = _plan.sized(kf, meta, plan, checked, conv)
     if checked.grid is None:
         return
     device = torch.cuda.current_device() if device is None or device < 0 else device

@@ -173,6 +173,8 @@ class Plan:
             q.default = resolve(b["default"]) if b.get("default") is not None else None
             self.params.append(q)
         self.constants = {name: resolve(text) for name, text in sorted(consts.items())}
+        self.limits = tuple((resolve(lim["expr"]), min(lim["max"], _I64_MAX), lim["why"])
+                            for lim in contract.get("limits") or ())
         launch = contract["launch"]
         self.axes = []
         for axis, key in (("x", "grid_x"), ("y", "grid_y")):
@@ -243,17 +245,10 @@ class Plan:
             if d is None:
                 raise self._refuse(f"{self.params[i].name}: its default overflows")
             ints[i] = d
-        # 4. Ranges of the integers.
-        for i, p in enumerate(self.params):
-            v = ints[i]
-            if p.min is not None:
-                m = p.min.eval(ints)
-                if m is not None and v < m:
-                    raise self._refuse(f"{p.name} = {v} is below its minimum {p.min.show(ints)}")
-            if p.max is not None:
-                m = p.max.eval(ints)
-                if m is not None and v > m:
-                    raise self._refuse(f"{p.name} = {v} exceeds its maximum {p.max.show(ints)}")
+        # 4. Ranges of the integers, then the kernel's limits.
+        problem = self._integers_problem(ints, False)
+        if problem is not None:
+            raise self._refuse(problem)
         # 5. Constants passed must match the kernel's.
         for name, arg in _items(args):
             c = self.constants.get(name)
@@ -297,6 +292,50 @@ class Plan:
                     raise self._refuse(f"{a.name} overlaps {b.name}: the kernel writes {writer}, "
                                        "which may share memory with no other argument")
         return Checked(values, tuple(grid), self.block_threads, self.shared_mem_bytes, tuple(extents))
+
+    def _integers_problem(self, ints, strict):
+        """Step 4: the first integer bound or limit `ints` break, as the refusal says it, or None.
+        A bound that overflows binds nothing in the check; `strict`: it is broken (a
+        specialization is taken only where its bounds surely hold). A limit that overflows is
+        exceeded either way."""
+        for i, p in enumerate(self.params):
+            v = ints[i]
+            if p.min is not None:
+                m = p.min.eval(ints)
+                if (m is None and strict) or (m is not None and v < m):
+                    return f"{p.name} = {v} is below its minimum {p.min.show(ints)}"
+            if p.max is not None:
+                m = p.max.eval(ints)
+                if (m is None and strict) or (m is not None and v > m):
+                    return f"{p.name} = {v} exceeds its maximum {p.max.show(ints)}"
+        for expr, most, why in self.limits:
+            v = expr.eval(ints)
+            if v is None or v > most:
+                return f"{expr.show(ints)} exceeds {most}: {why}"
+        return None
+
+    def accepts(self, values) -> bool:
+        """Whether parameter values another kernel of the same parameters checked (signature
+        order, as :class:`Checked` has them) meet this kernel's integer bounds and limits: all a
+        specialization adds to its kernel's contract (docs/MANIFEST.md, "Specializations")."""
+        ints = [0 if p.pointer else v for p, v in zip(self.params, values)]
+        return len(ints) == len(self.params) and self._integers_problem(ints, True) is None
+
+    def reads_beyond(self, general: Plan) -> set:
+        """The parameter indexes whose values decide :meth:`accepts` beyond what `general` (the
+        kernel this one specializes) already bounds alike: each bound that differs from its
+        bound there (the parameter and what the bound names), each limit it does not have."""
+        out = set()
+        for i, (p, g) in enumerate(zip(self.params, general.params)):
+            for mine, theirs in ((p.min, g.min), (p.max, g.max)):
+                if mine is not None and (theirs is None or mine.text != theirs.text):
+                    out.add(i)
+                    out.update(mine.factors)
+        theirs = {(e.text, most) for e, most, _ in general.limits}
+        for expr, most, _ in self.limits:
+            if (expr.text, most) not in theirs:
+                out.update(expr.factors)
+        return out
 
     def _check_tensor(self, p, ptr, length, ints):
         """Step 7 for one tensor; its extent in elements."""

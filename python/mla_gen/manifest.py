@@ -77,6 +77,14 @@ class KernelFolder:
                         raise RuntimeError(f"{self.label}/manifest.json has schema_version {version}; this package "
                                            f"reads {SCHEMA_VERSION} (regenerate with a matching mla-gen)")
                     data["_by_name"] = {k["name"]: k for k in data["kernels"]}
+                    # Kernels a launch reaches only through another: a size rule's ranges, the
+                    # specializations (docs/MANIFEST.md); selection never returns them.
+                    reached: dict = {}  # a dict, not a set: the manifest stays JSON
+                    for k in data["kernels"]:
+                        rule = k["launch"].get("size_rule") or {}
+                        reached.update(dict.fromkeys(r["kernel"] for r in rule.get("ranges", ())))
+                        reached.update(dict.fromkeys(k["launch"].get("specializations", ())))
+                    data["_reached"] = reached
                     self._manifest = data
                 m = self._manifest
         return m
@@ -172,10 +180,11 @@ def select(kf: KernelFolder, family: str, dtype, head_size: int | None, **want):
     if hit is not None or key in kf.selected:
         return hit
     best = None
-    for k in kf.manifest["kernels"]:
+    m = kf.manifest
+    for k in m["kernels"]:
         fam, fields = family_of(k)
-        if fam != family or k["variant"].get("rows_below") is not None:
-            continue  # another family, or a kernel of a size rule (launched through its kernel)
+        if fam != family or k["variant"].get("rows_below") is not None or k["name"] in m["_reached"]:
+            continue  # another family, or a size rule's kernel or a specialization (launched through its kernel)
         rank = _rank(fam, fields, k["variant"], key[1], head_size, want)
         if rank is not None and not k["variant"].get("pdl"):
             rank += 0.5  # with and without pdl: the pdl one (it waits inside; the same results)

@@ -3,6 +3,7 @@
 `contract_kernels` is a kernel folder whose manifest holds the contracts of the shared table
 (tests/contract/contracts.json) with the variants their names spell."""
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -27,7 +28,9 @@ def _variant(name: str) -> dict:
         if "ctxmask" in tags:
             v["mask_empty_context"] = True
         for t in tags:
-            if t == "fp8":
+            if t == "dense":
+                v["dense"] = True
+            elif t == "fp8":
                 v["output"] = "fp8_e4m3"
             elif t.startswith("fp8g"):
                 v["output"] = "fp8_e4m3_group"
@@ -40,14 +43,60 @@ def _variant(name: str) -> dict:
     return v
 
 
-def launched(kernel: str, num_tokens: int, num_heads: int) -> str:
+def launched(kernel: str, num_tokens: int, num_heads: int, dense: bool = True) -> str:
     """The kernel a launch of `kernel` with these rows runs in the current folder: the one its
-    size rule names (test_size_rule_cpu.py checks the rule itself), else itself."""
+    size rule names (test_size_rule_cpu.py checks the rule itself), else itself; for dense
+    tensors (`dense`; rows below 2^32), that one's dense specialization where it has one
+    (test_specialization_cpu.py checks the choice)."""
     from mla_gen import manifest
 
     kf = manifest.folder()
     ints = {"num_tokens": num_tokens, "num_heads": num_heads}
-    return manifest.by_size_rule(kf, kf.kernel(kernel), ints.__getitem__)["name"]
+    k = manifest.by_size_rule(kf, kf.kernel(kernel), ints.__getitem__)
+    dense_twins = [s for s in k["launch"].get("specializations", ()) if kf.kernel(s)["variant"].get("dense")]
+    return dense_twins[0] if dense and dense_twins else k["name"]
+
+
+MAIN = "merge_attn_states_bf16_d128_thr_lse"
+ALT = MAIN + "_below100"
+
+
+def rule_folder(tmp_path, monkeypatch, twins: bool):
+    """MLA_GEN_KERNELS pointing at the table's MAIN with a size rule made up here: below 100
+    rows ALT, with its own grid and block (MAIN one token a block, so the grids always differ).
+    `twins`: each of them with its dense specialization (the table's MAIN_dense, and ALT_dense
+    with ALT's grid and block); else neither has specializations. The reached kernels stand
+    first: selection must still pick MAIN."""
+    contracts = json.loads((ROOT / "tests/contract/contracts.json").read_text())
+
+    def entry(name):
+        return {"name": name, "family": "merge_attn_states", "variant": _variant(name), "archs": [],
+                **copy.deepcopy(contracts[name])}
+
+    main = entry(MAIN)
+    main["launch"].pop("specializations")
+    alt = copy.deepcopy(main)
+    alt["name"] = ALT
+    alt["variant"]["rows_below"] = 100
+    alt["launch"].update(block_threads=256, grid_x=dict(main["launch"]["grid_x"], per_block=16),
+                         grid_y=dict(main["launch"]["grid_y"], per_block=4))
+    main["launch"]["grid_x"]["per_block"] = 1
+    main["launch"]["size_rule"] = {"rows": ["num_tokens", "num_heads"],
+                                   "ranges": [{"below_rows": 100, "kernel": ALT}]}
+    kernels = [alt, main]
+    if twins:
+        dense = entry(MAIN + "_dense")
+        alt_dense = copy.deepcopy(dense)
+        alt_dense["name"] = ALT + "_dense"
+        alt_dense["launch"] = copy.deepcopy(alt["launch"])
+        main["launch"]["specializations"] = [dense["name"]]
+        alt["launch"]["specializations"] = [alt_dense["name"]]
+        kernels = [dense, alt_dense] + kernels
+    m = {"schema_version": 2, "generator": {"name": "mla-gen", "version": "test"}, "nvrtc": {}, "spec": {},
+         "kernels": kernels}
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(tmp_path))
+    return tmp_path
 
 
 @pytest.fixture

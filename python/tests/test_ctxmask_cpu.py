@@ -93,9 +93,10 @@ def test_the_op_forwards_the_start_locations(cpu_launch, contract_kernels):
     q, c = locs(0, 3, 8, ctx=[0, 0, 5])
     ops._merge_attn_states(out, None, p, pl, s, sl, 6, None, q, c)
     name, v, _ = cpu_launch.last()
-    assert name == CTX and v["query_start_loc"] == q.data_ptr() and v["context_start_loc"] == c.data_ptr()
+    assert name == launched(CTX, T, H)
+    assert v["query_start_loc"] == q.data_ptr() and v["context_start_loc"] == c.data_ptr()
     ops._merge_attn_states(out, None, p, pl, s, sl, 6, None)
-    assert cpu_launch.last()[0] == "merge_attn_states_bf16_d128_thr"  # no output lse, no mask
+    assert cpu_launch.last()[0] == launched("merge_attn_states_bf16_d128_thr", T, H)  # no output lse, no mask
 
 
 # ---- supports() and kernel selection ----
@@ -122,33 +123,34 @@ def test_the_start_locations_pick_the_ctxmask_kernel(cpu_launch, contract_kernel
     q, c = locs(0, 3, 5, 7, ctx=[0, 0, 4, 4])  # B = 3; requests 0 and 2 have no context; token 7 in none
     mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, 6, query_start_loc=q, context_start_loc=c)
     name, v, grid = cpu_launch.last()
-    assert name == CTX
+    ctx, plain = launched(CTX, T, H), launched(PLAIN, T, H)  # dense tensors: the twins
+    assert name == ctx
     assert v["num_requests"] == 3 == q.numel() - 1
     assert (v["query_start_loc"], v["context_start_loc"]) == (q.data_ptr(), c.data_ptr())
     assert (v["num_tokens"], v["num_heads"], v["prefill_tokens_with_context"]) == (T, H, 6)
     assert v["output"] == out.data_ptr() and v["output_lse"] == out_lse.data_ptr()
     assert v["prefix_lse"] == pl.data_ptr()
-    launch = manifest.folder().kernel(CTX)["launch"]
+    launch = manifest.folder().kernel(ctx)["launch"]
     assert grid == (-(-T // launch["grid_x"]["per_block"]), -(-H // launch["grid_y"]["per_block"]))
     # The same layouts: a planned call; the plain call beside it keeps its own kernel and plan.
     plans = mla_gen.stats()["plans"]
     for n in (0, 2, T):
         mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, n, query_start_loc=q, context_start_loc=c)
-        assert cpu_launch.last()[0] == CTX and cpu_launch.last()[1]["prefill_tokens_with_context"] == n
+        assert cpu_launch.last()[0] == ctx and cpu_launch.last()[1]["prefill_tokens_with_context"] == n
     assert mla_gen.stats()["plans"] == plans
     mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, 6)
-    assert cpu_launch.last()[0] == PLAIN and "num_requests" not in cpu_launch.last()[1]
+    assert cpu_launch.last()[0] == plain and "num_requests" not in cpu_launch.last()[1]
     mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, 6, query_start_loc=q, context_start_loc=c)
-    assert cpu_launch.last()[0] == CTX
+    assert cpu_launch.last()[0] == ctx
     # No threshold: n = T. Another B: another plan, num_requests follows.
     mla_gen.merge_attn_states(out, p, pl, s, sl, query_start_loc=q, context_start_loc=c)
     assert cpu_launch.last()[1]["prefill_tokens_with_context"] == T and cpu_launch.last()[1]["output_lse"] == 0
     q1, c1 = locs(0, 8, ctx=[0, 0])
     mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, 6, query_start_loc=q1, context_start_loc=c1)
-    assert cpu_launch.last()[0] == CTX and cpu_launch.last()[1]["num_requests"] == 1
+    assert cpu_launch.last()[0] == ctx and cpu_launch.last()[1]["num_requests"] == 1
     q0, c0 = locs(0)  # B = 0: nothing is masked, the kernel still runs the merge
     mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, 6, query_start_loc=q0, context_start_loc=c0)
-    assert cpu_launch.last()[0] == CTX and cpu_launch.last()[1]["num_requests"] == 0
+    assert cpu_launch.last()[0] == ctx and cpu_launch.last()[1]["num_requests"] == 0
     # A view into a larger buffer: its own pointer and length.
     big = torch.tensor([9, 0, 3, 5, 7, 9], dtype=torch.int32)
     mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, 6, query_start_loc=big[1:5], context_start_loc=c)

@@ -109,7 +109,9 @@ def driver(monkeypatch, tmp_path):
     def install(cc, pdl, current=PRIMARY, ex=True):
         for k in m["kernels"]:
             k["launch"].pop("pdl", None)
-            k["launch"].pop("size_rule", None)  # KERNEL itself launches (test_size_rule_cpu.py: rules)
+            # KERNEL itself launches (test_size_rule_cpu.py: rules; test_specialization_cpu.py)
+            k["launch"].pop("size_rule", None)
+            k["launch"].pop("specializations", None)
             if k["name"] == KERNEL and pdl is not None:
                 k["launch"]["pdl"] = pdl
         folder = tmp_path / f"cc{cc}-{pdl}"

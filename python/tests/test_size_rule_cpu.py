@@ -2,9 +2,8 @@
 whose manifest entry has ``launch.size_rule`` launches the range's kernel for calls with fewer
 rows (tokens x heads), with that kernel's grid and the same parameter values; selection never
 returns a range's kernel by itself. The folder is the contract table's kernels with a rule made
-up here (bound 100 rows), so the test does not depend on specs/tuned.toml."""
+up here (conftest.rule_folder: bound 100 rows), so the test does not depend on specs/tuned.toml."""
 
-import copy
 import json
 
 import pytest
@@ -14,31 +13,14 @@ torch = pytest.importorskip("torch")
 import mla_gen  # noqa: E402
 from mla_gen import _torch, manifest  # noqa: E402
 
-from conftest import ROOT, _variant  # noqa: E402
+from conftest import ALT, MAIN, rule_folder  # noqa: E402
 
-MAIN = "merge_attn_states_bf16_d128_thr_lse"
-ALT = MAIN + "_below100"
 H, D = 4, 128
 
 
 @pytest.fixture
 def rule_kernels(tmp_path, monkeypatch):
-    contracts = json.loads((ROOT / "tests/contract/contracts.json").read_text())
-    main = {"name": MAIN, "family": "merge_attn_states", "variant": _variant(MAIN), "archs": [],
-            **copy.deepcopy(contracts[MAIN])}
-    alt = copy.deepcopy(main)
-    alt["name"] = ALT
-    alt["variant"]["rows_below"] = 100
-    alt["launch"].update(block_threads=256, grid_x=dict(main["launch"]["grid_x"], per_block=16),
-                         grid_y=dict(main["launch"]["grid_y"], per_block=4))
-    main["launch"]["grid_x"]["per_block"] = 1  # one token a block: the two grids always differ
-    main["launch"]["size_rule"] = {"rows": ["num_tokens", "num_heads"],
-                                   "ranges": [{"below_rows": 100, "kernel": ALT}]}
-    m = {"schema_version": 2, "generator": {"name": "mla-gen", "version": "test"}, "nvrtc": {}, "spec": {},
-         "kernels": [alt, main]}  # the range's kernel first: selection must still pick MAIN
-    (tmp_path / "manifest.json").write_text(json.dumps(m))
-    monkeypatch.setenv("MLA_GEN_KERNELS", str(tmp_path))
-    return tmp_path
+    return rule_folder(tmp_path, monkeypatch, twins=False)
 
 
 def call(t, h=H):
