@@ -67,10 +67,12 @@ fn the_c_launcher_compiles_warning_free_and_refuses_unsafe_calls() {
 #[test]
 fn the_c_launcher_applies_the_size_rule() {
     // The default tuned rule of bf16 d128 (specs/tuned.toml); its numbers from the manifest.
+    // Without dense specializations: rule_check.c counts the images loaded (special_check.c
+    // tests rules with them).
     let tmp = tempfile::tempdir().unwrap();
     let c = generate_c(
         tmp.path(),
-        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nprefix_threshold = false\noutput_lse = false\n",
+        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nprefix_threshold = false\noutput_lse = false\ndense = false\n",
         None,
     );
     let manifest: serde_json::Value =
@@ -99,6 +101,50 @@ fn the_c_launcher_applies_the_size_rule() {
     );
     std::fs::write(c.join("rule_expect.h"), expect).unwrap();
     run_check(tmp.path(), &c, "rule_check.c");
+}
+
+#[test]
+fn the_c_launcher_launches_dense_specializations() {
+    // bf16 d128 without and with its tuned size rule; the names from the manifest.
+    let tmp = tempfile::tempdir().unwrap();
+    for (dir, rule) in [("plain", "size_rule = false\n"), ("rule", "")] {
+        let dir = tmp.path().join(dir);
+        let c = generate_c(
+            &dir,
+            &format!("arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nprefix_threshold = false\noutput_lse = false\n{rule}"),
+            None,
+        );
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(c.join("../manifest.json")).unwrap()).unwrap();
+        let kernels = manifest["kernels"].as_array().unwrap();
+        let kernel = |name: &str| kernels.iter().find(|k| k["name"] == name).unwrap();
+        let dense = |k: &serde_json::Value| {
+            let s = &k["launch"]["specializations"];
+            assert_eq!(s.as_array().map(Vec::len), Some(1), "{}", k["name"]);
+            s[0].as_str().unwrap().to_string()
+        };
+        let main = &kernels[0];
+        let (name, dense_name) = (main["name"].as_str().unwrap(), dense(main));
+        let mut expect = format!(
+            "#define KERNEL \"{name}\"\n#define LAUNCH mla_{name}\n#define DENSE \"{dense_name}\"\n#define DENSE_LAUNCH mla_{dense_name}\n"
+        );
+        let range = main["launch"]["size_rule"]["ranges"].get(0);
+        assert_eq!(
+            range.is_some(),
+            rule.is_empty(),
+            "bf16 d128 has a tuned size rule"
+        );
+        if let Some(range) = range {
+            let small = range["kernel"].as_str().unwrap();
+            expect.push_str(&format!(
+                "#define BELOW {}LL\n#define SMALL \"{small}\"\n#define SMALL_DENSE \"{}\"\n",
+                range["below_rows"],
+                dense(kernel(small))
+            ));
+        }
+        std::fs::write(c.join("special_expect.h"), expect).unwrap();
+        run_check(&dir, &c, "special_check.c");
+    }
 }
 
 #[test]

@@ -6,12 +6,12 @@
 use serde::Serialize;
 
 use crate::constants::TOOL_VERSION;
-use crate::contract::{Expr, Param, ParamKind};
+use crate::contract::{Expr, Limit, Param, ParamKind};
 use crate::gen::emit::{FileSet, KernelEntry, Manifest};
 use crate::gen::render::RenderError;
 
 mod tables;
-use tables::{comment, kernel, wrap};
+use tables::{comment, kernel, special_tests, wrap};
 
 /// The folder of the output that holds the launcher.
 pub const C_DIR: &str = "c";
@@ -171,6 +171,18 @@ struct Kernel {
     /// range its bound and the kernel it names.
     rows: [usize; 2],
     ranges: Vec<(u64, String)>,
+    /// Rows of its limits' table (`limits`, step 4 of the check).
+    limits: Vec<String>,
+    /// Its specializations (`launch.specializations`), in the order they are tried.
+    specials: Vec<Special>,
+}
+
+/// A specialization as its general kernel's table names it: the kernel, and the tests (rows of
+/// a limit table) the checked values must pass for it to run.
+#[derive(Serialize)]
+struct Special {
+    kernel: String,
+    tests: Vec<String>,
 }
 
 /// `c/<prefix>_kernels.h` and `c/<prefix>_kernels.c` for the kernels of `manifest`, the images
@@ -221,6 +233,25 @@ pub fn launcher(
             }
         }
     }
+    // A specialization is launched in place of its kernel where the checked values pass its tests.
+    for (k, entry) in kernels.iter_mut().zip(&manifest.kernels) {
+        for name in &entry.launch.specializations {
+            let s = manifest
+                .kernels
+                .iter()
+                .find(|t| &t.name == name)
+                .ok_or_else(|| {
+                    err(format!(
+                        "{}: its specialization {name} is not in the manifest",
+                        k.name
+                    ))
+                })?;
+            k.specials.push(Special {
+                kernel: name.clone(),
+                tests: special_tests(entry, s).map_err(err)?,
+            });
+        }
+    }
     let mut numbers = TOOL_VERSION.split('.').map(|n| n.parse::<u32>());
     let mut next = || -> Result<u32, RenderError> {
         numbers
@@ -248,8 +279,14 @@ pub fn launcher(
     // The programmatic launch is written only where some kernel needs it: the launcher of a spec
     // without pdl stays as it was.
     ctx.insert("any_pdl", &kernels.iter().any(|k| k.pdl == 1));
-    // Likewise the size rule.
+    // Likewise the size rule, limits and specializations (whose tests are limit rows).
     ctx.insert("any_rule", &kernels.iter().any(|k| !k.ranges.is_empty()));
+    let any_special = kernels.iter().any(|k| !k.specials.is_empty());
+    ctx.insert("any_special", &any_special);
+    ctx.insert(
+        "any_limits",
+        &(any_special || kernels.iter().any(|k| !k.limits.is_empty())),
+    );
     ctx.insert("kernels", &kernels);
     ctx.insert("n_images", &n_images.max(1));
     ctx.insert("max_params", &MAX_PARAMS);

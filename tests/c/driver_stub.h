@@ -3,8 +3,8 @@
  *
  * It simulates STUB_DEVICES devices of the compute capabilities in stub_cc; the current context's
  * device is per thread (stub_device), as a real current context is. It counts libraries loaded
- * (CUBIN or PTX, and for which arch) and live, and launches, and keeps the last launch's grid,
- * block and parameters (each 8 bytes; the launcher ends the array with NULL), and whether it
+ * (CUBIN or PTX, and for which arch) and live, and launches, and keeps the last launch's kernel,
+ * grid, block and parameters (each 8 bytes; the launcher ends the array with NULL), and whether it
  * came through cuLaunchKernelEx with programmatic stream serialization. Failures can be
  * injected: no current context, the Nth library load, the next launch. */
 #ifndef MLA_DRIVER_STUB_H
@@ -26,6 +26,7 @@ static CUresult stub_launch_result = CUDA_SUCCESS; /* what the next launch retur
 static atomic_int cubins_loaded, ptx_loaded, libraries_live, launches;
 static int last_loaded_arch;                   /* 90 for sm_90: the arch of the last image loaded */
 static unsigned last_grid[3], last_block, last_shared;
+static const char* last_kernel = "";          /* the name of the kernel last launched */
 static long long last_params[32];
 static int last_param_count; /* the launcher ends its parameter array with NULL */
 static long stub_load_spin;  /* busy-wait in each library load: widens races in thread tests */
@@ -83,9 +84,11 @@ CUresult cuLibraryLoadData(CUlibrary* lib, const void* code, CUjit_option* jo, v
     return CUDA_SUCCESS;
 }
 
+/* A kernel's handle is its name (the launcher's, which lives as long as the program): a launch
+ * records which kernel it ran. */
 CUresult cuLibraryGetKernel(CUkernel* k, CUlibrary lib, const char* name) {
-    (void)name;
-    *k = (CUkernel)((uintptr_t)lib + 1);
+    (void)lib;
+    *k = (CUkernel)(uintptr_t)name;
     return CUDA_SUCCESS;
 }
 
@@ -111,6 +114,7 @@ static CUresult stub_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     atomic_fetch_add(&launches, 1);
     if (ex) atomic_fetch_add(&launches_ex, 1);
     last_launch_ex = ex; last_pss = pss;
+    last_kernel = (const char*)(uintptr_t)f;
     last_grid[0] = gx; last_grid[1] = gy; last_grid[2] = gz; last_block = bx; last_shared = shmem;
     for (last_param_count = 0; last_param_count < 32 && params[last_param_count]; ++last_param_count)
         last_params[last_param_count] = *(long long*)params[last_param_count];

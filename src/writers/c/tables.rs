@@ -77,6 +77,92 @@ pub(super) fn expr(k: &KernelEntry, text: &str) -> Result<String, String> {
     ))
 }
 
+/// A `<prefix>_limit` row: `lo <= hi` (`lo == hi` where `equal`), both expressions over `k`'s
+/// integers; `why` is what a refusal quotes (a kernel's limit), none for a specialization's test.
+/// Long rows break at `newline`.
+fn limit_row(
+    k: &KernelEntry,
+    lo: &str,
+    hi: &str,
+    equal: bool,
+    why: Option<&str>,
+    newline: &str,
+) -> Result<String, String> {
+    let row = [
+        expr(k, lo)?,
+        expr(k, hi)?,
+        u8::from(equal).to_string(),
+        why.map_or("NULL".into(), string),
+    ];
+    Ok(format!("{{ {} }}", join_wrapped(&row, 100, newline)))
+}
+
+/// The row of one of `k`'s limits (docs/MANIFEST.md, step 4): a maximum past `i64` is `i64::MAX`,
+/// as the Rust checker reads it.
+fn limit(k: &KernelEntry, l: &Limit, newline: &str) -> Result<String, String> {
+    let max = i64::try_from(l.max).unwrap_or(i64::MAX).to_string();
+    limit_row(k, &l.expr, &max, false, Some(&l.why), newline)
+}
+
+/// The tests that send a launch of `k`, its check passed, to its specialization `s`
+/// (docs/MANIFEST.md, "Specializations"): the integer bounds and limits of `s` that `k`'s do not
+/// already enforce, a bound whose minimum and maximum agree as one equality. `s` must be what
+/// the manifest promises: `k`'s parameters and constants, no size rule or specializations, a
+/// contract that adds to `k`'s only integer bounds and limits (so the tests are all it needs).
+pub(super) fn special_tests(k: &KernelEntry, s: &KernelEntry) -> Result<Vec<String>, String> {
+    // (Its parameters' docs may say more.)
+    let unbounded = |p: &Param| Param {
+        bounds: None,
+        doc: String::new(),
+        ..p.clone()
+    };
+    let same = s.launch.size_rule.is_none()
+        && s.launch.specializations.is_empty()
+        && s.constants == k.constants
+        && s.params.len() == k.params.len()
+        && s.params
+            .iter()
+            .zip(&k.params)
+            .all(|(a, b)| unbounded(a) == unbounded(b));
+    if !same {
+        return Err(format!(
+            "{}: its specialization {} has a size rule or specializations itself, or differs in more than integer bounds and limits",
+            k.name, s.name
+        ));
+    }
+    // (Rows of the tests' table, inside the specialization's row.)
+    let (newline, mut tests) = ("\n          ", Vec::new());
+    for (p, general) in s.params.iter().zip(&k.params) {
+        let Some(b) = &p.bounds else { continue };
+        let general = general.bounds.as_ref();
+        let new_min = general.is_none_or(|g| g.min != b.min);
+        let new_max = b.max.is_some() && general.is_none_or(|g| g.max != b.max);
+        match &b.max {
+            Some(max) if *max == b.min && (new_min || new_max) => {
+                tests.push(limit_row(s, &p.name, max, true, None, newline)?);
+            }
+            max => {
+                if new_min {
+                    tests.push(limit_row(s, &b.min, &p.name, false, None, newline)?);
+                }
+                if let Some(max) = max.as_ref().filter(|_| new_max) {
+                    tests.push(limit_row(s, &p.name, max, false, None, newline)?);
+                }
+            }
+        }
+    }
+    for l in s.limits.iter().filter(|l| !k.limits.contains(l)) {
+        tests.push(limit(s, l, newline)?);
+    }
+    if tests.is_empty() {
+        return Err(format!(
+            "{}: its specialization {} adds nothing to its contract (it would take every launch)",
+            k.name, s.name
+        ));
+    }
+    Ok(tests)
+}
+
 /// One row of a kernel's parameter table.
 pub(super) fn param_row(
     k: &KernelEntry,
@@ -291,6 +377,12 @@ pub(super) fn kernel(
         pdl: u8::from(k.launch.pdl),
         rows,
         ranges,
+        limits: k
+            .limits
+            .iter()
+            .map(|l| limit(k, l, "\n      "))
+            .collect::<Result<_, _>>()?,
+        specials: Vec::new(), // filled by `launcher`, which sees the other kernels
     })
 }
 
@@ -322,6 +414,12 @@ pub(super) fn kernel_doc(k: &KernelEntry, archs: &str, prefix: &CPrefix) -> Stri
         " Grid ceil({} / {}) x ceil({} / {}), {} threads per block.",
         g.grid_x.dim, g.grid_x.per_block, g.grid_y.dim, g.grid_y.per_block, g.block_threads
     ));
+    if !k.launch.specializations.is_empty() {
+        text.push_str(&format!(
+            " Runs {} instead where the arguments meet its contract too.",
+            k.launch.specializations.join(", then ")
+        ));
+    }
     if k.launch.pdl {
         text.push_str(
             " Programmatic dependent launch on compute capability 9.0 and newer: it may start before the previous work on the stream ends, and waits for it before touching memory.",
