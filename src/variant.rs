@@ -170,6 +170,15 @@ pub struct Schedule {
     /// Adjacent heads of the same tokens a block covers (1, 2, 4, 8): their rows are adjacent
     /// in memory, so cache lines shared between two heads' rows are used while they are in L2.
     pub heads_per_block: u32,
+    /// Vectors of a row each thread moves (1, 2, 4): more amortize the row's lse, weights and
+    /// addressing over more bytes, fewer spread a row over more threads. 0 (absent): the fewest
+    /// that keep a row within 128 threads.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub vecs_per_thread: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One range of a size rule (docs/MANIFEST.md, "Size rules"): launches whose rows

@@ -413,19 +413,19 @@ fn a_size_rules_kernels_have_methods_but_no_dispatch_arm() {
     let built = Builder::new()
         .spec_str(
             "engine.toml",
-            "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n",
+            "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n",
         )
         .out_dir(tmp.path())
         .build()
         .unwrap();
     let module = std::fs::read_to_string(&built.module).unwrap();
-    // The tuned rule of bf16 d128 (specs/tuned.toml) adds a kernel for smaller launches.
+    // The tuned rule of bf16 d64 (specs/tuned.toml) adds a kernel for smaller launches.
     assert!(built.kernels >= 2, "{}", built.kernels);
     let rule_kernel = module
         .lines()
         .find_map(|l| {
             l.trim()
-                .strip_prefix("pub fn merge_attn_states_bf16_d128_thr_lse_below")
+                .strip_prefix("pub fn merge_attn_states_bf16_d64_thr_lse_below")
         })
         .expect("a method for the rule's kernel");
     let rows = rule_kernel.split('(').next().unwrap();
@@ -434,8 +434,8 @@ fn a_size_rules_kernels_have_methods_but_no_dispatch_arm() {
         .filter(|l| l.contains("=> Some(self."))
         .collect();
     assert_eq!(arms.len(), 1, "{arms:?}");
-    assert!(arms[0].ends_with("Some(self.merge_attn_states_bf16_d128_thr_lse.as_ref()),"));
+    assert!(arms[0].ends_with("Some(self.merge_attn_states_bf16_d64_thr_lse.as_ref()),"));
     assert!(!module.contains(&format!(
-        "=> Some(self.merge_attn_states_bf16_d128_thr_lse_below{rows}"
+        "=> Some(self.merge_attn_states_bf16_d64_thr_lse_below{rows}"
     )));
 }

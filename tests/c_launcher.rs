@@ -66,13 +66,13 @@ fn the_c_launcher_compiles_warning_free_and_refuses_unsafe_calls() {
 
 #[test]
 fn the_c_launcher_applies_the_size_rule() {
-    // The default tuned rule of bf16 d128 (specs/tuned.toml); its numbers from the manifest.
+    // The default tuned rule of bf16 d64 (specs/tuned.toml); its numbers from the manifest.
     // Without dense specializations: rule_check.c counts the images loaded (special_check.c
     // tests rules with them).
     let tmp = tempfile::tempdir().unwrap();
     let c = generate_c(
         tmp.path(),
-        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nprefix_threshold = false\noutput_lse = false\ndense = false\n",
+        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\nprefix_threshold = false\noutput_lse = false\ndense = false\n",
         None,
     );
     let manifest: serde_json::Value =
@@ -81,7 +81,7 @@ fn the_c_launcher_applies_the_size_rule() {
     let main = kernels
         .iter()
         .find(|k| k["launch"]["size_rule"].is_object())
-        .expect("bf16 d128 has a tuned size rule");
+        .expect("bf16 d64 has a tuned size rule");
     let range = &main["launch"]["size_rule"]["ranges"][0];
     let alt_name = range["kernel"].as_str().unwrap();
     let alt = kernels.iter().find(|k| k["name"] == alt_name).unwrap();
@@ -94,7 +94,7 @@ fn the_c_launcher_applies_the_size_rule() {
     };
     let name = main["name"].as_str().unwrap();
     let expect = format!(
-        "#define KERNEL \"{name}\"\n#define LAUNCH mla_{name}\n#define ALT mla_{alt_name}\n#define BELOW {}LL\n{}{}",
+        "#define D 64\n#define KERNEL \"{name}\"\n#define LAUNCH mla_{name}\n#define ALT mla_{alt_name}\n#define BELOW {}LL\n{}{}",
         range["below_rows"],
         geometry(main, "MAIN"),
         geometry(alt, "ALT")
@@ -105,13 +105,13 @@ fn the_c_launcher_applies_the_size_rule() {
 
 #[test]
 fn the_c_launcher_launches_dense_specializations() {
-    // bf16 d128 without and with its tuned size rule; the names from the manifest.
+    // bf16 d64 without and with its tuned size rule; the names from the manifest.
     let tmp = tempfile::tempdir().unwrap();
     for (dir, rule) in [("plain", "size_rule = false\n"), ("rule", "")] {
         let dir = tmp.path().join(dir);
         let c = generate_c(
             &dir,
-            &format!("arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nprefix_threshold = false\noutput_lse = false\n{rule}"),
+            &format!("arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\nprefix_threshold = false\noutput_lse = false\n{rule}"),
             None,
         );
         let manifest: serde_json::Value =
@@ -126,13 +126,13 @@ fn the_c_launcher_launches_dense_specializations() {
         let main = &kernels[0];
         let (name, dense_name) = (main["name"].as_str().unwrap(), dense(main));
         let mut expect = format!(
-            "#define KERNEL \"{name}\"\n#define LAUNCH mla_{name}\n#define DENSE \"{dense_name}\"\n#define DENSE_LAUNCH mla_{dense_name}\n"
+            "#define D 64\n#define KERNEL \"{name}\"\n#define LAUNCH mla_{name}\n#define DENSE \"{dense_name}\"\n#define DENSE_LAUNCH mla_{dense_name}\n"
         );
         let range = main["launch"]["size_rule"]["ranges"].get(0);
         assert_eq!(
             range.is_some(),
             rule.is_empty(),
-            "bf16 d128 has a tuned size rule"
+            "bf16 d64 has a tuned size rule"
         );
         if let Some(range) = range {
             let small = range["kernel"].as_str().unwrap();

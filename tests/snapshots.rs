@@ -62,6 +62,7 @@ fn explicit_schedule() {
         min_blocks_per_sm: 2,
         block_threads: 128,
         heads_per_block: 4,
+        vecs_per_thread: 0,
     };
     v.explicit_schedule = true;
     insta::assert_snapshot!(v.kernel_name(), t.render("snapshot.toml", &v).unwrap());
@@ -224,6 +225,7 @@ fn size_rule_in_the_manifest() {
         min_blocks_per_sm: 1,
         block_threads: 128,
         heads_per_block: 1,
+        vecs_per_thread: 0,
     };
     let mut v = variant(Dtype::Bf16, 128, true, true);
     v.size_rule = vec![spec::SizeRange {

@@ -12,8 +12,8 @@
 //   dense            = true   (a specialization: the three [T, H, D] tensors without padding, which
 //                      the contract requires; the strides are not read)
 //
-// Launch: block = 288 threads (1 tokens x 4 heads x 72 threads per row), 1 row(s) per thread;
-//         grid = (ceil(num_tokens / 1), ceil(num_heads / 4), 1); no shared memory.
+// Launch: block = 288 threads (8 tokens x 1 heads x 36 threads per row), 1 row(s) per thread;
+//         grid = (ceil(num_tokens / 8), ceil(num_heads / 1), 1); no shared memory.
 // Requires: input pointers aligned to 16 bytes, output to 16, strides multiples of 8 elements,
 //           head strides >= 576.
 
@@ -86,10 +86,10 @@ __device__ __forceinline__ mla_bf16 from_float(float x) {
 constexpr int HEAD_SIZE = 576;
 constexpr int VEC = 8;                 // elements per access
 constexpr int VECS_PER_ROW = HEAD_SIZE / VEC;
-constexpr int THREADS_PER_ROW = 72;
-constexpr int VECS_PER_THREAD = 1;
-constexpr int HEADS_PER_BLOCK = 4;    // adjacent heads of the same tokens
-constexpr int TOKENS_PER_BLOCK = 1;  // tokens per pass of the block
+constexpr int THREADS_PER_ROW = 36;
+constexpr int VECS_PER_THREAD = 2;
+constexpr int HEADS_PER_BLOCK = 1;    // adjacent heads of the same tokens
+constexpr int TOKENS_PER_BLOCK = 8;  // tokens per pass of the block
 constexpr int ROWS_PER_THREAD = 1;     // passes, with all their loads in flight
 constexpr int BLOCK_THREADS = THREADS_PER_ROW * HEADS_PER_BLOCK * TOKENS_PER_BLOCK;
 // A bare __launch_bounds__(BLOCK_THREADS) lets ptxas trade registers for occupancy until it spills.

@@ -10,8 +10,8 @@
 //   output           = "same"
 //   lse_layout       = "head_major"  (lse[h * num_tokens + t])
 //
-// Launch: block = 128 threads (16 tokens x 1 heads x 8 threads per row), 1 row(s) per thread;
-//         grid = (ceil(num_tokens / 16), ceil(num_heads / 1), 1); no shared memory.
+// Launch: block = 128 threads (32 tokens x 1 heads x 4 threads per row), 1 row(s) per thread;
+//         grid = (ceil(num_tokens / 32), ceil(num_heads / 1), 1); no shared memory.
 // Requires: input pointers aligned to 16 bytes, output to 16, strides multiples of 8 elements,
 //           head strides >= 64.
 
@@ -84,10 +84,10 @@ __device__ __forceinline__ mla_bf16 from_float(float x) {
 constexpr int HEAD_SIZE = 64;
 constexpr int VEC = 8;                 // elements per access
 constexpr int VECS_PER_ROW = HEAD_SIZE / VEC;
-constexpr int THREADS_PER_ROW = 8;
-constexpr int VECS_PER_THREAD = 1;
+constexpr int THREADS_PER_ROW = 4;
+constexpr int VECS_PER_THREAD = 2;
 constexpr int HEADS_PER_BLOCK = 1;    // adjacent heads of the same tokens
-constexpr int TOKENS_PER_BLOCK = 16;  // tokens per pass of the block
+constexpr int TOKENS_PER_BLOCK = 32;  // tokens per pass of the block
 constexpr int ROWS_PER_THREAD = 1;     // passes, with all their loads in flight
 constexpr int BLOCK_THREADS = THREADS_PER_ROW * HEADS_PER_BLOCK * TOKENS_PER_BLOCK;
 // A bare __launch_bounds__(BLOCK_THREADS) lets ptxas trade registers for occupancy until it spills.

@@ -12,8 +12,8 @@
 //   dense            = true   (a specialization: the three [T, H, D] tensors without padding, which
 //                      the contract requires; the strides are not read)
 //
-// Launch: block = 256 threads (4 tokens x 2 heads x 32 threads per row), 1 row(s) per thread;
-//         grid = (ceil(num_tokens / 4), ceil(num_heads / 2), 1); no shared memory.
+// Launch: block = 128 threads (16 tokens x 1 heads x 8 threads per row), 1 row(s) per thread;
+//         grid = (ceil(num_tokens / 16), ceil(num_heads / 1), 1); no shared memory.
 // Requires: input pointers aligned to 16 bytes, output to 16, strides multiples of 4 elements,
 //           head strides >= 128.
 
@@ -77,10 +77,10 @@ __device__ __forceinline__ float from_float(float x) { return x; }
 constexpr int HEAD_SIZE = 128;
 constexpr int VEC = 4;                 // elements per access
 constexpr int VECS_PER_ROW = HEAD_SIZE / VEC;
-constexpr int THREADS_PER_ROW = 32;
-constexpr int VECS_PER_THREAD = 1;
-constexpr int HEADS_PER_BLOCK = 2;    // adjacent heads of the same tokens
-constexpr int TOKENS_PER_BLOCK = 4;  // tokens per pass of the block
+constexpr int THREADS_PER_ROW = 8;
+constexpr int VECS_PER_THREAD = 4;
+constexpr int HEADS_PER_BLOCK = 1;    // adjacent heads of the same tokens
+constexpr int TOKENS_PER_BLOCK = 16;  // tokens per pass of the block
 constexpr int ROWS_PER_THREAD = 1;     // passes, with all their loads in flight
 constexpr int BLOCK_THREADS = THREADS_PER_ROW * HEADS_PER_BLOCK * TOKENS_PER_BLOCK;
 // A bare __launch_bounds__(BLOCK_THREADS) lets ptxas trade registers for occupancy until it spills.

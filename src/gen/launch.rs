@@ -135,7 +135,13 @@ impl Launch {
             vec_elems /= 2;
         }
         let vecs_per_row = v.head_size / vec_elems;
-        let vecs_per_thread = vecs_per_row.div_ceil(MAX_THREADS_PER_ROW);
+        // The schedule's vectors per thread, at least enough to keep a row within 128 threads and
+        // at most the row's.
+        let fewest = vecs_per_row.div_ceil(MAX_THREADS_PER_ROW);
+        let vecs_per_thread = v
+            .schedule
+            .vecs_per_thread
+            .clamp(fewest, vecs_per_row.max(fewest));
         let threads_per_row = vecs_per_row.div_ceil(vecs_per_thread);
         let rows_per_block = tokens_per_block(threads_per_row, v.schedule.block_threads);
         // Heads per block must divide the rows of a block; take the largest allowed that does.

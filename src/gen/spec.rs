@@ -176,6 +176,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             &f.min_blocks_per_sm,
             &f.block_threads,
             &f.heads_per_block,
+            &f.vecs_per_thread,
         ]
         .into_iter()
         .flatten()
@@ -283,9 +284,15 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             "128, 256, 512, 1024",
             |n| BLOCK_THREADS_ALLOWED.contains(&n),
         )?;
-        let head_groups =
-            ctx.schedule_choices("heads_per_block", &f.heads_per_block, "1, 2, 4, 8", |n| {
-                HEADS_PER_BLOCK_ALLOWED.contains(&n)
+        let head_groups = ctx.schedule_choices(
+            "heads_per_block",
+            &f.heads_per_block,
+            "1, 2, 4, 8, 16, 32",
+            |n| HEADS_PER_BLOCK_ALLOWED.contains(&n),
+        )?;
+        let vec_groups =
+            ctx.schedule_choices("vecs_per_thread", &f.vecs_per_thread, "1, 2, 4", |n| {
+                VECS_PER_THREAD_ALLOWED.contains(&n)
             })?;
 
         // Saturating: a spec of many long lists must get the error below, not an overflow.
@@ -293,6 +300,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             kinds.len(),
             blocks.len(),
             head_groups.len(),
+            vec_groups.len(),
             dtypes.len(),
             heads.len(),
             thresholds.len(),
@@ -321,7 +329,9 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
             for &m in &mins {
                 for &b in &blocks {
                     for &hb in &head_groups {
-                        schedule_choices.push((r, m, b, hb));
+                        for &vt in &vec_groups {
+                            schedule_choices.push((r, m, b, hb, vt));
+                        }
                     }
                 }
             }
@@ -349,7 +359,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                         for &output_lse in &lses {
                             for &(output, fp8_group) in &output_choices {
                                 for &lse_layout in &layouts {
-                                    for (&(r, m, b, hb), &pdl) in schedule_choices
+                                    for (&(r, m, b, hb, vt), &pdl) in schedule_choices
                                         .iter()
                                         .flat_map(|s| pdls.iter().map(move |p| (s, p)))
                                     {
@@ -369,11 +379,14 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                                                 block_threads: b.unwrap_or(tuned.block_threads),
                                                 heads_per_block: hb
                                                     .unwrap_or(tuned.heads_per_block),
+                                                vecs_per_thread: vt
+                                                    .unwrap_or(tuned.vecs_per_thread),
                                             },
                                             explicit_schedule: r.is_some()
                                                 || m.is_some()
                                                 || b.is_some()
-                                                || hb.is_some(),
+                                                || hb.is_some()
+                                                || vt.is_some(),
                                             mask_empty_context,
                                             pdl,
                                             size_rule: Vec::new(),

@@ -13,7 +13,8 @@ pub const GROUP_SIZES_ALLOWED: [u32; 4] = [16, 32, 64, 128];
 
 pub const ROWS_PER_THREAD_ALLOWED: [u32; 4] = [1, 2, 4, 8];
 pub const BLOCK_THREADS_ALLOWED: [u32; 4] = [128, 256, 512, 1024];
-pub const HEADS_PER_BLOCK_ALLOWED: [u32; 4] = [1, 2, 4, 8];
+pub const HEADS_PER_BLOCK_ALLOWED: [u32; 6] = [1, 2, 4, 8, 16, 32];
+pub const VECS_PER_THREAD_ALLOWED: [u32; 3] = [1, 2, 4];
 pub const MAX_THREADS_PER_SM: u32 = 2048;
 
 /// Used where the tuned table has no entry for a (dtype, head size).
@@ -22,6 +23,7 @@ pub const FALLBACK_SCHEDULE: Schedule = Schedule {
     min_blocks_per_sm: 1,
     block_threads: 256,
     heads_per_block: 1,
+    vecs_per_thread: 0,
 };
 
 /// The K-way merge's schedule where the spec sets none: 128-thread blocks of eight adjacent heads.
@@ -34,6 +36,7 @@ pub const KWAY_SCHEDULE: Schedule = Schedule {
     min_blocks_per_sm: 1,
     block_threads: 128,
     heads_per_block: 8,
+    vecs_per_thread: 0,
 };
 
 /// The lse mask's launch (not a spec key): 256 threads, one token each, and every thread masks
@@ -45,6 +48,7 @@ pub const MASK_SCHEDULE: Schedule = Schedule {
     min_blocks_per_sm: 1,
     block_threads: 256,
     heads_per_block: 16,
+    vecs_per_thread: 0,
 };
 
 /// Schedules measured best by `mla-gen tune`, checked in so generation needs no GPU.
@@ -79,6 +83,8 @@ pub(crate) struct TunedRange {
     pub(crate) block_threads: u32,
     #[serde(default = "one")]
     pub(crate) heads_per_block: u32,
+    #[serde(default)]
+    pub(crate) vecs_per_thread: u32,
 }
 
 #[derive(Deserialize)]
@@ -91,6 +97,8 @@ pub(crate) struct TunedEntry {
     pub(crate) block_threads: u32,
     #[serde(default = "one")]
     pub(crate) heads_per_block: u32,
+    #[serde(default)]
+    pub(crate) vecs_per_thread: u32,
 }
 
 fn one() -> u32 {
@@ -113,6 +121,7 @@ pub fn tuned_schedule(dtype: Dtype, head_size: u32) -> Schedule {
             min_blocks_per_sm: e.min_blocks_per_sm,
             block_threads: e.block_threads,
             heads_per_block: e.heads_per_block,
+            vecs_per_thread: e.vecs_per_thread,
         })
 }
 
@@ -134,6 +143,7 @@ pub fn tuned_size_rule(dtype: Dtype, head_size: u32) -> Option<(Schedule, Vec<Si
         min_blocks_per_sm: r.min_blocks_per_sm,
         block_threads: r.block_threads,
         heads_per_block: r.heads_per_block,
+        vecs_per_thread: r.vecs_per_thread,
     };
     let (last, smaller) = rule.ranges.split_last()?;
     let ranges = smaller
@@ -351,6 +361,9 @@ impl MergeVariant {
                 "_r{}m{}b{}h{}",
                 s.rows_per_thread, s.min_blocks_per_sm, s.block_threads, s.heads_per_block
             ));
+            if s.vecs_per_thread > 0 {
+                name.push_str(&format!("v{}", s.vecs_per_thread));
+            }
         }
         if let Some(rows) = self.rows_below {
             name.push_str(&format!("_below{rows}"));

@@ -1,7 +1,7 @@
 /* The C launcher applies a size rule (docs/MANIFEST.md, "Size rules"): a launch of the rule's
  * kernel with rows = tokens x heads below the bound runs the range's kernel, with that kernel's
  * grid and block and the same parameter values; at or above it, the kernel itself. Built by
- * tests/c_launcher.rs, which writes rule_expect.h from the generated manifest (KERNEL, LAUNCH,
+ * tests/c_launcher.rs, which writes rule_expect.h from the generated manifest (D, KERNEL, LAUNCH,
  * ALT, BELOW and each kernel's tokens and heads per block and block size). */
 #include "mla_kernels.h"
 
@@ -12,7 +12,6 @@
 #include "rule_expect.h"
 
 #define H 16
-#define D 128
 #define T_MAX ((BELOW) / H + 64)
 static _Alignas(16) unsigned short out[T_MAX * H * D], prefix[T_MAX * H * D], suffix[T_MAX * H * D];
 static float plse[T_MAX * H], slse[T_MAX * H];

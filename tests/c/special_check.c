@@ -4,7 +4,7 @@
  * block; any other launch runs the kernel called. With a size rule, the rule chooses first and the
  * chosen kernel's own specialization applies. Called by its own launcher, a specialization runs
  * its whole, stricter check. The stub driver records which kernel ran (last_kernel). Built by
- * tests/c_launcher.rs, which writes special_expect.h from the generated manifest: KERNEL, LAUNCH
+ * tests/c_launcher.rs, which writes special_expect.h from the generated manifest: D, KERNEL, LAUNCH
  * (the kernel called), DENSE, DENSE_LAUNCH (its specialization); with a rule also BELOW (the
  * range's bound), SMALL (the range's kernel) and SMALL_DENSE (its specialization). */
 #include "mla_kernels.h"
@@ -15,7 +15,6 @@
 #include "driver_stub.h"
 #include "special_expect.h"
 
-#define D 128
 
 static int failures;
 #define EXPECT(cond) do { if (!(cond)) { printf("FAILED line %d: %s\n", __LINE__, #cond); failures++; } } while (0)
@@ -82,8 +81,10 @@ int main(void) {
            strcmp(mla_last_error(), DENSE ": num_tokens*num_heads = 4294967296 exceeds 4294967295: this kernel "
                                    "numbers rows (tokens x heads) in 32 bits") == 0);
     a = args(T, 16, 8, 0);
-    EXPECT(DENSE_LAUNCH(NULL, &a) == MLA_INVALID_ARGUMENT &&
-           strcmp(mla_last_error(), DENSE ": output_token_stride = 2056 exceeds its maximum num_heads*128 = 2048") == 0);
+    char padded[160];
+    snprintf(padded, sizeof padded, "%s: output_token_stride = %d exceeds its maximum num_heads*%d = %d", DENSE,
+             16 * D + 8, D, 16 * D);
+    EXPECT(DENSE_LAUNCH(NULL, &a) == MLA_INVALID_ARGUMENT && strcmp(mla_last_error(), padded) == 0);
     /* A refusal through the kernel names the kernel called. */
     a = args(T, 16, 0, 0);
     a.num_heads = -1;

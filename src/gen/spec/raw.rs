@@ -57,6 +57,8 @@ pub(super) struct RawMerge {
     pub(super) min_blocks_per_sm: Option<Spanned<toml::Value>>,
     pub(super) block_threads: Option<Spanned<toml::Value>>,
     pub(super) heads_per_block: Option<Spanned<toml::Value>>,
+    /// Vectors of a row per thread (1, 2, 4); absent: the fewest that fit 128 threads a row.
+    pub(super) vecs_per_thread: Option<Spanned<toml::Value>>,
     /// merge_states only: K values (integers 2..=16) and/or "runtime".
     pub(super) num_states: Option<Spanned<toml::Value>>,
     /// merge_state_in_place only: a per-token mask argument.
@@ -85,7 +87,7 @@ impl RawMerge {
         use Table::*;
         // (key, its value, the tables it belongs to, why elsewhere it is refused)
         const MERGES: &[Table] = &[Pairwise, KWay, InPlace];
-        let keys: [KeyRule; 17] = [
+        let keys: [KeyRule; 18] = [
             (
                 "group_size",
                 &self.group_size,
@@ -127,6 +129,12 @@ impl RawMerge {
                 &self.heads_per_block,
                 MERGES,
                 "the lse mask has a fixed launch shape",
+            ),
+            (
+                "vecs_per_thread",
+                &self.vecs_per_thread,
+                &[Pairwise],
+                "vectors per thread are tuned for the pairwise merge only",
             ),
             (
                 "num_states",

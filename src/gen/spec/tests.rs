@@ -284,6 +284,7 @@ fn every_tuned_entry_reaches_the_variants() {
             min_blocks_per_sm: e.min_blocks_per_sm,
             block_threads: e.block_threads,
             heads_per_block: e.heads_per_block,
+            vecs_per_thread: 0,
         };
         assert_eq!(tuned_schedule(dtype, e.head_size), want);
         // (The kernels a size rule covers take its schedules: tested below.)
@@ -402,6 +403,7 @@ fn first_tuned_rule() -> (String, u32, Vec<(Option<u64>, Schedule)>) {
                 min_blocks_per_sm: x.min_blocks_per_sm,
                 block_threads: x.block_threads,
                 heads_per_block: x.heads_per_block,
+                vecs_per_thread: x.vecs_per_thread,
             };
             (x.below_rows, s)
         })
@@ -512,17 +514,24 @@ fn the_size_rule_applies_to_the_tuned_merge_only_and_can_be_turned_off() {
 fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_false() {
     let s = parse(
         "t.toml",
-        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n\
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n\
          [[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 128\n",
     )
     .unwrap();
     let names = s.kernel_names();
-    let rule = "merge_attn_states_bf16_d128_thr_lse_below16384";
+    // bf16 d64's tuned size rule (specs/tuned.toml) has one smaller range.
+    let (_, head, _) = first_tuned_rule();
+    assert_eq!(head, 64, "the test reads bf16 d64's rule");
+    let rule = &names[2];
+    assert!(
+        rule.starts_with("merge_attn_states_bf16_d64_thr_lse_below"),
+        "{rule}"
+    );
     assert_eq!(
         names,
         [
-            "merge_attn_states_bf16_d128_thr_lse",
-            "merge_attn_states_bf16_d128_thr_lse_dense",
+            "merge_attn_states_bf16_d64_thr_lse",
+            "merge_attn_states_bf16_d64_thr_lse_dense",
             rule,
             &format!("{rule}_dense"),
             "merge_state_in_place_bf16_d128",
@@ -533,7 +542,7 @@ fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_
     let launch = crate::gen::launch::Launch::for_variant(&s.variants[0]);
     assert_eq!(
         launch.specializations,
-        ["merge_attn_states_bf16_d128_thr_lse_dense"]
+        ["merge_attn_states_bf16_d64_thr_lse_dense"]
     );
     let twin = crate::gen::abi::contract(&s.variants[1]);
     assert!(twin.launch.specializations.is_empty() && twin.launch.size_rule.is_none());
@@ -550,20 +559,20 @@ fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_
     };
     assert_eq!(
         bound("prefix_token_stride"),
-        ("num_heads*128".into(), "num_heads*128".into())
+        ("num_heads*64".into(), "num_heads*64".into())
     );
-    assert_eq!(bound("output_head_stride"), ("128".into(), "128".into()));
+    assert_eq!(bound("output_head_stride"), ("64".into(), "64".into()));
     assert_eq!(twin.limits.len(), 1);
     assert_eq!(twin.limits[0].expr, "num_tokens*num_heads");
     assert!(crate::gen::abi::contract(&s.variants[0]).limits.is_empty());
     let off = parse(
         "t.toml",
-        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\ndense = false\n",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\ndense = false\n",
     )
     .unwrap();
     assert_eq!(
         off.kernel_names(),
-        ["merge_attn_states_bf16_d128_thr_lse", rule]
+        ["merge_attn_states_bf16_d64_thr_lse", rule.as_str()]
     );
     assert!(crate::gen::launch::Launch::for_variant(&off.variants[0])
         .specializations

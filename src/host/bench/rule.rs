@@ -18,6 +18,7 @@ pub const PLAIN: Schedule = Schedule {
     min_blocks_per_sm: 1,
     block_threads: 128,
     heads_per_block: 1,
+    vecs_per_thread: 0,
 };
 
 /// Which L2 condition a time was taken in.

@@ -15,6 +15,7 @@ fn sched(bt: u32, hpb: u32) -> Schedule {
         min_blocks_per_sm: 1,
         block_threads: bt,
         heads_per_block: hpb,
+        vecs_per_thread: 0,
     }
 }
 
