@@ -173,12 +173,12 @@ __device__ __forceinline__ bool no_keys(float prefix_lse, float suffix_lse) {
     return max_keep_nan(normalize_lse(prefix_lse), normalize_lse(suffix_lse)) == -INF;
 }
 
-// exp, log and the reciprocal on the special-function unit. In the hot-L2 regime engines run the
-// merge in (inputs just written by attention), it is issue-bound, and the IEEE-accurate expf,
-// logf and division cost about 60 instructions per row and thread, more than the row's loads,
-// blend and store together (docs/PERFORMANCE.md, session 8). Their arguments here are bounded:
-// exp2 of a value <= 0, the reciprocal and log2 of a sum in [1, 2], so the approximations stay
-// within a few float32 ulps (docs/SEMANTICS.md, "Arithmetic").
+// exp, log and the reciprocal on the special-function unit (exp of float32 rows through expf,
+// below). In the hot-L2 regime engines run the merge in (inputs just written by attention), it
+// is issue-bound, and the IEEE-accurate expf, logf and division cost about 60 instructions per
+// row and thread, more than the row's loads, blend and store together (docs/PERFORMANCE.md,
+// session 8). Their arguments here are bounded: exp2 of a value <= 0, the reciprocal and log2 of
+// a sum in [1, 2], so the approximations stay within a few float32 ulps (docs/SEMANTICS.md).
 constexpr float LOG2E = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x * LOG2E)
 constexpr float LN2 = 0.6931471805599453f;    // ln(2): log(x) = log2(x) * LN2
 

@@ -159,12 +159,12 @@ __device__ __forceinline__ bool no_keys(float prefix_lse, float suffix_lse) {
     return max_keep_nan(normalize_lse(prefix_lse), normalize_lse(suffix_lse)) == -INF;
 }
 
-// exp, log and the reciprocal on the special-function unit. In the hot-L2 regime engines run the
-// merge in (inputs just written by attention), it is issue-bound, and the IEEE-accurate expf,
-// logf and division cost about 60 instructions per row and thread, more than the row's loads,
-// blend and store together (docs/PERFORMANCE.md, session 8). Their arguments here are bounded:
-// exp2 of a value <= 0, the reciprocal and log2 of a sum in [1, 2], so the approximations stay
-// within a few float32 ulps (docs/SEMANTICS.md, "Arithmetic").
+// exp, log and the reciprocal on the special-function unit (exp of float32 rows through expf,
+// below). In the hot-L2 regime engines run the merge in (inputs just written by attention), it
+// is issue-bound, and the IEEE-accurate expf, logf and division cost about 60 instructions per
+// row and thread, more than the row's loads, blend and store together (docs/PERFORMANCE.md,
+// session 8). Their arguments here are bounded: exp2 of a value <= 0, the reciprocal and log2 of
+// a sum in [1, 2], so the approximations stay within a few float32 ulps (docs/SEMANTICS.md).
 constexpr float LOG2E = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x * LOG2E)
 constexpr float LN2 = 0.6931471805599453f;    // ln(2): log(x) = log2(x) * LN2
 
@@ -214,7 +214,10 @@ __device__ __forceinline__ MergeWeights merge_weights(float prefix_lse, float su
     const float s = normalize_lse(suffix_lse);
     const float m = max_keep_nan(p, s);
     if (m == -INF) return MergeWeights{0.0f, 0.0f, 0.0f, -INF, true};
-    const float e = exp2_approx(-fabsf(p - s) * LOG2E);
+    // float32 rows keep 1e-6 of the float64 merge: the product's rounding in exp2's argument
+    // (|p - s| x log2(e), up to about 7e-7 relative in e at |p - s| ~ 11) would spend it all
+    // where the smaller-weight side dominates the row, so expf's argument reduction here.
+    const float e = expf(-fabsf(p - s));
     const float sum = 1.0f + e;
     const float larger = rcp_approx(sum);
     const float smaller = e * larger;

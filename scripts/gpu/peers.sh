@@ -4,8 +4,9 @@
 #
 #   scripts/gpu/peers.sh build   (here)  FlashInfer's headers from the flashinfer-python wheel (pip
 #                                        download, never committed) and the kernel folders into
-#                                        .device/peers/ (git-ignored; carry .device): `new` from the
-#                                        working tree's templates, `base` from BASE's (default HEAD),
+#                                        .device/peers/ (git-ignored; carry .device): `new` is the
+#                                        committed generated/ (the default spec), `base` BASE's
+#                                        committed generated/ (default HEAD),
 #                                        `new-tm` token-major twins for FlashInfer's layout, and one
 #                                        folder per LABEL=DIR of $PEERS_TEMPLATES (experiments)
 #   scripts/gpu/peers.sh run     (there) compiles python/bench/peers/peers.cu with nvcc, then
@@ -44,19 +45,14 @@ PY
     fi
     rm -rf "$P/kernels" && mkdir -p "$P/kernels"
     base="${BASE:-HEAD}"
-    mkdir -p "$P/base-templates"
-    for f in $(git ls-tree -r --name-only "$base" templates); do
-        mkdir -p "$P/base-templates/$(dirname "${f#templates/}")"
-        git show "$base:$f" > "$P/base-templates/${f#templates/}"
-    done
-    "$M" generate --templates templates --arch sm_90 --out "$P/kernels/new" --quiet
-    "$M" generate --templates "$P/base-templates" --arch sm_90 --out "$P/kernels/base" --quiet
+    # The base's committed generated/ (the default spec's kernels it shipped), without its .cu.
+    git archive "$base" generated | tar -x -C "$P/kernels" && mv "$P/kernels/generated" "$P/kernels/base"
     "$M" generate python/bench/peers/token-major.toml --templates templates --out "$P/kernels/new-tm" --quiet
     for item in ${PEERS_TEMPLATES:-}; do
         "$M" generate --templates "${item#*=}" --arch sm_90 --out "$P/kernels/${item%%=*}" --quiet
     done
     find "$P/kernels" -name '*.cu' -delete
-    { echo "base: $(git rev-parse --short "$base")"; echo "new: working tree of $(git rev-parse --short HEAD)";
+    { echo "base: $(git rev-parse --short "$base")"; echo "new: generated/ at $(git rev-parse --short HEAD)";
       echo "experiments: ${PEERS_TEMPLATES:-none}"; } > "$P/built.txt"
     echo "built $P ($(du -sh "$P" | cut -f1)); on the GPU machine: scripts/gpu/peers.sh run (carry .device)"
     ;;
@@ -68,7 +64,7 @@ run)
     nvcc -arch=sm_90 -O3 -std=c++17 -Xcompiler -fPIC -shared -o "$lib/libpeers_vllm.so" python/bench/peers/peers.cu
     nvcc -arch=sm_90 -O3 -std=c++17 -use_fast_math -DPEERS_FLASHINFER -I"$P/include" -Xcompiler -fPIC -shared \
         -o "$lib/libpeers_fi.so" python/bench/peers/peers.cu 2>&1 | grep -v -i warning || true
-    kernels=(--kernels "new=$P/kernels/new" --kernels "base=$P/kernels/base")
+    kernels=(--kernels "new=generated" --kernels "base=$P/kernels/base")
     for item in ${PEERS_TEMPLATES:-}; do kernels+=(--kernels "${item%%=*}=$P/kernels/${item%%=*}"); done
     kernels+=(--tm-kernels "new-tm=$P/kernels/new-tm")
     shapes=()
@@ -83,7 +79,7 @@ run)
             --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
             --csv --page details \
             python3 python/bench/peers.py --profile --peers "$lib" "${kernels[@]}" \
-            --shapes bf16:1024x16x128,bf16:4096x16x64,bf16:4096x16x128 > "$OUT/ncu.csv" 2> "$OUT/ncu.err" || status=1
+            --shapes "${PEERS_NCU_SHAPES:-bf16:1024x16x128,bf16:4096x16x64,bf16:4096x16x128}" > "$OUT/ncu.csv" 2> "$OUT/ncu.err" || status=1
         python3 - "$OUT/ncu.csv" <<'PY' | tee "$OUT/ncu-summary.txt"
 import csv, sys, collections
 rows = list(csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"')))
