@@ -51,7 +51,7 @@ __device__ __forceinline__ long long row_offset(long long t, long long a, long l
 // context_start_loc[b+1] == context_start_loc[b]; tokens outside every request do not. One
 // binary search over the B + 1 boundaries; whatever they hold, only t's own answer changes.
 // In 32 bits: the start locations are int32, so a t past INT_MAX is outside every request, and
-// the merges are issue-bound, where a 64-bit search cost 1.6x a 32-bit one (GPU run 35).
+// the merges are issue-bound, where a 64-bit search cost 1.6x a 32-bit one (docs/PERFORMANCE.md).
 __device__ __forceinline__ bool in_empty_context(const int* query_start_loc, const int* context_start_loc,
                                                  long long num_requests, long long token) {
     if (num_requests <= 0 || token > 0x7fffffffll) return false;

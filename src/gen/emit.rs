@@ -130,7 +130,7 @@ pub struct KernelEntry {
     /// Names fixed at generation that a caller may pass and must match.
     pub constants: BTreeMap<String, String>,
     /// Limits on the integer arguments beyond their bounds (docs/MANIFEST.md); absent: none.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<crate::contract::Limit>,
     pub launch: Launch,
     pub source: FileRef,
