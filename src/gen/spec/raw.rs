@@ -16,33 +16,36 @@ pub(super) struct RawSpec {
     pub(super) mask_empty_context_lse: Option<Vec<Spanned<RawMerge>>>,
 }
 
+impl RawSpec {
+    /// Every table with the family it names, in the order of the families, each family's
+    /// tables in the order written.
+    pub(super) fn tables(self) -> Vec<(Family, Spanned<RawMerge>)> {
+        [
+            (PAIRWISE, self.merge_attn_states),
+            (KWAY, self.merge_states),
+            (IN_PLACE, self.merge_state_in_place),
+            (MASK_LSE, self.mask_empty_context_lse),
+        ]
+        .into_iter()
+        .flat_map(|(t, tables)| tables.unwrap_or_default().into_iter().map(move |f| (t, f)))
+        .collect()
+    }
+}
+
+/// The family of each table, standing for all of the table's kernels (whose K or mask its keys
+/// decide): a table is compared with another by [`Family::table`].
+const PAIRWISE: Family = Family::MergeAttnStates;
+const KWAY: Family = Family::MergeStates { num_states: None };
+const IN_PLACE: Family = Family::MergeStateInPlace { mask: false };
+const MASK_LSE: Family = Family::MaskEmptyContextLse;
+
 /// (key, its value, the tables it belongs to, why it is refused in the others)
 pub(super) type KeyRule<'a> = (
     &'static str,
     &'a Option<Spanned<toml::Value>>,
-    &'static [Table],
+    &'static [Family],
     &'static str,
 );
-
-/// Which table a `RawMerge` came from; decides which keys it may hold.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Table {
-    Pairwise,
-    KWay,
-    InPlace,
-    MaskLse,
-}
-
-impl Table {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Table::Pairwise => "merge_attn_states",
-            Table::KWay => "merge_states",
-            Table::InPlace => "merge_state_in_place",
-            Table::MaskLse => "mask_empty_context_lse",
-        }
-    }
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -82,22 +85,21 @@ impl RawMerge {
     /// silently ignored.
     pub(super) fn foreign_keys(
         &self,
-        table: Table,
+        table: Family,
     ) -> Option<(&'static str, &Spanned<toml::Value>, &'static str)> {
-        use Table::*;
         // (key, its value, the tables it belongs to, why elsewhere it is refused)
-        const MERGES: &[Table] = &[Pairwise, KWay, InPlace];
+        const MERGES: &[Family] = &[PAIRWISE, KWAY, IN_PLACE];
         let keys: [KeyRule; 18] = [
             (
                 "group_size",
                 &self.group_size,
-                &[Pairwise],
+                &[PAIRWISE],
                 "per-token-group FP8 belongs to [[merge_attn_states]] with output = \"fp8_e4m3_group\"",
             ),
             (
                 "ue8m0",
                 &self.ue8m0,
-                &[Pairwise],
+                &[PAIRWISE],
                 "per-token-group FP8 belongs to [[merge_attn_states]] with output = \"fp8_e4m3_group\"",
             ),
             (
@@ -133,74 +135,74 @@ impl RawMerge {
             (
                 "vecs_per_thread",
                 &self.vecs_per_thread,
-                &[Pairwise],
+                &[PAIRWISE],
                 "vectors per thread are tuned for the pairwise merge only",
             ),
             (
                 "num_states",
                 &self.num_states,
-                &[KWay],
+                &[KWAY],
                 "K belongs to [[merge_states]]",
             ),
             (
                 "mask",
                 &self.mask,
-                &[InPlace],
+                &[IN_PLACE],
                 "a mask belongs to [[merge_state_in_place]]",
             ),
             (
                 "mask_empty_context",
                 &self.mask_empty_context,
-                &[Pairwise],
+                &[PAIRWISE],
                 "the fused empty-context mask belongs to [[merge_attn_states]] (a separate [[mask_empty_context_lse]] serves the others)",
             ),
             (
                 "size_rule",
                 &self.size_rule,
-                &[Pairwise],
+                &[PAIRWISE],
                 "size rules are tuned for the pairwise merge only",
             ),
             (
                 "dense",
                 &self.dense,
-                &[Pairwise],
+                &[PAIRWISE],
                 "dense specializations exist for the pairwise merge only",
             ),
             (
                 "prefix_threshold",
                 &self.prefix_threshold,
-                &[Pairwise],
+                &[PAIRWISE],
                 "only the pairwise merge has a threshold (an in-place merge can use `mask`)",
             ),
             (
                 "output",
                 &self.output,
-                &[Pairwise],
+                &[PAIRWISE],
                 "only the pairwise merge has output kinds; this one writes its input dtype",
             ),
             (
                 "lse_layout",
                 &self.lse_layout,
-                &[Pairwise, InPlace, MaskLse],
+                &[PAIRWISE, IN_PLACE, MASK_LSE],
                 "merge_states' lse is [T, K, H] in and [T, H] out",
             ),
             (
                 "output_lse",
                 &self.output_lse,
-                &[Pairwise, KWay],
+                &[PAIRWISE, KWAY],
                 "only the pairwise and K-way merges write a separate output lse",
             ),
             (
                 "rows_per_thread",
                 &self.rows_per_thread,
-                &[Pairwise, InPlace],
+                &[PAIRWISE, IN_PLACE],
                 "only the pairwise and in-place merges take it (a K-way merge keeps its K rows in flight)",
             ),
         ];
         keys.into_iter().find_map(|(key, value, home, why)| {
             value
                 .as_ref()
-                .filter(|_| !home.contains(&table))
+                .filter(|_| !home.iter().any(|h| h.table() == table.table()))
                 .map(|v| (key, v, why))
         })
     }
