@@ -259,7 +259,7 @@ struct RowWriter {
 
 // A dense specialization (docs/MANIFEST.md, "Specializations"): hosts launch it instead of the
 // general kernel when the three [T, H, HEAD_SIZE] tensors have no padding (its contract bounds
-// every stride to the dense one, and T x H below 2^32), so one row number t * H + h addresses all
+// every stride to the dense one, and T x H below 2^31), so one row number t * H + h addresses all
 // three and the stride parameters go unread.
 constexpr bool DENSE = true;
 

@@ -1,6 +1,6 @@
 """Specializations in the Python package (docs/MANIFEST.md, "Specializations"), without a GPU:
 after the size rule chose a kernel, a call runs the first of its specializations whose integer
-bounds and limits the call's values meet (the dense twin: dense strides, T x H below 2^32), with
+bounds and limits the call's values meet (the dense twin: dense strides, T x H below 2^31), with
 that kernel's grid and the same values; else the kernel itself. Selection never returns a
 specialization by itself. The folder is conftest.rule_folder's with the twins."""
 
@@ -77,8 +77,8 @@ def big_args(t, token_stride=H * D):
 
 
 @pytest.mark.parametrize("t, kernel", [
-    ((1 << 30) - 1, MAIN + "_dense"),  # T x H = 2^32 - 4
-    (1 << 30, MAIN),                   # T x H = 2^32: past the twin's limit
+    ((1 << 29) - 1, MAIN + "_dense"),  # T x H = 2^31 - 4
+    (1 << 29, MAIN),                   # T x H = 2^31: past the twin's limit
 ])
 def test_rows_past_32_bits_run_the_general_kernel(cpu_launch, twins, t, kernel):
     _torch.launch_kernel(MAIN, big_args(t), device=0)
@@ -88,8 +88,8 @@ def test_rows_past_32_bits_run_the_general_kernel(cpu_launch, twins, t, kernel):
 
 
 def test_a_direct_launch_of_a_twin_gets_its_own_check(cpu_launch, twins):
-    with pytest.raises(ArgumentError, match=r"num_tokens\*num_heads = 4294967296 exceeds 4294967295"):
-        _torch.launch_kernel(MAIN + "_dense", big_args(1 << 30), device=0)
+    with pytest.raises(ArgumentError, match=r"num_tokens\*num_heads = 2147483648 exceeds 2147483647"):
+        _torch.launch_kernel(MAIN + "_dense", big_args(1 << 29), device=0)
     with pytest.raises(ArgumentError, match=r"output_token_stride = 520 exceeds its maximum num_heads\*128 = 512"):
         _torch.launch_kernel(MAIN + "_dense", big_args(8, token_stride=520), device=0)
     assert not cpu_launch.launches

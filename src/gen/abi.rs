@@ -32,7 +32,7 @@ pub fn contract(v: &MergeVariant) -> Contract {
             dense_strides(params, v.head_size),
             vec![Limit {
                 expr: "num_tokens*num_heads".into(),
-                max: u64::from(u32::MAX),
+                max: i32::MAX as u64,
                 why: "this kernel numbers rows (tokens x heads) in 32 bits".into(),
             }],
         )

@@ -1,6 +1,6 @@
 /* The C launcher applies specializations (docs/MANIFEST.md, "Specializations"): a launch whose
  * checked values meet the dense specialization's contract (every stride the dense one, tokens x
- * heads below 2^32) runs the _dense kernel, with the same parameter values and its own grid and
+ * heads below 2^31) runs the _dense kernel, with the same parameter values and its own grid and
  * block; any other launch runs the kernel called. With a size rule, the rule chooses first and the
  * chosen kernel's own specialization applies. Called by its own launcher, a specialization runs
  * its whole, stricter check. The stub driver records which kernel ran (last_kernel). Built by
@@ -72,13 +72,13 @@ int main(void) {
     a.suffix_token_stride += 8;
     a.suffix_output_numel += 8 * T;
     EXPECT(strcmp(ran(a), KERNEL) == 0);
-    /* Tokens x heads: 2^32 - 1 rows are numbered in 32 bits, 2^32 are not. */
-    EXPECT(strcmp(ran(args(16843009, 255, 0, 0)), DENSE) == 0);
-    a = args(16777216, 256, 0, 0);
+    /* Tokens x heads: up to 2^31 - 1 rows run the dense kernel, 2^31 do not. */
+    EXPECT(strcmp(ran(args(8388607, 256, 0, 0)), DENSE) == 0);
+    a = args(8388608, 256, 0, 0);
     EXPECT(strcmp(ran(a), KERNEL) == 0);
     /* Launched by its own name, a specialization checks its own contract, its limit included. */
     EXPECT(DENSE_LAUNCH(NULL, &a) == MLA_INVALID_ARGUMENT &&
-           strcmp(mla_last_error(), DENSE ": num_tokens*num_heads = 4294967296 exceeds 4294967295: this kernel "
+           strcmp(mla_last_error(), DENSE ": num_tokens*num_heads = 2147483648 exceeds 2147483647: this kernel "
                                    "numbers rows (tokens x heads) in 32 bits") == 0);
     a = args(T, 16, 8, 0);
     char padded[160];
