@@ -84,8 +84,8 @@ use raw::*;
 /// Parse, validate and expand a spec. `origin` names it in messages (a file name).
 ///
 /// Each table in turn: its lists validated and expanded into their cross product
-/// ([`Lists::expand`]), each variant finished (size rule, dense twin, launch geometry), then kept
-/// once by name ([`Unique`]).
+/// (`Lists::expand`), each variant finished (size rule, dense twin, launch geometry), then kept
+/// once by name (`Unique`).
 pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
     let ctx = Ctx { origin, text };
     let raw: RawSpec = toml::from_str(text).map_err(|e| {
