@@ -121,6 +121,16 @@ def _arguments(kind: Kind, tensors: tuple, free: tuple, device_type: str):
     return device, given_free
 
 
+def _stride(t, k: int) -> int:
+    """Dim k's stride as the kernel gets it. A dim of size 1 is addressed at index 0 only, so any
+    stride serves and torch's may be anything: pass the one a packed dim would have (the next
+    dim's stride, as passed, times its size; 1 for the last), which a dense specialization
+    accepts."""
+    if t.shape[k] > 1:
+        return t.stride(k)
+    return _stride(t, k + 1) * t.shape[k + 1] if k + 1 < t.dim() else 1
+
+
 def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type: str, stream):
     """Check a call in full; returns (plan for this layout, the parameter values of this call).
     Raises TypeError/ValueError for what the contract cannot express, ArgumentError (a
@@ -144,7 +154,7 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
         for k, (_, _, stride) in enumerate(p.dims):
             j = stride.param()
             if j is not None and j not in ints and plan.names[j] not in given_free:
-                ints[j] = t.stride(k) if t.shape[k] > 1 else 0
+                ints[j] = _stride(t, k)
     args = {name: (None if t is None else buffer(t)) for name, t in tmap.items()}
     for j, v in ints.items():
         args[plan.names[j]] = v

@@ -47,7 +47,8 @@ def call(t, pad=0, n=None):
     (40, 8, MAIN),              # a padded prefix: MAIN
     (24, 0, ALT + "_dense"),    # 96 rows: the range's kernel, and then its own twin
     (24, 8, ALT),
-    (1, 0, ALT),                # one token: the token strides are 0 (size 1), not the dense ones
+    (1, 0, ALT + "_dense"),     # one token: its token stride passed as a packed one (any serves)
+    (1, 8, ALT),
 ])
 def test_dense_calls_run_the_twin_of_the_kernel_the_rule_chose(cpu_launch, twins, t, pad, kernel):
     call(t, pad)
