@@ -9,29 +9,7 @@ mod common;
 use common::*;
 use mla_gen::dtype::Dtype;
 use mla_gen::reference::Layout;
-use mla_gen::runtime::{Checked, KernelView};
 use mla_gen::runtime::{InPlaceArgs, MaskLseArgs, StatesArgs, StatesLayout};
-
-fn validate_states(
-    k: &KernelView,
-    a: &StatesArgs,
-) -> Result<Checked, mla_gen::runtime::RuntimeError> {
-    mla_gen::runtime::validate(k, &a.args())
-}
-
-fn validate_in_place(
-    k: &KernelView,
-    a: &InPlaceArgs,
-) -> Result<Checked, mla_gen::runtime::RuntimeError> {
-    mla_gen::runtime::validate(k, &a.args())
-}
-
-fn validate_mask_lse(
-    k: &KernelView,
-    a: &MaskLseArgs,
-) -> Result<Checked, mla_gen::runtime::RuntimeError> {
-    mla_gen::runtime::validate(k, &a.args())
-}
 
 const K: usize = 4;
 
@@ -49,20 +27,13 @@ fn good_states() -> StatesArgs {
     }
 }
 
-fn states_refused(k: &KernelView, a: &StatesArgs, needle: &str) {
-    match validate_states(k, a) {
-        Ok(_) => panic!("accepted; expected an error containing {needle:?}"),
-        Err(e) => assert!(e.to_string().contains(needle), "{e}"),
-    }
-}
-
 #[test]
 fn k_way_launches_are_checked_like_pairwise_ones() {
     let ks = kernels_of(
         "[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n",
     );
     let (fixed, runtime_k) = (&ks[0], &ks[1]);
-    let c = validate_states(fixed, &good_states()).unwrap();
+    let c = validate(fixed, &good_states()).unwrap();
     let (values, grid) = (c.values(), c.grid.unwrap());
     assert_eq!(values[0], 0x1000_0000);
     assert_eq!(values[2], 0x3000_0000);
@@ -72,47 +43,47 @@ fn k_way_launches_are_checked_like_pairwise_ones() {
         H.div_ceil(fixed.launch.grid_y.per_block as usize)
     );
     // The runtime-K kernel takes K as an argument, after states_lse.
-    let c = validate_states(runtime_k, &good_states()).unwrap();
+    let c = validate(runtime_k, &good_states()).unwrap();
     assert_eq!(c.values()[4], K as u64);
 
     let mut a = good_states();
     a.num_states = 3;
-    states_refused(
+    refused(
         fixed,
         &a,
         "num_states = 3, but this kernel is built for num_states = 4",
     );
     a.num_states = 0;
-    states_refused(runtime_k, &a, "num_states = 0 is below its minimum 1");
+    refused(runtime_k, &a, "num_states = 0 is below its minimum 1");
     let mut a = good_states();
     a.states.len -= 1;
-    states_refused(
+    refused(
         fixed,
         &a,
         "states: [T=10, K=4, H=4, D=128] with strides (2048, 512, 128, 1) needs 20480 elements, it has 20479",
     );
     let mut a = good_states();
     a.states_lse.len = T * H;
-    states_refused(
+    refused(
         fixed,
         &a,
         "states_lse: [T=10, K=4, H=4] with strides (16, 4, 1) needs 160 elements, it has 40",
     );
     let mut a = good_states();
     a.output.ptr = a.states.ptr + 256;
-    states_refused(fixed, &a, "output overlaps states");
+    refused(fixed, &a, "output overlaps states");
     let mut a = good_states();
     a.states_layout.state_stride += 1;
-    states_refused(
+    refused(
         fixed,
         &a,
         "states: states_state_stride = 513 is not a multiple of 8 elements",
     );
     let mut a = good_states();
     a.states.dtype = Dtype::F16;
-    states_refused(fixed, &a, "states is f16, the kernel takes bf16");
+    refused(fixed, &a, "states is f16, the kernel takes bf16");
     // A pairwise kernel is not launched with K-way arguments, nor a K-way one with pairwise ones.
-    states_refused(
+    refused(
         &kernel("merge_attn_states_bf16_d128_thr_lse"),
         &good_states(),
         "states given, but this kernel takes no states",
@@ -138,20 +109,13 @@ fn good_in_place() -> InPlaceArgs {
     }
 }
 
-fn in_place_refused(k: &KernelView, a: &InPlaceArgs, needle: &str) {
-    match validate_in_place(k, a) {
-        Ok(_) => panic!("accepted; expected an error containing {needle:?}"),
-        Err(e) => assert!(e.to_string().contains(needle), "{e}"),
-    }
-}
-
 #[test]
 fn in_place_launches_refuse_aliasing_and_a_short_mask() {
     let ks = kernels_of(
         "[[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 128\nmask = [true, false]\n",
     );
     let (masked, plain) = (&ks[0], &ks[1]);
-    let c = validate_in_place(masked, &good_in_place()).unwrap();
+    let c = validate(masked, &good_in_place()).unwrap();
     assert_eq!(
         c.values()[..5],
         [
@@ -165,11 +129,11 @@ fn in_place_launches_refuse_aliasing_and_a_short_mask() {
     let mut a = good_in_place();
     a.mask = None;
     assert!(
-        validate_in_place(masked, &a).unwrap().grid.is_some(),
+        validate(masked, &a).unwrap().grid.is_some(),
         "null mask = every token"
     );
-    assert!(validate_in_place(plain, &a).unwrap().grid.is_some());
-    in_place_refused(
+    assert!(validate(plain, &a).unwrap().grid.is_some());
+    refused(
         plain,
         &good_in_place(),
         "mask given, but this kernel takes no mask",
@@ -177,23 +141,23 @@ fn in_place_launches_refuse_aliasing_and_a_short_mask() {
 
     let mut a = good_in_place();
     a.mask = Some(buf(0x5000_0000, T - 1, Dtype::U8));
-    in_place_refused(
+    refused(
         masked,
         &a,
         "mask: [T=10] with strides (1) needs 10 elements, it has 9",
     );
     let mut a = good_in_place();
     a.other.ptr = a.state.ptr;
-    in_place_refused(masked, &a, "state overlaps other: the kernel writes state");
+    refused(masked, &a, "state overlaps other: the kernel writes state");
     let mut a = good_in_place();
     a.mask = Some(buf(a.state_lse.ptr + 4, T, Dtype::U8));
-    in_place_refused(masked, &a, "state_lse overlaps mask");
+    refused(masked, &a, "state_lse overlaps mask");
     let mut a = good_in_place();
     a.state_lse.ptr = a.state.ptr + 64;
-    in_place_refused(masked, &a, "state overlaps state_lse");
+    refused(masked, &a, "state overlaps state_lse");
     let mut a = good_in_place();
     a.state_layout.token_stride = D;
-    in_place_refused(
+    refused(
         masked,
         &a,
         "state: [T=10, H=4, D=128] with strides (128, 128, 1) maps two elements to one address",
@@ -214,7 +178,7 @@ fn lse_mask_launches_check_the_start_locations_buffers() {
         num_tokens: T,
         num_heads: H,
     };
-    let c = validate_mask_lse(&ks[0], &good()).unwrap();
+    let c = validate(&ks[0], &good()).unwrap();
     let (grid, block) = (c.grid.unwrap(), c.block_threads);
     assert_eq!(
         c.values()[..],
@@ -222,7 +186,7 @@ fn lse_mask_launches_check_the_start_locations_buffers() {
     );
     // One thread per token; each masks 16 heads of it.
     assert_eq!((grid, block), ([1, H.div_ceil(16) as u32, 1], 256));
-    let refused = |a: MaskLseArgs, needle: &str| match validate_mask_lse(&ks[1], &a) {
+    let refused = |a: MaskLseArgs, needle: &str| match validate(&ks[1], &a) {
         Ok(_) => panic!("accepted; expected {needle:?}"),
         Err(e) => assert!(e.to_string().contains(needle), "{e}"),
     };

@@ -5,14 +5,31 @@
 
 use mla_gen::dtype::Dtype;
 use mla_gen::reference::Layout;
-use mla_gen::runtime::{Checked, DeviceBuffer, KernelView, ManifestView, MergeArgs};
+use mla_gen::runtime::{Checked, DeviceBuffer, KernelView, ManifestView, MergeArgs, NamedArgs};
+use mla_gen::runtime::{InPlaceArgs, MaskLseArgs, StatesArgs};
+
+/// A family's argument struct, by name as a launch passes it.
+pub trait Call {
+    fn named(&self) -> NamedArgs<'static>;
+}
+
+macro_rules! call {
+    ($($t:ty),*) => {$(
+        impl Call for $t {
+            fn named(&self) -> NamedArgs<'static> {
+                self.args()
+            }
+        }
+    )*};
+}
+call!(MergeArgs, StatesArgs, InPlaceArgs, MaskLseArgs);
 
 /// The check of `args` against `k`, as a launch would run it.
 pub fn validate(
     k: &KernelView,
-    args: &MergeArgs,
+    args: &impl Call,
 ) -> Result<Checked, mla_gen::runtime::RuntimeError> {
-    mla_gen::runtime::validate(k, &args.args())
+    mla_gen::runtime::validate(k, &args.named())
 }
 
 /// A generated manifest, as the runtime reads it.
@@ -64,7 +81,7 @@ pub fn good() -> MergeArgs {
     }
 }
 
-pub fn refused(k: &KernelView, a: &MergeArgs, needle: &str) {
+pub fn refused(k: &KernelView, a: &impl Call, needle: &str) {
     match validate(k, a) {
         Ok(_) => panic!("accepted; expected an error containing {needle:?}"),
         Err(e) => assert!(e.to_string().contains(needle), "{e}"),
