@@ -6,6 +6,8 @@
 //! then [`Plan::check`] takes the arguments by name and returns the parameter values in
 //! signature order and the grid, or the first rule they break.
 
+mod tensor;
+
 use crate::contract::{Contract, Expr, ParamKind, Role};
 pub use crate::error::Refusal;
 
@@ -120,6 +122,14 @@ struct Axis {
     per_block: u64,
     limit: u64,
     name: &'static str,
+}
+
+/// A bound or limit that a launch's integers break (step 4 of the check): the parameter's
+/// index and its bound, or the limit.
+enum Broken<'a> {
+    Min(usize, &'a Resolved),
+    Max(usize, &'a Resolved),
+    Limit(&'a (Resolved, i64, String)),
 }
 
 /// A kernel's contract with every name resolved, ready to check launches.
@@ -300,22 +310,7 @@ impl Plan {
                 ints[i] = values[i] as i64;
             }
         }
-        let ints = &ints[..n];
-        let within = |v: i64, min: &Option<Resolved>, max: &Option<Resolved>| {
-            min.as_ref()
-                .is_none_or(|m| m.eval(ints).is_some_and(|m| v >= m))
-                && max
-                    .as_ref()
-                    .is_none_or(|m| m.eval(ints).is_some_and(|m| v <= m))
-        };
-        self.params
-            .iter()
-            .enumerate()
-            .all(|(i, p)| p.kind != ParamKind::I64 || within(ints[i], &p.min, &p.max))
-            && self
-                .limits
-                .iter()
-                .all(|(e, max, _)| e.eval(ints).is_some_and(|v| v <= *max))
+        self.broken_bound(&ints[..n], true).is_none()
     }
 
     #[cfg(feature = "runtime")]
@@ -326,6 +321,28 @@ impl Plan {
     #[cfg(feature = "runtime")]
     pub(crate) fn shared_mem_bytes(&self) -> u32 {
         self.shared_mem_bytes
+    }
+
+    /// Step 4: the first integer bound or limit `ints` break. A bound that overflows binds
+    /// nothing in the check; `strict`: it is broken (a specialization is taken only where its
+    /// bounds surely hold). A limit that overflows is exceeded either way.
+    fn broken_bound(&self, ints: &[i64], strict: bool) -> Option<Broken<'_>> {
+        for (i, p) in self.params.iter().enumerate() {
+            if let Some(min) = &p.min {
+                if min.eval(ints).map_or(strict, |m| ints[i] < m) {
+                    return Some(Broken::Min(i, min));
+                }
+            }
+            if let Some(max) = &p.max {
+                if max.eval(ints).map_or(strict, |m| ints[i] > m) {
+                    return Some(Broken::Max(i, max));
+                }
+            }
+        }
+        self.limits
+            .iter()
+            .find(|(expr, max, _)| expr.eval(ints).is_none_or(|v| v > *max))
+            .map(Broken::Limit)
     }
 
     fn refuse(&self, problem: String) -> Refusal {
@@ -411,32 +428,24 @@ impl Plan {
         }
         let ints = &ints[..n];
         // 4. Ranges of the integers, then the kernel's limits.
-        for (i, p) in self.params.iter().enumerate() {
-            let v = ints[i];
-            if let Some(min) = &p.min {
-                if min.eval(ints).is_some_and(|m| v < m) {
-                    return Err(self.refuse(format!(
-                        "{} = {v} is below its minimum {}",
-                        p.name,
-                        min.show(ints)
-                    )));
+        if let Some(broken) = self.broken_bound(ints, false) {
+            return Err(self.refuse(match broken {
+                Broken::Min(i, min) => format!(
+                    "{} = {} is below its minimum {}",
+                    self.params[i].name,
+                    ints[i],
+                    min.show(ints)
+                ),
+                Broken::Max(i, max) => format!(
+                    "{} = {} exceeds its maximum {}",
+                    self.params[i].name,
+                    ints[i],
+                    max.show(ints)
+                ),
+                Broken::Limit((expr, max, why)) => {
+                    format!("{} exceeds {max}: {why}", expr.show(ints))
                 }
-            }
-            if let Some(max) = &p.max {
-                if max.eval(ints).is_some_and(|m| v > m) {
-                    return Err(self.refuse(format!(
-                        "{} = {v} exceeds its maximum {}",
-                        p.name,
-                        max.show(ints)
-                    )));
-                }
-            }
-        }
-        // The kernel's limits on several integers together (an overflow exceeds any).
-        for (expr, max, why) in &self.limits {
-            if expr.eval(ints).is_none_or(|v| v > *max) {
-                return Err(self.refuse(format!("{} exceeds {max}: {why}", expr.show(ints))));
-            }
+            }));
         }
         // 5. Constants passed must match the kernel's.
         for &(name, arg) in args {
@@ -514,111 +523,58 @@ impl Plan {
         }
         Ok(checked)
     }
-
-    /// Step 7 for one tensor; its extent in elements.
-    fn check_tensor(
-        &self,
-        p: &ParamPlan,
-        t: &TensorPlan,
-        ptr: u64,
-        len: u64,
-        ints: &[i64],
-    ) -> Result<u64, Refusal> {
-        if ptr % t.align_bytes != 0 {
-            return Err(self.refuse(format!(
-                "{}: pointer {ptr:#x} is not aligned to {} bytes",
-                p.name, t.align_bytes
-            )));
-        }
-        for d in &t.dims {
-            if let Some(s) = d.stride.param() {
-                if t.stride_multiple > 1 && ints[s] % t.stride_multiple != 0 {
-                    return Err(self.refuse(format!(
-                        "{}: {} = {} is not a multiple of {} elements (the kernel's {}-byte access)",
-                        p.name, self.params[s].name, ints[s], t.stride_multiple, t.align_bytes
-                    )));
-                }
-            }
-        }
-        let mut dims = [(0i64, 0i64); 8];
-        for (slot, d) in dims.iter_mut().zip(&t.dims) {
-            let size = d.size.eval(ints);
-            let stride = d.stride.eval(ints);
-            let (Some(size), Some(stride)) = (size, stride) else {
-                return Err(self.refuse(format!(
-                    "{}: {} overflows 64 bits",
-                    p.name,
-                    shape(t, ints)
-                )));
-            };
-            *slot = (size, stride);
-        }
-        let dims = &dims[..t.dims.len()];
-        if dims.iter().any(|&(size, _)| size == 0) {
-            return Ok(0);
-        }
-        let extent = dims.iter().try_fold(1i64, |acc, &(size, stride)| {
-            (size - 1)
-                .checked_mul(stride)
-                .and_then(|x| x.checked_add(acc))
-        });
-        let Some(extent) = extent else {
-            return Err(self.refuse(format!("{}: {} overflows 64 bits", p.name, shape(t, ints))));
-        };
-        if extent as u64 > len {
-            return Err(self.refuse(format!(
-                "{}: {} needs {extent} elements, it has {len}",
-                p.name,
-                shape(t, ints)
-            )));
-        }
-        if t.distinct {
-            // Innermost (smallest stride) first: each dimension must step past everything
-            // the dimensions inside it cover.
-            let mut order = [(0i64, 0i64); 8];
-            let mut k = 0;
-            for &(size, stride) in dims.iter().filter(|&&(size, _)| size > 1) {
-                order[k] = (stride, size);
-                k += 1;
-            }
-            let order = &mut order[..k];
-            order.sort_by_key(|&(stride, _)| stride);
-            let mut span = 1i64;
-            for &(stride, size) in order.iter() {
-                if stride < span {
-                    return Err(self.refuse(format!(
-                        "{}: {} maps two elements to one address",
-                        p.name,
-                        shape(t, ints)
-                    )));
-                }
-                span += (size - 1) * stride;
-            }
-        }
-        Ok(extent as u64)
-    }
-}
-
-/// `[T=4, H=2, D=128] with strides (256, 128, 1)` for messages.
-fn shape(t: &TensorPlan, ints: &[i64]) -> String {
-    let show = |e: &Resolved| {
-        e.eval(ints)
-            .map_or_else(|| e.text.clone(), |v| v.to_string())
-    };
-    let dims: Vec<String> = t
-        .dims
-        .iter()
-        .map(|d| format!("{}={}", d.label, show(&d.size)))
-        .collect();
-    let strides: Vec<String> = t.dims.iter().map(|d| show(&d.stride)).collect();
-    format!(
-        "[{}] with strides ({})",
-        dims.join(", "),
-        strides.join(", ")
-    )
 }
 
 /// FP8 codes may come as plain bytes.
 fn elem_matches(got: &str, want: &str) -> bool {
     got == want || (want == "fp8_e4m3" && got == "u8")
+}
+
+#[cfg(all(test, feature = "runtime"))]
+mod tests {
+    use crate::host::manifest::ManifestView;
+
+    fn dense_plan() -> super::Plan {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/generated/manifest.json");
+        let text = std::fs::read(path).unwrap();
+        let m = ManifestView::parse(std::path::Path::new(path), &text).unwrap();
+        let k = m
+            .kernels
+            .iter()
+            .find(|k| k.name == "merge_attn_states_bf16_d128_thr_lse_dense");
+        k.unwrap().plan().unwrap()
+    }
+
+    /// Values another kernel's check would pass on: T tokens of H heads, every tensor with
+    /// this head stride and its heads packed.
+    fn values(plan: &super::Plan, t: u64, h: u64, head_stride: u64) -> Vec<u64> {
+        plan.param_names()
+            .map(|name| match name {
+                "num_tokens" => t,
+                "num_heads" => h,
+                "prefill_tokens_with_context" => t / 2,
+                n if n.ends_with("_token_stride") => h.wrapping_mul(head_stride),
+                n if n.ends_with("_head_stride") => head_stride,
+                _ => 0x1000, // a pointer: no bound reads it
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_specialization_accepts_only_values_that_surely_meet_its_bounds() {
+        let p = dense_plan();
+        assert!(p.accepts_values(&values(&p, 40, 4, 128)));
+        assert!(!p.accepts_values(&values(&p, 40, 4, 136)), "padded heads");
+        assert!(p.accepts_values(&values(&p, (1 << 31) - 1, 1, 128)));
+        assert!(
+            !p.accepts_values(&values(&p, 1 << 31, 1, 128)),
+            "past its row limit"
+        );
+        // num_heads * 128 overflows: the check lets such a bound pass, a specialization does not.
+        assert!(!p.accepts_values(&values(&p, 0, 1 << 57, 128)));
+        assert!(
+            !p.accepts_values(&values(&p, 40, 4, 128)[1..]),
+            "values of another signature"
+        );
+    }
 }
