@@ -23,7 +23,9 @@
 // Where lse element (t, h) lives: [H, T] (head-major, vLLM) or [T, H] (token-major).
 constexpr bool HEAD_MAJOR_LSE = true;
 
-__device__ __forceinline__ long long lse_index(long long t, long long h, long long num_tokens, long long num_heads) {
+// In the launch's index type (long long, or 32 bits where the kernel chose them).
+template <typename Index>
+__device__ __forceinline__ Index lse_index(Index t, Index h, Index num_tokens, Index num_heads) {
     return HEAD_MAJOR_LSE ? h * num_tokens + t : t * num_heads + h;
 }
 
@@ -318,7 +320,7 @@ __device__ __forceinline__ void merge_rows(
     for (int r = 0; r < ROWS_PER_THREAD; ++r) {
         const Index t = first_token + r * TOKENS_PER_BLOCK;
         if (!in_range[r]) continue;
-        lse_at[r] = HEAD_MAJOR_LSE ? h * tokens + t : t * heads + h;
+        lse_at[r] = lse_index(t, h, tokens, heads);
         const long long dense_at = static_cast<long long>(t * heads + h) * HEAD_SIZE;  // DENSE: every tensor's row offset
         out_at[r] = DENSE ? dense_at : row_offset(t, output_token_stride, h, output_head_stride);
         const elem_t* suffix_row = suffix_output + (DENSE ? dense_at : row_offset(t, suffix_token_stride, h, suffix_head_stride));
