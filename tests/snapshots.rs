@@ -44,13 +44,21 @@ fn dense_specialization() {
         dense_specialization: true,
         ..variant(Dtype::Bf16, 128, true, true)
     };
-    let twin = general.dense_twin().unwrap();
-    insta::assert_snapshot!(
-        twin.kernel_name(),
-        t.render("snapshot.toml", &twin).unwrap()
+    let twins = general.specialization_twins();
+    for twin in &twins {
+        insta::assert_snapshot!(twin.kernel_name(), t.render("snapshot.toml", twin).unwrap());
+    }
+    // With a threshold: the twin for calls where every token has context first, then the dense.
+    let names: Vec<String> = twins.iter().map(|t| t.kernel_name()).collect();
+    assert_eq!(
+        names,
+        [
+            "merge_attn_states_bf16_d128_thr_lse_dense_nothr",
+            "merge_attn_states_bf16_d128_thr_lse_dense"
+        ]
     );
     let launch = mla_gen::abi::Launch::for_variant(&general);
-    assert_eq!(launch.specializations, [twin.kernel_name()]);
+    assert_eq!(launch.specializations, names);
 }
 
 #[test]

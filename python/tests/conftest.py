@@ -43,17 +43,23 @@ def _variant(name: str) -> dict:
     return v
 
 
-def launched(kernel: str, num_tokens: int, num_heads: int, dense: bool = True) -> str:
+def launched(kernel: str, num_tokens: int, num_heads: int, dense: bool = True, threshold=None) -> str:
     """The kernel a launch of `kernel` with these rows runs in the current folder: the one its
     size rule names (test_size_rule_cpu.py checks the rule itself), else itself; for dense
-    tensors (`dense`; rows below 2^32), that one's dense specialization where it has one
-    (test_specialization_cpu.py checks the choice)."""
+    tensors (`dense`; rows below 2^32), that one's first dense specialization the threshold
+    allows (`_dense_nothr` takes n = T only, the default; test_specialization_cpu.py checks the
+    choice)."""
     from mla_gen import manifest
 
     kf = manifest.folder()
     ints = {"num_tokens": num_tokens, "num_heads": num_heads}
     k = manifest.by_size_rule(kf, kf.kernel(kernel), ints.__getitem__)
-    dense_twins = [s for s in k["launch"].get("specializations", ()) if kf.kernel(s)["variant"].get("dense")]
+    def takes(twin):  # the twin's contract allows this threshold (`_dense_nothr`: n = T only)
+        bound = [p.get("bounds") or {} for p in twin["params"] if p["name"] == "prefill_tokens_with_context"]
+        return not bound or bound[0].get("min") != "num_tokens" or threshold in (None, num_tokens)
+
+    dense_twins = [s for s in k["launch"].get("specializations", ())
+                   if kf.kernel(s)["variant"].get("dense") and takes(kf.kernel(s))]
     return dense_twins[0] if dense and dense_twins else k["name"]
 
 

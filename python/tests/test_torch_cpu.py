@@ -35,7 +35,7 @@ def test_values_in_signature_order_and_the_grid(cpu_launch):
     out_lse = torch.empty(H, T)
     mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, 5)
     name, v, grid = cpu_launch.last()
-    assert name == launched("merge_attn_states_bf16_d128_thr_lse", T, H)
+    assert name == launched("merge_attn_states_bf16_d128_thr_lse", T, H, threshold=5)
     assert v["output"] == out.data_ptr() and v["output_lse"] == out_lse.data_ptr()
     assert v["prefix_output"] == p.data_ptr() and v["suffix_lse"] == sl.data_ptr()
     assert (v["num_tokens"], v["num_heads"], v["prefill_tokens_with_context"]) == (T, H, 5)
@@ -54,6 +54,26 @@ def test_a_new_threshold_is_an_argument_not_a_plan(cpu_launch):
     assert mla_gen.stats()["plans"] == plans
     mla_gen.merge_attn_states(out, p, pl, s, sl)
     assert cpu_launch.last()[1]["prefill_tokens_with_context"] == T, "None: every token has context"
+
+
+def test_a_threshold_below_t_leaves_the_all_context_twin(cpu_launch):
+    """A plan made without a threshold launches `_dense_nothr` (its contract: n = T only). Calls
+    that pass one get a plan of their own (its first n < T: the plain dense twin), which keeps
+    its kernel while n meets that kernel's bounds (n = T included: correct, not the fastest);
+    a plan's fast path never launches a kernel whose bounds the call's n breaks."""
+    out, p, pl, s, sl = pair()
+    main = "merge_attn_states_bf16_d128_thr_lse"
+    for n in (None, 3, T, 0, None):
+        mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
+        assert cpu_launch.last()[1]["prefill_tokens_with_context"] == (T if n is None else n)
+    assert [n for n, _, _ in cpu_launch.launches][-5:] == [
+        main + "_dense_nothr", main + "_dense", main + "_dense", main + "_dense", main + "_dense_nothr"]
+    out, p, pl, s, sl = pair(t=2 * T)  # new layouts: a plan made with n = 2T launches the twin,
+    first = len(cpu_launch.launches)
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2 * T)
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2)  # and its fast path refuses n = 2
+    assert [n for n, _, _ in cpu_launch.launches][first:] == [main + "_dense_nothr", main + "_dense"]
+    assert cpu_launch.last()[1]["prefill_tokens_with_context"] == 2
 
 
 def test_per_head_padding_and_own_strides(cpu_launch):
@@ -193,7 +213,7 @@ def test_the_kernel_folder_is_read_per_lookup(cpu_launch, contract_kernels, monk
     assert cpu_launch.last()[0] == launched("merge_attn_states_bf16_d128_thr_lse", T, H)  # the default kernels again
     monkeypatch.setenv("MLA_GEN_KERNELS", str(contract_kernels))
     mla_gen.merge_attn_states(out, p, pl, s, sl, None, 5)
-    assert cpu_launch.last()[0] == launched("merge_attn_states_bf16_d128_thr", T, H)
+    assert cpu_launch.last()[0] == launched("merge_attn_states_bf16_d128_thr", T, H, threshold=5)
 
 
 def test_a_kernel_without_the_threshold_takes_only_n_equal_to_t(cpu_launch, tmp_path, monkeypatch):

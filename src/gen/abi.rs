@@ -243,7 +243,16 @@ impl Build<'_> {
             ));
         }
         let threshold = "prefill_tokens_with_context";
-        if v.prefix_threshold {
+        if v.prefix_threshold && v.all_context {
+            // The specialization for calls where every token has context: n = T only.
+            p.push(int(
+                threshold,
+                "num_tokens",
+                Some("num_tokens"),
+                Some("num_tokens"),
+                "n = T: every token has context (this specialization takes no other value)",
+            ));
+        } else if v.prefix_threshold {
             p.push(int(
                 threshold,
                 "0",

@@ -159,9 +159,9 @@ impl Launch {
         let (grid_x, grid_y) = grid_axes(tokens_per_block * rows_per_thread, heads_per_block);
         let size_rule = size_rule_of(v, &grid_x, &grid_y);
         let specializations = v
-            .dense_twin()
-            .map(|t| t.kernel_name())
-            .into_iter()
+            .specialization_twins()
+            .iter()
+            .map(MergeVariant::kernel_name)
             .collect();
         Launch {
             grid_x,

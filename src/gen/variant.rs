@@ -217,6 +217,11 @@ pub struct MergeVariant {
     /// merges), listed in its launch's `specializations`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dense_specialization: bool,
+    /// A dense specialization for calls where every token has context (`_dense_nothr`): its
+    /// contract bounds the threshold to `num_tokens`, so the kernel has no threshold to test.
+    /// Hosts try it before the plain `_dense` twin.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub all_context: bool,
 }
 
 impl MergeVariant {
@@ -241,6 +246,7 @@ impl MergeVariant {
             rows_below: None,
             dense: false,
             dense_specialization: false,
+            all_context: false,
         }
     }
 
@@ -275,26 +281,36 @@ impl MergeVariant {
         std::iter::once(self.clone()).chain(kernels).collect()
     }
 
-    /// The dense specialization of this kernel, where it has one (`dense_specialization`).
-    pub fn dense_twin(&self) -> Option<MergeVariant> {
+    /// The specializations of this kernel, in the order hosts try them (`dense_specialization`):
+    /// with a threshold, first the dense twin for calls whose every token has context, then the
+    /// dense twin.
+    pub fn specialization_twins(&self) -> Vec<MergeVariant> {
+        if !self.dense_specialization {
+            return Vec::new();
+        }
         // The general kernel's size rule has already chosen this kernel when a host looks at
-        // its specializations: the twin has none of its own.
-        self.dense_specialization.then(|| MergeVariant {
+        // its specializations: the twins have none of their own.
+        let dense = MergeVariant {
             dense: true,
             dense_specialization: false,
             size_rule: Vec::new(),
             ..self.clone()
-        })
+        };
+        let all_context = self.prefix_threshold.then(|| MergeVariant {
+            all_context: true,
+            ..dense.clone()
+        });
+        all_context.into_iter().chain([dense]).collect()
     }
 
-    /// These kernels, each pairwise merge followed by its dense specialization.
+    /// These kernels, each pairwise merge followed by its dense specializations.
     pub fn with_dense_twins(kernels: Vec<MergeVariant>) -> Vec<MergeVariant> {
         kernels
             .into_iter()
             .flat_map(|mut k| {
                 k.dense_specialization = k.family == Family::MergeAttnStates && !k.dense;
-                let twin = k.dense_twin();
-                std::iter::once(k).chain(twin)
+                let twins = k.specialization_twins();
+                std::iter::once(k).chain(twins)
             })
             .collect()
     }
@@ -370,6 +386,9 @@ impl MergeVariant {
         }
         if self.dense {
             name.push_str("_dense");
+        }
+        if self.all_context {
+            name.push_str("_nothr");
         }
         if self.pdl {
             name.push_str("_pdl");

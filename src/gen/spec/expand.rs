@@ -175,6 +175,7 @@ impl<'t> Lists<'t> {
                 rows_below: None,
                 dense: false,
                 dense_specialization: false,
+                all_context: false,
             }
         })
     }

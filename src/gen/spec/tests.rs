@@ -50,7 +50,8 @@ fn the_fused_context_mask_is_a_pairwise_key() {
 fn default_spec_is_the_vllm_set() {
     let s = default_spec().unwrap();
     // 27 kernels engines call, and the kernels of their size rules (launched through them).
-    // Each of those has a dense specialization right after it.
+    // Each of those has its two dense specializations right after it (every default kernel
+    // has the threshold): for calls where every token has context, then the dense one.
     let called: Vec<&MergeVariant> = s
         .variants
         .iter()
@@ -58,18 +59,17 @@ fn default_spec_is_the_vllm_set() {
         .collect();
     assert_eq!(called.len(), 27);
     let rule_kernels: usize = called.iter().map(|v| v.size_rule.len()).sum();
-    assert_eq!(s.variants.len(), 2 * (27 + rule_kernels));
-    for pair in s.variants.chunks(2) {
+    assert_eq!(s.variants.len(), 3 * (27 + rule_kernels));
+    for triple in s.variants.chunks(3) {
+        let general = triple[0].kernel_name();
         assert!(
-            pair[0].dense_specialization && !pair[0].dense,
-            "{}",
-            pair[0].kernel_name()
+            triple[0].dense_specialization && !triple[0].dense && triple[0].prefix_threshold,
+            "{general}"
         );
-        assert_eq!(
-            pair[1].kernel_name(),
-            format!("{}_dense", pair[0].kernel_name())
-        );
-        assert!(pair[1].dense && pair[1].size_rule.is_empty());
+        assert_eq!(triple[1].kernel_name(), format!("{general}_dense_nothr"));
+        assert_eq!(triple[2].kernel_name(), format!("{general}_dense"));
+        assert!(triple[1].dense && triple[1].all_context && triple[1].size_rule.is_empty());
+        assert!(triple[2].dense && !triple[2].all_context && triple[2].size_rule.is_empty());
     }
     assert_eq!(
         s.archs.iter().map(Arch::name).collect::<Vec<_>>(),
@@ -522,7 +522,7 @@ fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_
     // bf16 d64's tuned size rule (specs/tuned.toml) has one smaller range.
     let (_, head, _) = first_tuned_rule();
     assert_eq!(head, 64, "the test reads bf16 d64's rule");
-    let rule = &names[2];
+    let rule = &names[3];
     assert!(
         rule.starts_with("merge_attn_states_bf16_d64_thr_lse_below"),
         "{rule}"
@@ -531,20 +531,36 @@ fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_
         names,
         [
             "merge_attn_states_bf16_d64_thr_lse",
+            "merge_attn_states_bf16_d64_thr_lse_dense_nothr",
             "merge_attn_states_bf16_d64_thr_lse_dense",
             rule,
+            &format!("{rule}_dense_nothr"),
             &format!("{rule}_dense"),
             "merge_state_in_place_bf16_d128",
         ]
     );
-    // The general kernel names its specialization; the specialization's strides are bound to
-    // the dense ones and its rows to 32 bits.
+    // The general kernel names its specializations in the order hosts try them; their strides
+    // are bound to the dense ones and their rows to 32 bits, the first's threshold to T.
     let launch = crate::gen::launch::Launch::for_variant(&s.variants[0]);
     assert_eq!(
         launch.specializations,
-        ["merge_attn_states_bf16_d64_thr_lse_dense"]
+        [
+            "merge_attn_states_bf16_d64_thr_lse_dense_nothr",
+            "merge_attn_states_bf16_d64_thr_lse_dense"
+        ]
     );
-    let twin = crate::gen::abi::contract(&s.variants[1]);
+    let all_context = crate::gen::abi::contract(&s.variants[1]);
+    let threshold = all_context
+        .params
+        .iter()
+        .find(|p| p.name == "prefill_tokens_with_context")
+        .and_then(|p| p.bounds.clone())
+        .unwrap();
+    assert_eq!(
+        (threshold.min.as_str(), threshold.max.as_deref()),
+        ("num_tokens", Some("num_tokens"))
+    );
+    let twin = crate::gen::abi::contract(&s.variants[2]);
     assert!(twin.launch.specializations.is_empty() && twin.launch.size_rule.is_none());
     let bound = |name: &str| {
         let b = twin
