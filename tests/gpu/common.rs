@@ -1,0 +1,135 @@
+//! Helpers of the GPU suite (tests/gpu.rs) about the machine: the GPU or the reason to skip, the
+//! generated folders, the report, and raw bits to and from device buffers.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+
+use mla_gen::dtype::Dtype;
+use mla_gen::runtime::{self, DeviceBuffer, Kernel};
+
+/// Say it where a person sees it: libtest captures print!, not direct writes to stderr.
+pub fn say(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
+pub fn gpu() -> Option<Arc<CudaContext>> {
+    if !runtime::driver_present() {
+        say("SKIPPED GPU test: no CUDA driver (libcuda.so.1) on this machine; run scripts/gpu-check.sh on a GPU machine");
+        return None;
+    }
+    match CudaContext::new(0) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            say(&format!(
+                "SKIPPED GPU test: CUDA driver present but no usable GPU ({e:?})"
+            ));
+            None
+        }
+    }
+}
+
+pub fn dir_of(var: Option<&str>) -> Option<PathBuf> {
+    match var {
+        Some(v) => std::env::var_os(v).map(PathBuf::from),
+        None => {
+            let in_repo = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/generated"));
+            Some(if in_repo.exists() {
+                in_repo
+            } else {
+                PathBuf::from("generated")
+            })
+        }
+    }
+}
+
+/// Elements per vector access: every stride a tensor takes must be a multiple of it (the
+/// contract's `stride_multiple`, equal for all of a kernel's row tensors).
+pub fn vec_elems(k: &Kernel) -> usize {
+    k.meta
+        .params
+        .iter()
+        .filter_map(|p| p.tensor.as_ref())
+        .map(|t| t.stride_multiple as usize)
+        .max()
+        .unwrap_or(1)
+}
+
+pub fn report(line: &str) {
+    say(line);
+    if let Some(p) = std::env::var_os("MLA_GEN_GPU_REPORT") {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+pub fn upload_bits(
+    stream: &Arc<CudaStream>,
+    dtype: Dtype,
+    bits: &[u32],
+) -> (Box<dyn std::any::Any>, DeviceBuffer) {
+    let (holder, ptr): (Box<dyn std::any::Any>, u64) = match dtype {
+        Dtype::F32 => {
+            let s: CudaSlice<u32> = stream.clone_htod(bits).unwrap();
+            let p = raw(&s, stream);
+            (Box::new(s), p)
+        }
+        Dtype::Fp8E4m3 => {
+            let bytes: Vec<u8> = bits.iter().map(|&b| b as u8).collect();
+            let s: CudaSlice<u8> = stream.clone_htod(&bytes).unwrap();
+            let p = raw(&s, stream);
+            (Box::new(s), p)
+        }
+        _ => {
+            let narrow: Vec<u16> = bits.iter().map(|&b| b as u16).collect();
+            let s: CudaSlice<u16> = stream.clone_htod(&narrow).unwrap();
+            let p = raw(&s, stream);
+            (Box::new(s), p)
+        }
+    };
+    (
+        holder,
+        DeviceBuffer {
+            ptr,
+            len: bits.len(),
+            dtype,
+        },
+    )
+}
+
+pub fn raw<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    use cudarc::driver::DevicePtr;
+    let (p, _sync) = s.device_ptr(stream);
+    p
+}
+
+pub fn download_bits(
+    stream: &Arc<CudaStream>,
+    dtype: Dtype,
+    holder: &dyn std::any::Any,
+) -> Vec<u32> {
+    match dtype {
+        Dtype::F32 => stream
+            .clone_dtoh(holder.downcast_ref::<CudaSlice<u32>>().unwrap())
+            .unwrap(),
+        Dtype::Fp8E4m3 => stream
+            .clone_dtoh(holder.downcast_ref::<CudaSlice<u8>>().unwrap())
+            .unwrap()
+            .into_iter()
+            .map(u32::from)
+            .collect(),
+        _ => stream
+            .clone_dtoh(holder.downcast_ref::<CudaSlice<u16>>().unwrap())
+            .unwrap()
+            .into_iter()
+            .map(u32::from)
+            .collect(),
+    }
+}
