@@ -63,17 +63,18 @@ def test_a_threshold_below_t_leaves_the_all_context_twin(cpu_launch):
     a plan's fast path never launches a kernel whose bounds the call's n breaks."""
     out, p, pl, s, sl = pair()
     main = "merge_attn_states_bf16_d128_thr_lse"
+    nothr, dense = launched(main, T, H), launched(main, T, H, threshold=0)
+    assert (nothr, dense) == (dense + "_nothr", dense)
     for n in (None, 3, T, 0, None):
         mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
         assert cpu_launch.last()[1]["prefill_tokens_with_context"] == (T if n is None else n)
-    assert [n for n, _, _ in cpu_launch.launches][-5:] == [
-        main + "_dense_nothr", main + "_dense", main + "_dense", main + "_dense", main + "_dense_nothr"]
+    assert [n for n, _, _ in cpu_launch.launches][-5:] == [nothr, dense, dense, dense, nothr]
     out, p, pl, s, sl = pair(t=2 * T)  # new layouts: a plan made with n = 2T launches the twin,
     first = len(cpu_launch.launches)
     mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2 * T)
     mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2)  # and its fast path refuses n = 2
-    assert [n for n, _, _ in cpu_launch.launches][first:] == [main + "_dense_nothr", main + "_dense"]
-    assert cpu_launch.last()[1]["prefill_tokens_with_context"] == 2
+    assert [n for n, _, _ in cpu_launch.launches][first:] == [launched(main, 2 * T, H), launched(main, 2 * T, H, threshold=2)]
+    assert cpu_launch.launches[-1][0].endswith("_dense") and cpu_launch.last()[1]["prefill_tokens_with_context"] == 2
 
 
 def test_per_head_padding_and_own_strides(cpu_launch):

@@ -8,7 +8,10 @@
 #                                        committed generated/ (the default spec), `base` BASE's
 #                                        committed generated/ (default HEAD),
 #                                        `new-tm` token-major twins for FlashInfer's layout, and one
-#                                        folder per LABEL=DIR of $PEERS_TEMPLATES (experiments)
+#                                        folder per LABEL=DIR of $PEERS_TEMPLATES (experiments), and
+#                                        one per schedule b<threads>h<heads>v<vecs> of
+#                                        $PEERS_CANDIDATES (python/bench/peer_rules.py; give the
+#                                        same variable to `run`)
 #   scripts/gpu/peers.sh run     (there) compiles python/bench/peers/peers.cu with nvcc, then
 #                                        python/bench/peers.py over the issue's table, cold and hot
 #                                        ($PEERS_SHAPES to narrow it), and Nsight Compute side by side
@@ -51,9 +54,22 @@ PY
     for item in ${PEERS_TEMPLATES:-}; do
         "$M" generate --templates "${item#*=}" --arch sm_90 --out "$P/kernels/${item%%=*}" --quiet
     done
+    # Schedule candidates b<threads>h<heads>v<vecs> (python/bench/peer_rules.py reads their times):
+    # the groups of the peer table with that schedule, their first dense specializations alone.
+    for label in ${PEERS_CANDIDATES:-}; do
+        [[ "$label" =~ ^b([0-9]+)h([0-9]+)v([0-9]+)$ ]] || { echo "PEERS_CANDIDATES: $label is not b<threads>h<heads>v<vecs>" >&2; exit 2; }
+        spec="$(mktemp)"
+        printf '%s\n' 'arch = ["sm_90"]' '[[merge_attn_states]]' 'dtype = ["bf16", "f16"]' \
+            'head_size = [64, 128, 256, 512]' 'rows_per_thread = 1' 'min_blocks_per_sm = 1' \
+            "block_threads = ${BASH_REMATCH[1]}" "heads_per_block = ${BASH_REMATCH[2]}" \
+            "vecs_per_thread = ${BASH_REMATCH[3]}" > "$spec"
+        "$M" generate "$spec" --out "$P/kernels/all-$label" --quiet && rm -f "$spec"
+        python3 scripts/gpu/dense_only.py "$P/kernels/all-$label" "$P/kernels/$label" >/dev/null
+        rm -rf "$P/kernels/all-$label"
+    done
     find "$P/kernels" -name '*.cu' -delete
     { echo "base: $(git rev-parse --short "$base")"; echo "new: generated/ at $(git rev-parse --short HEAD)";
-      echo "experiments: ${PEERS_TEMPLATES:-none}"; } > "$P/built.txt"
+      echo "experiments: ${PEERS_TEMPLATES:-none}"; echo "candidates: ${PEERS_CANDIDATES:-none}"; } > "$P/built.txt"
     echo "built $P ($(du -sh "$P" | cut -f1)); on the GPU machine: scripts/gpu/peers.sh run (carry .device)"
     ;;
 run)
@@ -65,7 +81,7 @@ run)
     nvcc -arch=sm_90 -O3 -std=c++17 -use_fast_math -DPEERS_FLASHINFER -I"$P/include" -Xcompiler -fPIC -shared \
         -o "$lib/libpeers_fi.so" python/bench/peers/peers.cu 2>&1 | grep -v -i warning || true
     kernels=(--kernels "new=generated" --kernels "base=$P/kernels/base")
-    for item in ${PEERS_TEMPLATES:-}; do kernels+=(--kernels "${item%%=*}=$P/kernels/${item%%=*}"); done
+    for item in ${PEERS_TEMPLATES:-} ${PEERS_CANDIDATES:-}; do kernels+=(--kernels "${item%%=*}=$P/kernels/${item%%=*}"); done
     kernels+=(--tm-kernels "new-tm=$P/kernels/new-tm")
     shapes=()
     [[ -n "${PEERS_SHAPES:-}" ]] && shapes=(--shapes "$PEERS_SHAPES")
