@@ -49,6 +49,7 @@ def stub_driver(driver: bool = False):
     """What conftest's cpu_launch does, for a script: CPU tensors, no kernel loaded, launches
     dropped; with `driver`, launches go through _cuda.launch into the stub libcuda instead."""
     _torch._DEVICE_TYPE = "cpu"
+    _torch._compiled = None  # the Python path: the compiled op takes CUDA tensors
     _cuda.kernel = lambda folder, meta: _FakeKernel()
     _cuda.primary_context = lambda device: 0xC0
     _torch._stream = lambda device: 0x7F00C0DE0000
