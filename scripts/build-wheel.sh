@@ -42,8 +42,9 @@ if [ "$pure" = 1 ]; then
     export MLA_GEN_EXTENSION=0
 else
     export MLA_GEN_EXTENSION=1
-    cargo build --release --quiet --bin mla-gen
-    export MLA_GEN_BIN="$PWD/target/release/mla-gen"
+    # The debug binary (CI's tests build it anyway): generation time is NVRTC's.
+    cargo build --quiet --bin mla-gen
+    export MLA_GEN_BIN="$PWD/target/debug/mla-gen"
     export MLA_GEN_TORCH_INCLUDE="${MLA_GEN_TORCH_INCLUDE:-$(scripts/torch-headers.sh 2.10.0)}"
     if [ -z "${MLA_GEN_TORCH_LIB:-}" ]; then
         MLA_GEN_TORCH_LIB="$("$TORCH_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch/lib"
@@ -52,7 +53,7 @@ else
 fi
 if [ -n "$spec" ]; then
     if [ "$pure" = 1 ]; then
-        cargo run --release --quiet -- generate "$spec" --out "$tmp/kernels" --quiet
+        cargo run --quiet -- generate "$spec" --out "$tmp/kernels" --quiet
     else
         "$MLA_GEN_BIN" generate "$spec" --out "$tmp/kernels" --emit c --quiet
         export MLA_GEN_C_LAUNCHER="$tmp/kernels/c"

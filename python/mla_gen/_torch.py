@@ -173,7 +173,7 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
     if _compiled is not None and lse_layout == "head_major" and _env_get(_ENV_KEY) is None:
         try:
             return _compiled(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
-                             prefill_tokens_with_context, output_scale, None, None)
+                             prefill_tokens_with_context, output_scale)
         except (RuntimeError, TypeError):
             pass  # nothing launched: the Python path below raises the typed error (or serves the call)
     _merge(_last_pair, lse_layout, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,

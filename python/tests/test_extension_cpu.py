@@ -113,11 +113,11 @@ def test_without_the_extension_file_the_python_path_serves(tmp_path):
 
 def test_driver_header_agrees_with_a_real_cuda_h(tmp_path):
     # The stand-in cuda.h carries the values and layouts of the toolkit's; compare the two where a
-    # real one is at hand (the nvidia-cuda-runtime wheel, $CUDA_HOME).
+    # real one is at hand ($CUDA_HOME, the nvidia-cuda-runtime wheels of CUDA 13 and 12).
     places = [Path(os.environ["CUDA_HOME"]) / "include"] if os.environ.get("CUDA_HOME") else []
     try:
         import nvidia
-        places += [Path(p) / "cu13" / "include" for p in nvidia.__path__]
+        places += [Path(p) / sub / "include" for p in nvidia.__path__ for sub in ("cu13", "cuda_runtime")]
     except ImportError:
         pass
     places.append(Path("/usr/local/cuda/include"))
