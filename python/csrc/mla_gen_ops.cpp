@@ -176,6 +176,17 @@ void shape_error(const View& v, const char* want, const int64_t* sizes, const in
          v.name, got, v.dim == 1 ? "," : "", gst, v.dim == 1 ? "," : "", want, wst, n == 1 ? "," : "");
 }
 
+// The rank the kernel addresses the tensor with (labels: one letter a dim).
+void rank(const View& v, int n, const char* labels) {
+    if (!v.h || v.dim == n) return;
+    char dims[64] = "", got[160] = "(";
+    for (int k = 0; k < n; ++k)
+        snprintf(dims + strlen(dims), sizeof dims - strlen(dims), k ? ", %c" : "%c", labels[k]);
+    for (int64_t k = 0; k < v.dim; ++k)
+        snprintf(got + strlen(got), sizeof got - strlen(got), k ? ", %lld" : "%lld", (long long)v.sizes[k]);
+    fail("%s must have %d dimensions [%s], got shape %s%s)", v.name, n, dims, got, v.dim == 1 ? "," : "");
+}
+
 // The tensor has exactly these sizes and, where a size exceeds 1, these strides.
 void expect(const View& v, const int64_t* sizes, const int64_t* strides, int n, const char* labels) {
     bool same = v.dim == n;
@@ -315,7 +326,12 @@ void merge_attn_states_boxed(StableIValue* stack, uint64_t num_args, uint64_t nu
     }
 
     // The kernel: the inputs' dtype and head size, the output kind, the options given.
-    if (prefix.dim != 3) fail("prefix_output must have 3 dimensions, got %lld", (long long)prefix.dim);
+    if (prefix.dim != 3) {
+        char got[160] = "(";
+        for (int64_t k = 0; k < prefix.dim; ++k)
+            snprintf(got + strlen(got), sizeof got - strlen(got), k ? ", %lld" : "%lld", (long long)prefix.sizes[k]);
+        fail("prefix_output must have 3 dimensions, got shape %s%s)", got, prefix.dim == 1 ? "," : "");
+    }
     const int64_t T = prefix.sizes[0], H = prefix.sizes[1], D = prefix.sizes[2];
     const int dtype = prefix.dtype == c.f16 ? F16 : prefix.dtype == c.bf16 ? BF16 : prefix.dtype == c.f32 ? F32 : -1;
     const int fp8 = scale_h != nullptr;
@@ -336,16 +352,22 @@ void merge_attn_states_boxed(StableIValue* stack, uint64_t num_args, uint64_t nu
         if (t->h && t->dtype != c.f32) fail("%s: %s is %s, the kernel takes f32", e.name, t->name, dtype_name(t->dtype));
     for (const View* t : {&qsl, &csl})
         if (t->h && t->dtype != c.i32) fail("%s: %s is %s, the kernel takes i32", e.name, t->name, dtype_name(t->dtype));
-    const int64_t rows[3] = {T, H, D};
-    for (const View* t : {&out, &suffix}) {
-        const int64_t st[3] = {t->dim == 3 ? t->stride(0) : 0, t->dim == 3 ? t->stride(1) : 0, 1};
-        expect(*t, rows, st, 3, "THD");
+    // In the kernel's parameter order, as the Python path: ranks, then sizes and strides.
+    const View* order[] = {&out, &out_lse, &prefix, &prefix_lse, &suffix, &suffix_lse};
+    for (const View* t : order) {
+        const bool rows = t == &out || t == &prefix || t == &suffix;  // [T, H, D], else lse [H, T]
+        rank(*t, rows ? 3 : 2, rows ? "THD" : "HT");
     }
-    const int64_t pst[3] = {prefix.stride(0), prefix.stride(1), 1};
-    expect(prefix, rows, pst, 3, "THD");
-    const int64_t lse_sizes[2] = {H, T}, lse_strides[2] = {T, 1};
-    for (const View* t : {&prefix_lse, &suffix_lse, &out_lse})
-        if (t->h) expect(*t, lse_sizes, lse_strides, 2, "HT");
+    const int64_t sizes[3] = {T, H, D}, lse_sizes[2] = {H, T}, lse_strides[2] = {T, 1};
+    for (const View* t : order) {
+        if (!t->h) continue;
+        if (t->dim == 3) {
+            const int64_t st[3] = {t->stride(0), t->stride(1), 1};
+            expect(*t, sizes, st, 3, "THD");
+        } else {
+            expect(*t, lse_sizes, lse_strides, 2, "HT");
+        }
+    }
     int64_t B = 0;
     if (qsl_h) {
         if (qsl.dim != 1) fail("query_start_loc must have 1 dimension [B + 1], got %lld", (long long)qsl.dim);

@@ -14,6 +14,10 @@ Where a call finds its plan, fastest first:
 Anything off on the way down reruns the full check, so every error is the full check's. The
 plain merge_attn_states and its operator share one fast path (``_merge``), each with its own slot,
 so that code calling both with different layouts does not make each call look its plan up again.
+
+Where the compiled op serves torch.ops.mla_gen.merge_attn_states (mla_gen._ext), the plain
+merge_attn_states calls it first (``_compiled``) for the calls it can take, and comes here only
+for the others and for those it refused.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 naming a build of stub_driver.c: the compiled op (CPU tensors, the stand-in driver recording
 each launch) and the Python path (CPU tensors, launches recorded as conftest's cpu_launch does)
 take the same calls; each must launch the same kernel with the same grid and parameters, or
-refuse with the same "<kernel>: <problem>" text. Exits non-zero naming the first difference."""
+refuse with the same text. Exits non-zero naming every difference."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import torch
 
 import mla_gen
-from mla_gen import _cuda, _ext, _torch, manifest, ops
+from mla_gen import _cuda, _ext, _torch, ops
 
 assert ops.compiled, f"the compiled op did not load: {_ext.reason}"
 stub = ctypes.CDLL(os.environ["MLA_GEN_LIBCUDA"])
@@ -105,17 +105,25 @@ cases = {
                                     transform=lambda a: a[:4] + [a[4].to(torch.float16)] + a[5:]),
     "output overlaps prefix": case(4, 2, 128, torch.bfloat16, transform=lambda a: [a[2]] + a[1:]),
     "lse token-major": case(8, 4, 128, torch.bfloat16, lse_tm=True),
+    "output_scale without an fp8 kernel": case(4, 2, 128, torch.bfloat16,
+                                               transform=lambda a: a[:7] + [torch.ones(1)] + a[8:]),
+    "one start location": case(4, 2, 128, torch.bfloat16,
+                               transform=lambda a: a[:8] + [torch.tensor([0, 4], dtype=torch.int32), None]),
+    "start locations without a _ctxmask kernel": case(
+        4, 2, 128, torch.bfloat16, transform=lambda a: a[:8] + [torch.tensor([0, 4], dtype=torch.int32)] * 2),
+    "f16 lse": case(4, 2, 128, torch.bfloat16, transform=lambda a: a[:3] + [a[3].half()] + a[4:]),
+    "output of two dims": case(4, 2, 128, torch.bfloat16, out=lambda T, H, D: torch.empty(T, H * D, dtype=torch.bfloat16)),
     "misaligned output": case(4, 2, 128, torch.bfloat16,
                               out=lambda T, H, D: torch.empty(T * H * D + 1, dtype=torch.bfloat16)[1:].view(T, H, D)),
 }
 
+NO_KERNEL = "no generated merge_attn_states kernel for "
 failures = []
 for name, args in cases.items():
     c, p = compiled_call(args), python_call(args)
     if c[0] == "error" and p[0] == "error":
-        # The same contract text where the launcher refused; the Python path's own checks
-        # (layouts, dtypes, selection) are matched in substance: both refuse.
-        if ": " in p[1] and p[1].split(": ")[0] in {k["name"] for k in manifest.load()["kernels"]} and c[1] != p[1]:
+        # The same text, but where no kernel serves: each names its own folder.
+        if c[1] != p[1] and not (c[1].startswith(NO_KERNEL) and p[1].startswith(NO_KERNEL)):
             failures.append(f"{name}: compiled says {c[1]!r}, Python {p[1]!r}")
     elif c != p:
         failures.append(f"{name}: compiled {c}, Python {p}")
