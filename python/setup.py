@@ -16,8 +16,10 @@ is found and says why not otherwise; ``1`` requires it; ``0`` never builds it) n
 
 - torch's headers, 2.10 or newer: ``$MLA_GEN_TORCH_INCLUDE`` (a ``torch/include``), else the
   torch installed in the environment being built for (found on disk, not imported, so pip's
-  build isolation does not hide it). Built with ``TORCH_TARGET_VERSION`` = 2.10 whatever the
-  headers' version, so the binary uses nothing a later torch added;
+  build isolation does not hide it). Built with ``TORCH_TARGET_VERSION`` = 2.10, so the binary
+  calls nothing a later torch added; it registers with the headers' ABI version, though, so it
+  serves that torch and later ones: scripts/build-wheel.sh builds against 2.10's for a wheel that
+  serves every torch >= 2.10, a plain ``pip install`` against the environment's own torch;
 - torch's libraries to link (only their names are recorded): ``$MLA_GEN_TORCH_LIB``, else that
   torch's ``lib/``;
 - the C launcher of the same kernels (``mla_kernels.{h,c}``): ``$MLA_GEN_C_LAUNCHER``, else
