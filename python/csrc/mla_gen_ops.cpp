@@ -22,7 +22,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
-#include <string>
 
 #include "cuda.h"  // driver/cuda.h: the driver through dlopen
 #include "mla_kernels.h"
