@@ -54,7 +54,8 @@ def _child(code_or_file, env_extra, cwd=None):
     pkg_parent = str(Path(mla_gen.__file__).resolve().parents[1])
     env["PYTHONPATH"] = pkg_parent + os.pathsep + env.get("PYTHONPATH", "")
     args = [sys.executable, str(code_or_file)] if isinstance(code_or_file, Path) else [sys.executable, "-c", code_or_file]
-    return subprocess.run(args, env=env, capture_output=True, text=True, cwd=cwd or str(HERE.parent), timeout=300)
+    # cwd: the imported package's parent, so that `-c` code imports that package (not python/'s)
+    return subprocess.run(args, env=env, capture_output=True, text=True, cwd=cwd or pkg_parent, timeout=300)
 
 
 def test_the_choice_is_reported():
@@ -87,6 +88,49 @@ def test_pure_python_is_chosen_when_asked_and_registers_the_same_schemas():
     pure = json.loads(_child(_SCHEMAS, {"MLA_GEN_PURE_PYTHON": "1"}).stdout)
     assert pure["compiled"] is False
     assert here["schemas"] == pure["schemas"]
+
+
+def test_a_torch_below_the_stable_abi_gets_the_python_path():
+    # torch 2.9 and older lack the stable ABI the op needs: the version decides before any load.
+    _need_compiled()
+    code = ("import torch\n"
+            "torch.__version__ = '2.9.1+cu128'\n"
+            "import mla_gen\n"
+            "from mla_gen import ops, _ext\n"
+            "assert not ops.compiled and 'predates' in _ext.reason, _ext.reason\n"
+            "assert _ext.loaded is None\n"
+            "print('python path ok')\n")
+    r = _child(code, {})
+    assert r.returncode == 0 and "python path ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_threads_share_the_compiled_op(tmp_path):
+    # Launches from many threads at once, each its own shapes: every one the Python path's kernel.
+    _need_compiled()
+    stub = tmp_path / "libcuda_stub.so"
+    subprocess.run([_gcc(), "-shared", "-fPIC", "-O1", str(HERE / "ext" / "stub_driver.c"), "-o", str(stub)],
+                   check=True)
+    code = ("import threading, torch, mla_gen\n"
+            "from mla_gen import ops\n"
+            "assert ops.compiled\n"
+            "errors = []\n"
+            "def work(k):\n"
+            "    D = (64, 128, 576)[k % 3]\n"
+            "    dt = (torch.float16, torch.bfloat16, torch.float32)[k % 3]\n"
+            "    o, p, s = (torch.zeros(k + 1, 2, D, dtype=dt) for _ in range(3))\n"
+            "    l = torch.zeros(2, k + 1)\n"
+            "    try:\n"
+            "        for n in range(200):\n"
+            "            torch.ops.mla_gen.merge_attn_states(o, None, p, l, s, l.clone(), n % (k + 2))\n"
+            "    except Exception as e:\n"
+            "        errors.append(repr(e))\n"
+            "ts = [threading.Thread(target=work, args=(k,)) for k in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\n"
+            "assert not errors, errors\n"
+            "assert mla_gen.stats()['launches'] >= 8 * 200 - 8\n"
+            "print('threads ok')\n")
+    r = _child(code, {"MLA_GEN_EXT_CPU": "1", "MLA_GEN_LIBCUDA": str(stub)})
+    assert r.returncode == 0 and "threads ok" in r.stdout, r.stdout + r.stderr
 
 
 def test_without_the_extension_file_the_python_path_serves(tmp_path):
