@@ -3,7 +3,7 @@
  * extension builds without a CUDA toolkit. The functions are pointers that driver.c fills from
  * libcuda.so.1 with dlopen at the first launch (never at import: the extension loads, and its ops
  * register, on machines without a GPU). Values and layouts are the CUDA driver API's (12.0+);
- * tests/test_extension_cpu.py compiles a check of them against a real cuda.h where one exists. */
+ * python/tests/test_extension_cpu.py compares them with a real cuda.h where one exists. */
 #ifndef MLA_GEN_DRIVER_CUDA_H
 #define MLA_GEN_DRIVER_CUDA_H
 
