@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# CI for the Python package, no GPU: build the wheel, install it into a fresh venv with torch,
-# check its package data (the wheel's manifest is generated/manifest.json, every file it names is
-# there), then run python/tests against the installed package: the contract table, op
-# registration, schemas and fake implementations on meta tensors, the vLLM routing, the torch
-# layer with the launch replaced. GPU tests skip. Prints pytest's summary; non-zero on failure.
+# CI for the Python package, no GPU: build the platform wheel (scripts/build-wheel.sh: kernels as
+# package data and the compiled op, cp39-abi3-manylinux), install it into a fresh venv with torch,
+# check its package data and metadata, then run python/tests against the installed package twice:
+# with the compiled op serving torch.ops.mla_gen.merge_attn_states (MLA_GEN_EXPECT_COMPILED: the
+# op must load; its CPU test drives it into a stand-in driver and compares every launch with the
+# Python path's) and with the pure-Python fallback (MLA_GEN_PURE_PYTHON=1). GPU tests skip. Then
+# .ci/torch-versions.sh: the same wheel under torch 2.10, the oldest it serves. Prints pytest's
+# summaries; non-zero on failure.
 #
 # torch: PyPI has no CPU-only torch for Linux x86_64; `pip install torch` brings the CUDA build
 # and its nvidia-* wheels (~3 GB download, 5.4 GB installed, ~1.5 min here). It runs on a machine
@@ -24,9 +27,13 @@ if ! "$TORCH_ENV/bin/python" -c 'import torch, pytest, numpy' 2>/dev/null; then
 fi
 "$TORCH_ENV/bin/python" -c 'import torch; print("torch", torch.__version__, "cuda available:", torch.cuda.is_available())'
 
-echo "== python: build the wheel (scripts/build-wheel.sh)"
+echo "== python: build the wheel (scripts/build-wheel.sh: the compiled op against torch 2.10's headers)"
 wheel="$(scripts/build-wheel.sh --out "$work/dist" | tail -n 1)"
 echo "$wheel"
+case "$(basename "$wheel")" in
+*-cp39-abi3-manylinux_*_x86_64.whl) ;;
+*) echo "not a cp39-abi3 manylinux x86_64 wheel: $wheel"; exit 1 ;;
+esac
 
 echo "== python: install into a fresh venv"
 # A venv without pip or setuptools of its own (they would shadow torch's requirements), torch
@@ -57,12 +64,32 @@ assert mla_gen.__version__ == repo["generator"]["version"], (mla_gen.__version__
 assert str(mla_gen.kernels_dir()) == str(kernels), mla_gen.kernels_dir()
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 assert not any(n.endswith(".cu") for n in names)
-print(f"1 passed, 0 failed: package data ({len(files)} kernel files, manifest equal to generated/manifest.json, version {mla_gen.__version__})")
+assert "mla_gen/_C.abi3.so" in names, "the compiled op is missing from the wheel"
+assert not any("libtorch" in n for n in names), "torch's libraries were copied into the wheel"
+meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+meta = zipfile.ZipFile(sys.argv[1]).read(meta).decode()
+for field in ("License-Expression: MIT OR Apache-2.0", "License-File: LICENSE-MIT", "License-File: LICENSE-APACHE",
+              "Requires-Python: >=3.9", "Requires-Dist: torch", "Classifier: Operating System :: POSIX :: Linux",
+              "Description-Content-Type: text/markdown"):
+    assert field in meta, f"METADATA lacks {field!r}"
+assert any(n.endswith("licenses/LICENSE-MIT") for n in names) and any(n.endswith("licenses/LICENSE-APACHE") for n in names)
+print(f"1 passed, 0 failed: package data ({len(files)} kernel files, manifest equal to generated/manifest.json, "
+      f"the compiled op, metadata, version {mla_gen.__version__})")
 PYEOF
 cargo_version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)"
 "$VPY" -c "import mla_gen, sys; v = mla_gen.__version__; sys.exit(0 if v == '$cargo_version' else f'mla_gen {v} != Cargo.toml $cargo_version')"
 
-echo "== python: pytest python/tests (installed package; GPU tests skip without a GPU)"
+echo "== python: pytest python/tests, the compiled op (installed package; GPU tests skip without a GPU)"
 cd "$work"  # so that python/ is not on sys.path: the tests import the installed package
-MLA_GEN_EXPECT_INSTALLED=1 "$VPY" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" 2>&1 | tail -n 25
-exit "${PIPESTATUS[0]}"
+status=0
+MLA_GEN_EXPECT_INSTALLED=1 MLA_GEN_EXPECT_COMPILED=1 "$VPY" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" 2>&1 \
+    | tail -n 25
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "== python: pytest python/tests, the pure-Python fallback (MLA_GEN_PURE_PYTHON=1)"
+MLA_GEN_EXPECT_INSTALLED=1 MLA_GEN_PURE_PYTHON=1 "$VPY" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" 2>&1 \
+    | tail -n 25
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+cd "$OLDPWD"
+echo "== python: the same wheel under torch 2.10 (.ci/torch-versions.sh)"
+.ci/torch-versions.sh "$wheel" || status=1
+exit "$status"

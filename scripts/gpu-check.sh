@@ -58,6 +58,8 @@ for l in sys.stdin:
     # The FP8 conversion both ways: the integer algorithm (compute_80 PTX) and the instruction (sm_90).
     .device/bin/mla-gen generate tests/gpu-fp8.toml --arch compute_80 --out .device/fp8-integer --quiet
     .device/bin/mla-gen generate tests/gpu-fp8.toml --arch sm_90 --out .device/fp8-instruction --quiet
+    # The platform wheel with the compiled op: python/gpu_checks.sh installs it there.
+    scripts/build-wheel.sh --out .device/wheel
     echo "built .device/ ($(du -sh .device | cut -f1)); run 'scripts/gpu-check.sh run' on the GPU machine with .device carried"
     ;;
 run)

@@ -17,7 +17,12 @@ parameter buffer, the context check, the ctypes call) into ``stub_libcuda.c``, c
 functions return at once: the package's whole host cost but the driver's. Works with any tree
 that opens "libcuda.so.1" (so it compares old and new trees alike).
 
-Usage: python3 python/bench/host_cost_stub.py [--calls N] [--rounds R] [--ctx-kernels DIR] [--driver-stub]
+With ``--compiled`` (implies --driver-stub; an installed wheel with the compiled op on
+PYTHONPATH) the compiled op is registered for CPU tensors too ($MLA_GEN_EXT_CPU) and calls the
+C launcher into the same stub: rows for it as the op and through the plain function, beside the
+Python path's.
+
+Usage: python3 python/bench/host_cost_stub.py [--calls N] [--rounds R] [--ctx-kernels DIR] [--driver-stub] [--compiled]
        (MLA_GEN_KERNELS: the folder for the plain calls; --ctx-kernels: the folder holding the
        _ctxmask kernels, e.g. the output of `mla-gen generate tests/gpu-ctxmask.toml`)
 """
@@ -49,6 +54,7 @@ def stub_driver(driver: bool = False):
     """What conftest's cpu_launch does, for a script: CPU tensors, no kernel loaded, launches
     dropped; with `driver`, launches go through _cuda.launch into the stub libcuda instead."""
     _torch._DEVICE_TYPE = "cpu"
+    _torch._compiled = None  # the Python path: the compiled op takes CUDA tensors
     _cuda.kernel = lambda folder, meta: _FakeKernel()
     _cuda.primary_context = lambda device: 0xC0
     _torch._stream = lambda device: 0x7F00C0DE0000
@@ -87,7 +93,7 @@ def floor_op():
 _STUB_DIR = "MLA_GEN_STUB_LIBCUDA_DIR"
 
 
-def _reexec_with_stub_driver():
+def _reexec_with_stub_driver(compiled: bool = False):
     """Compile stub_libcuda.c as libcuda.so.1 into a temporary folder and rerun this script with
     that folder first on LD_LIBRARY_PATH (the loader reads it at process start only)."""
     import shutil
@@ -100,6 +106,8 @@ def _reexec_with_stub_driver():
     subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", os.path.join(d, "libcuda.so.1"),
                     str(Path(__file__).with_name("stub_libcuda.c"))], check=True)
     env = dict(os.environ, **{_STUB_DIR: d, "LD_LIBRARY_PATH": d + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")})
+    if compiled:  # read by the compiled op as it loads
+        env.update(MLA_GEN_EXT_CPU="1", MLA_GEN_LIBCUDA=os.path.join(d, "libcuda.so.1"))
     os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
 
@@ -109,9 +117,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--ctx-kernels", default=None, help="a kernel folder with _ctxmask kernels")
     ap.add_argument("--driver-stub", action="store_true", help="launch through ctypes into a stub libcuda")
+    ap.add_argument("--compiled", action="store_true", help="also the compiled op, on CPU tensors, into the stub")
     args = ap.parse_args()
+    args.driver_stub |= args.compiled
     if args.driver_stub and _STUB_DIR not in os.environ:
-        _reexec_with_stub_driver()
+        _reexec_with_stub_driver(args.compiled)
+    compiled = mla_gen._torch._compiled
+    if args.compiled and compiled is None:
+        sys.exit(f"--compiled: this mla_gen's compiled op is not in use ({mla_gen._ext.reason})")
     stub_driver(args.driver_stub)
     T, H, D = 1, 1, 128
     bf = torch.bfloat16
@@ -171,6 +184,21 @@ def main():
         return time.perf_counter() - t0
 
     timers = {name: (lambda calls, fn=fn: loop(fn, calls)) for name, fn in cases.items()}
+    if args.compiled:
+        cop = torch.ops.mla_gen.merge_attn_states
+        timers["compiled op, packet: no output_lse, threshold"] = lambda calls: loop(
+            lambda: cop(out, None, p, pl, s, sl, 1), calls)
+        timers["compiled op, packet: output_lse, threshold"] = lambda calls: loop(
+            lambda: cop(out, ol, p, pl, s, sl, 1), calls)
+
+        def through_compiled(calls):  # the plain function with its compiled entry in place
+            _torch._compiled = compiled
+            try:
+                return loop(lambda: f(out, p, pl, s, sl, None, 1), calls)
+            finally:
+                _torch._compiled = None
+
+        timers["plain -> compiled: no output_lse, threshold"] = through_compiled
     if args.ctx_kernels:
         timers["ctxmask: output_lse, threshold, start locations"] = in_ctx_folder(
             lambda: f(out, p, pl, s, sl, ol, 1, query_start_loc=qsl, context_start_loc=csl))

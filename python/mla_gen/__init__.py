@@ -52,8 +52,9 @@ def stats() -> dict:
     ever), ``launches``, ``plans`` (full checks that built a per-layout plan), ``fallbacks``
     (calls mla_gen.vllm handed back to vLLM). A new threshold value is an argument: it shows as a
     launch, never as a load or a plan."""
-    from . import _cuda
+    from . import _cuda, _ext
     out = dict(_cuda.stats)
+    out["launches"] += _ext.launches()  # the compiled op's
     try:
         from . import _plan
         out["plans"] = _plan.stats["plans"]

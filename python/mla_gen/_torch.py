@@ -14,6 +14,10 @@ Where a call finds its plan, fastest first:
 Anything off on the way down reruns the full check, so every error is the full check's. The
 plain merge_attn_states and its operator share one fast path (``_merge``), each with its own slot,
 so that code calling both with different layouts does not make each call look its plan up again.
+
+Where the compiled op serves torch.ops.mla_gen.merge_attn_states (mla_gen._ext), the plain
+merge_attn_states calls it first (``_compiled``) for the calls it can take, and comes here only
+for the others and for those it refused.
 """
 
 from __future__ import annotations
@@ -118,6 +122,10 @@ def _slotted(slot, kind, options, tensors, free):
 # (torch.ops.mla_gen.merge_attn_states), the function's with the start locations (a plan per
 # (T, B), reused while they stay). The plan stays at [2]: python/bench/host_cost.py reads it.
 _last_pair = [None, None, None, None]
+# The compiled op's entry (torch.ops.mla_gen.merge_attn_states in C++, set by ops.py where it
+# loaded), which the plain function calls for the calls it serves: head-major lse, the package's
+# own kernels ($MLA_GEN_KERNELS unset).
+_compiled = None
 _last_pair_op = [None, None, None, None]
 _last_ctx = [None, None, None, None]
 
@@ -166,6 +174,12 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
         return _merge_other(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
                             prefill_tokens_with_context, output_scale, output_group_scales, ue8m0, lse_layout,
                             query_start_loc, context_start_loc)
+    if _compiled is not None and lse_layout == "head_major" and _env_get(_ENV_KEY) is None:
+        try:
+            return _compiled(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                             prefill_tokens_with_context, output_scale)
+        except (RuntimeError, TypeError):
+            pass  # nothing launched: the Python path below raises the typed error (or serves the call)
     _merge(_last_pair, lse_layout, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
            output_scale, prefill_tokens_with_context)
 

@@ -2,7 +2,9 @@
 dispatches through torch.ops. Registered once, at import, with
 ``torch.library.Library("mla_gen", "DEF")`` define/impl (not the @custom_op decorator, which
 costs 12-19 us a call); each op has a fake (meta) implementation, so torch.compile traces it
-and meta tensors run it. The plain functions in ``mla_gen`` stay the fast path (no dispatcher).
+and meta tensors run it. Where the package has its compiled op (mla_gen._ext: C++ on the
+LibTorch stable ABI), that implements ``merge_attn_states`` for CUDA instead of Python, and the
+plain function calls it too; ``compiled`` says which.
 
 - ``merge_attn_states``: vLLM's schema, ``torch.ops._C.merge_attn_states``'s arguments, then
   ``query_start_loc``, ``context_start_loc`` (both or neither: the fused empty-context mask).
@@ -109,10 +111,12 @@ FAKES["merge_attn_states"] = _fake_merge_attn_states
 FAKES["merge_attn_states_fp8_group"] = _fake_merge_attn_states_fp8_group
 
 _lib = None
+# Whether the compiled op (mla_gen._ext) implements merge_attn_states for CUDA in this process.
+compiled = False
 
 
 def _register():
-    global _lib
+    global _lib, compiled
     if _lib is not None:
         return
     try:
@@ -124,12 +128,22 @@ def _register():
     register_fake = getattr(torch.library, "register_fake", None)
     for name, schema in SCHEMAS.items():
         lib.define(schema)
-        lib.impl(name, IMPLS[name], "CUDA")
+    # The schemas first: the compiled op registers its implementation as it loads.
+    from . import _ext
+    compiled = _ext.load()
+    for name in SCHEMAS:
+        if not (compiled and name == "merge_attn_states"):
+            lib.impl(name, IMPLS[name], "CUDA")
         if register_fake is not None:
             register_fake(f"{NAMESPACE}::{name}", FAKES[name], lib=lib)
         else:  # torch < 2.4
             torch.library.impl_abstract(f"{NAMESPACE}::{name}", FAKES[name], lib=lib)
     _lib = lib  # the ops live as long as this object
+    if compiled:
+        # The plain function calls the same compiled entry (the overload's C++ callable: no
+        # Python frame of OpOverload.__call__ in between).
+        overload = torch.ops.mla_gen.merge_attn_states.default
+        _t._compiled = getattr(overload, "_op", overload)
 
 
 _register()

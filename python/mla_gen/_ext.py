@@ -1,0 +1,74 @@
+"""The compiled op, chosen at import: ``mla_gen/_C.abi3.so`` (python/csrc, built by setup.py
+against the LibTorch stable ABI) implements ``torch.ops.mla_gen.merge_attn_states`` for CUDA in
+C++, through the generated C launcher with the package's kernels built in.
+
+It is used where it loads; otherwise the Python implementation of today serves the op. Why not
+(``reason``): no such file (a pure-Python wheel: another platform, or built without torch >=
+2.10's headers), torch older than 2.10 (before the stable ABI), torch without CUDA (no
+libtorch_cuda), ``$MLA_GEN_PURE_PYTHON`` set, or ``$MLA_GEN_KERNELS`` set at import (the
+compiled op serves only the kernels built into it, the Python path any folder).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from pathlib import Path
+
+import torch
+
+MIN_TORCH = (2, 10)
+
+loaded: Path | None = None  # the library, once loaded
+reason = "not tried"  # why the Python implementation serves the op
+_counter = None
+
+
+def _torch_version() -> tuple:
+    m = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def candidate():
+    """The compiled op's file in the package, or None."""
+    files = sorted(Path(__file__).parent.glob("_C.*so"))
+    return files[0] if files else None
+
+
+def load() -> bool:
+    """Load the compiled op (once): its CUDA implementation of merge_attn_states registers as
+    the library loads. Call after the schemas are defined. False with ``reason`` set where the
+    Python implementation is to serve."""
+    global loaded, reason, _counter
+    if loaded is not None:
+        return True
+    if os.environ.get("MLA_GEN_PURE_PYTHON", "") not in ("", "0"):
+        reason = "MLA_GEN_PURE_PYTHON is set"
+        return False
+    if os.environ.get("MLA_GEN_KERNELS"):
+        reason = "MLA_GEN_KERNELS is set: the compiled op serves only the kernels built into it"
+        return False
+    path = candidate()
+    if path is None:
+        reason = "the package has no compiled op (a pure-Python wheel)"
+        return False
+    if _torch_version() < MIN_TORCH:
+        reason = f"torch {torch.__version__} predates the stable ABI the compiled op needs (2.10)"
+        return False
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as e:
+        reason = f"the compiled op did not load: {e}"
+        return False
+    try:
+        _counter = ctypes.c_uint64.in_dll(ctypes.CDLL(str(path)), "mla_gen_ext_launches")
+    except (OSError, ValueError):
+        _counter = None
+    loaded, reason = path, None
+    return True
+
+
+def launches() -> int:
+    """Calls of the compiled op that launched (or had nothing to launch)."""
+    return 0 if _counter is None else int(_counter.value)

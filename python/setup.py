@@ -1,0 +1,318 @@
+"""Build of the mla_gen wheel (setuptools; the project's metadata is in pyproject.toml).
+
+The wheel holds the ``mla_gen`` package, its kernels as package data (``mla_gen/kernels/``:
+``manifest.json`` and every PTX and CUBIN it names, sha256-checked here) and, where it can be
+built, the compiled op ``mla_gen/_C.abi3.so``: host code only (C++ against the LibTorch stable
+ABI, torch >= 2.10, and the generated C launcher), no CUDA toolkit, so one binary serves every
+torch from 2.10 and every Python from 3.9. Without it the wheel is pure Python and the package
+registers its ops in Python, as before.
+
+Kernels: ``$MLA_GEN_WHEEL_KERNELS``, else ``mla_gen/kernels/`` in the source tree (an sdist),
+else ``../generated/`` (the repository's default-spec kernels). ``$MLA_GEN_WHEEL_LOCAL`` adds a
+local version label (``0.1.0+LABEL``).
+
+The compiled op (``$MLA_GEN_EXTENSION``: ``auto``, the default, builds it where everything below
+is found and says why not otherwise; ``1`` requires it; ``0`` never builds it) needs:
+
+- torch's headers, 2.10 or newer: ``$MLA_GEN_TORCH_INCLUDE`` (a ``torch/include``), else the
+  torch installed in the environment being built for (found on disk, not imported, so pip's
+  build isolation does not hide it). Built with ``TORCH_TARGET_VERSION`` = 2.10, so the binary
+  calls nothing a later torch added; it registers with the headers' ABI version, though, so it
+  serves that torch and later ones: scripts/build-wheel.sh builds against 2.10's for a wheel that
+  serves every torch >= 2.10, a plain ``pip install`` against the environment's own torch;
+- torch's libraries to link (only their names are recorded): ``$MLA_GEN_TORCH_LIB``, else that
+  torch's ``lib/``;
+- the C launcher of the same kernels (``mla_kernels.{h,c}``): ``$MLA_GEN_C_LAUNCHER``, else
+  ``mla_gen_c/`` in the source tree (an sdist), else generated with the mla-gen binary
+  (``$MLA_GEN_BIN``, ``../target/{release,debug}/mla-gen``, or ``mla-gen`` on PATH; it needs
+  NVRTC) and used only if the kernels it embeds are byte for byte the packaged ones;
+- a C and C++ compiler, on Linux.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
+
+ROOT = Path(__file__).resolve().parent  # python/
+PACKAGE = "mla_gen"
+TORCH_TARGET = (2, 10)  # the oldest torch with the stable ABI this extension uses
+
+
+def version() -> str:
+    text = (ROOT / PACKAGE / "_version.py").read_text()
+    v = re.search(r'__version__\s*=\s*"([^"]+)"', text).group(1)
+    local = os.environ.get("MLA_GEN_WHEEL_LOCAL", "").strip()
+    if local:
+        if not re.fullmatch(r"[A-Za-z0-9]+(\.[A-Za-z0-9]+)*", local):
+            raise ValueError(f"MLA_GEN_WHEEL_LOCAL={local!r} is not a local version label")
+        v += "+" + local
+    return v
+
+
+# ---- the kernels, as package data ----
+
+def kernels_folder() -> Path:
+    env = os.environ.get("MLA_GEN_WHEEL_KERNELS")
+    candidates = [Path(env)] if env else [ROOT / PACKAGE / "kernels", ROOT.parent / "generated"]
+    for c in candidates:
+        if (c / "manifest.json").is_file():
+            return c
+    raise FileNotFoundError("no kernels to package: none of " + ", ".join(str(c) for c in candidates)
+                            + " has a manifest.json (run `mla-gen generate`, or set MLA_GEN_WHEEL_KERNELS)")
+
+
+def kernel_files(folder: Path) -> list:
+    """manifest.json and every PTX/CUBIN it names, each checked against its sha256."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if manifest.get("schema_version") != 2:
+        raise ValueError(f"{folder}/manifest.json has schema_version {manifest.get('schema_version')}, "
+                         "this package reads 2")
+    files = ["manifest.json"]
+    for k in manifest["kernels"]:
+        for a in k["archs"]:
+            for kind in ("ptx", "cubin"):
+                entry = a.get(kind)
+                if not entry:
+                    continue
+                data = (folder / entry["file"]).read_bytes()
+                if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+                    raise ValueError(f"{folder / entry['file']}: sha256 differs from manifest.json (regenerate)")
+                files.append(entry["file"])
+    return files
+
+
+def copy_kernels(dest: Path):
+    folder = kernels_folder()
+    if folder.resolve() == dest.resolve():
+        return
+    shutil.rmtree(dest, ignore_errors=True)
+    for rel in kernel_files(folder):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(folder / rel, dest / rel)
+
+
+class BuildPy(build_py):
+    def run(self):
+        super().run()
+        copy_kernels(Path(self.build_lib) / PACKAGE / "kernels")
+
+
+# ---- the compiled op ----
+
+def _say(msg: str):
+    print(f"mla_gen build: {msg}", file=sys.stderr, flush=True)
+
+
+def _torch_root():
+    """A torch installed in the environment being built for (its folder), found without importing."""
+    seen = []
+    for key in ("purelib", "platlib"):
+        seen.append(Path(sysconfig.get_paths()[key]))
+    seen += [Path(p) for p in sys.path if p]
+    for base in seen:
+        if (base / "torch" / "include" / "torch" / "csrc" / "stable" / "library.h").is_file():
+            return base / "torch"
+    return None
+
+
+def _torch_version(include: Path):
+    text = (include / "torch" / "headeronly" / "version.h")
+    if not text.is_file():
+        return None
+    t = text.read_text()
+    major = re.search(r"#define TORCH_VERSION_MAJOR (\d+)", t)
+    minor = re.search(r"#define TORCH_VERSION_MINOR (\d+)", t)
+    return (int(major.group(1)), int(minor.group(1))) if major and minor else None
+
+
+def _mla_gen_binary():
+    env = os.environ.get("MLA_GEN_BIN")
+    if env:
+        return env
+    for c in (ROOT.parent / "target" / "release" / "mla-gen", ROOT.parent / "target" / "debug" / "mla-gen"):
+        if c.is_file():
+            return str(c)
+    return shutil.which("mla-gen")
+
+
+def _c_launcher(work: Path):
+    """A folder with mla_kernels.{h,c} for the packaged kernels, or (None, why not)."""
+    env = os.environ.get("MLA_GEN_C_LAUNCHER")
+    if env:
+        return (Path(env), None) if (Path(env) / "mla_kernels.c").is_file() else (None, f"{env} has no mla_kernels.c")
+    shipped = ROOT / "mla_gen_c"
+    if (shipped / "mla_kernels.c").is_file():
+        return shipped, None
+    binary = _mla_gen_binary()
+    if binary is None:
+        return None, "no C launcher: no mla-gen binary (cargo build --release), and MLA_GEN_C_LAUNCHER unset"
+    folder = kernels_folder()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if manifest["spec"]["source"] != "<embedded default spec>":
+        return None, (f"no C launcher: {folder} was generated from {manifest['spec']['source']}; generate it with "
+                      "`mla-gen generate SPEC --out DIR --emit c` and set MLA_GEN_C_LAUNCHER=DIR/c")
+    out = work / "gen"
+    r = subprocess.run([binary, "generate", "--out", str(out), "--emit", "c", "--quiet"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, f"`{binary} generate --emit c` failed: {r.stderr.strip()[-2000:]}"
+    # The launcher embeds its own images: they must be the packaged ones.
+    for rel in kernel_files(folder):
+        if (out / rel).read_bytes() != (folder / rel).read_bytes():
+            return None, (f"the C launcher generated here differs from {folder} ({rel}): another NVRTC than the "
+                          "one that generated the kernels (scripts/install-nvrtc.sh installs the pinned one)")
+    return out / "c", None
+
+
+def _table(launcher_dir: Path, dest: Path):
+    """mla_gen_table.h: each merge_attn_states kernel a call can name, with what selects it, and
+    the argument fields only some folders have."""
+    manifest = json.loads((kernels_folder() / "manifest.json").read_text())
+    reached = set()
+    for k in manifest["kernels"]:
+        rule = k["launch"].get("size_rule") or {}
+        reached.update(r["kernel"] for r in rule.get("ranges", []))
+        reached.update(k["launch"].get("specializations", []))
+    dtypes = {"f16": "F16", "bf16": "BF16", "f32": "F32"}
+    rows = []
+    for k in manifest["kernels"]:
+        v = k["variant"]
+        if (v.get("family") != "merge_attn_states" or k["name"] in reached or v.get("rows_below") is not None
+                or v.get("output") not in ("same", "fp8_e4m3") or v.get("dtype") not in dtypes):
+            continue
+        rows.append(f'    {{"{k["name"]}", {dtypes[v["dtype"]]}, {v["head_size"]}, {int(v["output"] == "fp8_e4m3")}, '
+                    f'{int(v.get("lse_layout") == "token_major")}, {int(bool(v.get("output_lse")))}, '
+                    f'{int(bool(v.get("prefix_threshold")))}, {int(bool(v.get("mask_empty_context")))}, '
+                    f'{int(bool(v.get("pdl")))}, &mla_{k["name"]}}},')
+    if not rows:
+        rows.append('    {"", -1, 0, 0, 0, 0, 0, 0, 0, nullptr},')  # no merge kernel: every call is refused
+    header = (launcher_dir / "mla_kernels.h").read_text()
+    struct = re.search(r"typedef struct mla_merge_attn_states_args \{(.*?)\} mla_merge_attn_states_args;", header, re.S)
+    fields = set(re.findall(r"(\w+);", struct.group(1))) if struct else set()
+    sets = []
+    for name, view in (("output_scale", "scale"), ("query_start_loc", "qsl"), ("context_start_loc", "csl")):
+        if name in fields:
+            sets.append(f"if ({view}.h) {{ a.{name} = (decltype(a.{name}))(uintptr_t){view}.addr; "
+                        f"a.{name}_numel = {view}.span; }}")
+    if "num_requests" in fields:
+        sets.append("if (qsl.h) a.num_requests = B;")
+    label = f"{PACKAGE}'s compiled kernels ({manifest['spec']['source']})"
+    text = ("/* Written by python/setup.py from the packaged manifest.json. */\n"
+            "static const Entry kEntries[] = {\n" + "\n".join(rows) + "\n};\n"
+            f"static const char kKernelsLabel[] = {json.dumps(label)};\n"
+            "#define MLA_GEN_SET_OPTIONAL_FIELDS(a) " + " ".join(sets) + "\n")
+    (dest / "mla_gen_table.h").write_text(text)
+
+
+def extension_plan():
+    """(Extension, None) where the compiled op can be built, else (None, why not)."""
+    if not sys.platform.startswith("linux"):
+        return None, f"the compiled op is built on Linux only (this is {sys.platform})"
+    root = _torch_root()
+    include = Path(os.environ["MLA_GEN_TORCH_INCLUDE"]) if os.environ.get("MLA_GEN_TORCH_INCLUDE") else (
+        root / "include" if root else None)
+    if include is None or not (include / "torch" / "csrc" / "stable" / "library.h").is_file():
+        return None, "no torch headers with the stable ABI (torch >= 2.10 installed, or MLA_GEN_TORCH_INCLUDE)"
+    tv = _torch_version(include)
+    if tv is None or tv < TORCH_TARGET:
+        return None, f"torch headers in {include} are {tv}, the stable ABI needs >= 2.10"
+    lib = Path(os.environ["MLA_GEN_TORCH_LIB"]) if os.environ.get("MLA_GEN_TORCH_LIB") else (root / "lib" if root else None)
+    if lib is None or not (lib / "libtorch_cpu.so").is_file() or not (lib / "libtorch_cuda.so").is_file():
+        return None, f"no libtorch_cpu.so and libtorch_cuda.so in {lib} (a CUDA build of torch, or MLA_GEN_TORCH_LIB)"
+    work = Path(tempfile.mkdtemp(prefix="mla_gen_build_"))
+    launcher, why = _c_launcher(work)
+    if launcher is None:
+        return None, why
+    _table(launcher, work)
+    csrc = ROOT / "csrc"
+    sources = [csrc / "mla_gen_ops.cpp", csrc / "driver" / "driver.c", launcher / "mla_kernels.c"]
+    ext = Extension(
+        f"{PACKAGE}._C",
+        sources=[os.path.relpath(s, ROOT) if str(s).startswith(str(ROOT)) else str(s) for s in sources],
+        # driver/ first: its cuda.h stands in for the toolkit's
+        include_dirs=[str(csrc / "driver"), str(launcher), str(work), str(include)],
+        library_dirs=[str(lib)],
+        libraries=["torch_cpu", "torch_cuda", "dl"],  # libdl: where glibc < 2.34 has dlopen
+        define_macros=[("TORCH_TARGET_VERSION", "0x020a000000000000"), ("Py_LIMITED_API", "0x03090000")],
+        extra_compile_args=["-O2", "-fvisibility=hidden", "-fno-strict-aliasing"],
+        extra_link_args=["-Wl,--no-as-needed", "-Wl,-z,defs", "-Wl,--allow-shlib-undefined"],
+        py_limited_api=True,
+    )
+    _say(f"building the compiled op against torch {tv[0]}.{tv[1]} headers ({include}), targeting 2.10; "
+         f"C launcher from {launcher}")
+    return ext, None
+
+
+class BuildExt(build_ext):
+    def build_extension(self, ext):
+        # C++17 for the .cpp only (gcc refuses -std=c++17 for C files)
+        original = self.compiler._compile
+
+        def compile_one(obj, src, ext_, cc_args, extra_postargs, pp_opts):
+            extra = list(extra_postargs) + (["-std=c++17"] if src.endswith(".cpp") else ["-std=gnu11"])
+            return original(obj, src, ext_, cc_args, extra, pp_opts)
+
+        self.compiler._compile = compile_one
+        try:
+            super().build_extension(ext)
+        finally:
+            self.compiler._compile = original
+
+    def get_export_symbols(self, ext):
+        return []  # a torch library, not a Python module: no PyInit_ to export
+
+
+class Sdist(sdist):
+    """The source archive carries the kernels (mla_gen/kernels/) and, where it could be made, the
+    C launcher (mla_gen_c/), so that it builds the same wheel without the repository."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        copy_kernels(Path(base_dir) / PACKAGE / "kernels")
+        work = Path(tempfile.mkdtemp(prefix="mla_gen_sdist_"))
+        launcher, why = _c_launcher(work) if MODE != "0" else (None, "MLA_GEN_EXTENSION=0")
+        if launcher is not None:
+            dest = Path(base_dir) / "mla_gen_c"
+            dest.mkdir(exist_ok=True)
+            for f in ("mla_kernels.h", "mla_kernels.c"):
+                shutil.copyfile(launcher / f, dest / f)
+        else:
+            _say(f"the sdist has no C launcher: {why}")
+
+
+MODE = os.environ.get("MLA_GEN_EXTENSION", "auto").strip().lower() or "auto"
+if MODE not in ("auto", "0", "1"):
+    raise SystemExit(f"MLA_GEN_EXTENSION={MODE!r}: use auto, 1 or 0")
+
+ext_modules = []
+options = {}
+# Only when building: metadata queries (egg_info, dist_info, sdist) need no compiler or torch.
+if MODE != "0" and any(c in sys.argv for c in ("bdist_wheel", "build", "build_ext", "install", "editable_wheel")):
+    ext, why = extension_plan()
+    if ext is not None:
+        ext_modules = [ext]
+        options["bdist_wheel"] = {"py_limited_api": "cp39"}
+    elif MODE == "1":
+        raise SystemExit(f"mla_gen build: MLA_GEN_EXTENSION=1 but the compiled op cannot be built: {why}")
+    else:
+        _say(f"pure-Python wheel (the ops registered in Python): {why}")
+
+setup(
+    version=version(),
+    ext_modules=ext_modules,
+    cmdclass={"build_py": BuildPy, "build_ext": BuildExt, "sdist": Sdist},
+    options=options,
+)

@@ -1,0 +1,50 @@
+/* A stand-in libcuda.so.1 for python/tests/test_extension_cpu.py: the driver functions the
+ * compiled op opens (python/csrc/driver/cuda.h), on no GPU. One device of compute capability
+ * 9.0 whose primary context is always current; a kernel's handle is its name, so each launch
+ * records which kernel ran, its grid, block and parameters (8 bytes each; the launcher ends the
+ * array with NULL), in the exported globals below, read by the test with ctypes. */
+#include <string.h>
+
+typedef int CUresult;
+int stub_launches, stub_grid[2], stub_block, stub_nparams, stub_loads;
+long long stub_params[32];
+char stub_kernel[256];
+
+CUresult cuGetErrorName(CUresult r, const char** name) { (void)r; *name = "CUDA_ERROR_STUB"; return 0; }
+/* The few more the Python path opens, so that both paths can share this driver in one process. */
+CUresult cuInit(unsigned flags) { (void)flags; return 0; }
+CUresult cuGetErrorString(CUresult r, const char** s) { (void)r; *s = "stub driver"; return 0; }
+CUresult cuDeviceGet(int* d, int ordinal) { *d = ordinal; return 0; }
+CUresult cuCtxGetDevice(int* d) { *d = 0; return 0; }
+CUresult cuCtxGetCurrent(void** c) { *c = (void*)0xC0; return 0; }
+CUresult cuCtxPushCurrent_v2(void* c) { (void)c; return 0; }
+CUresult cuCtxPopCurrent_v2(void** c) { *c = (void*)0xC0; return 0; }
+CUresult cuDevicePrimaryCtxRetain(void** c, int d) { (void)d; *c = (void*)0xC0; return 0; }
+CUresult cuDeviceGetAttribute(int* v, int attr, int d) { (void)d; *v = attr == 75 ? 9 : 0; return 0; }
+CUresult cuLibraryLoadData(void** lib, const void* code, void* a, void* b, unsigned c, void* e, void* f,
+                           unsigned g) {
+    (void)code; (void)a; (void)b; (void)c; (void)e; (void)f; (void)g;
+    *lib = (void*)0x1000;
+    stub_loads++;
+    return 0;
+}
+CUresult cuLibraryGetKernel(void** k, void* lib, const char* name) { (void)lib; *k = (void*)name; return 0; }
+CUresult cuLibraryUnload(void* lib) { (void)lib; return 0; }
+static CUresult record(void* f, unsigned gx, unsigned gy, unsigned bx, void** params) {
+    /* a handle below 64K is not a name (a test's fake function, e.g. the Python path's 0xF00) */
+    strncpy(stub_kernel, (unsigned long)f < 0x10000 ? "?" : (const char*)f, sizeof stub_kernel - 1);
+    stub_grid[0] = (int)gx; stub_grid[1] = (int)gy; stub_block = (int)bx;
+    for (stub_nparams = 0; stub_nparams < 32 && params[stub_nparams]; ++stub_nparams)
+        stub_params[stub_nparams] = *(long long*)params[stub_nparams];
+    stub_launches++;
+    return 0;
+}
+CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shmem, void* s, void** params, void** extra) {
+    (void)gz; (void)by; (void)bz; (void)shmem; (void)s; (void)extra;
+    return record(f, gx, gy, bx, params);
+}
+CUresult cuLaunchKernelEx(const unsigned* config, void* f, void** params, void** extra) {
+    (void)extra;
+    return record(f, config[0], config[1], config[3], params);
+}

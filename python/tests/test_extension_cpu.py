@@ -1,0 +1,188 @@
+"""The compiled op (mla_gen/_C.abi3.so) and the choice between it and the Python implementation,
+without a GPU.
+
+- Where the imported package has the compiled op: in a child process with a stand-in driver
+  (ext/stub_driver.c) and the op also registered for CPU tensors ($MLA_GEN_EXT_CPU), every call
+  of ext/compare_cpu.py launches what the Python path launches (kernel, grid, parameters) or is
+  refused by both; and the package falls back to Python with the file removed or
+  $MLA_GEN_PURE_PYTHON set.
+- Always: the ops' schemas are the same whichever implementation serves them, and the driver
+  stand-in header (python/csrc/driver/cuda.h) agrees with a real cuda.h where one is found.
+
+Without a compiled op these skip, unless $MLA_GEN_EXPECT_COMPILED=1 (CI's installed wheel),
+where they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import mla_gen  # noqa: E402
+from mla_gen import _ext, ops  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+CSRC = HERE.parents[0] / "csrc"
+EXPECT = os.environ.get("MLA_GEN_EXPECT_COMPILED", "") not in ("", "0")
+
+
+def _need_compiled():
+    if _ext.candidate() is None:
+        if EXPECT:
+            pytest.fail("MLA_GEN_EXPECT_COMPILED is set, but the package has no compiled op")
+        pytest.skip("this mla_gen has no compiled op (a pure-Python build)")
+
+
+def _gcc():
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        pytest.skip("no C compiler")
+    return gcc
+
+
+def _child(code_or_file, env_extra, cwd=None):
+    env = dict(os.environ)
+    for name in ("MLA_GEN_KERNELS", "MLA_GEN_PURE_PYTHON"):  # the child chooses as a plain import would
+        env.pop(name, None)
+    env.update(env_extra)
+    pkg_parent = str(Path(mla_gen.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = pkg_parent + os.pathsep + env.get("PYTHONPATH", "")
+    args = [sys.executable, str(code_or_file)] if isinstance(code_or_file, Path) else [sys.executable, "-c", code_or_file]
+    # cwd: the imported package's parent, so that `-c` code imports that package (not python/'s)
+    return subprocess.run(args, env=env, capture_output=True, text=True, cwd=cwd or pkg_parent, timeout=300)
+
+
+def test_the_choice_is_reported():
+    # ops.compiled and _ext.reason say which implementation serves torch.ops.mla_gen.merge_attn_states.
+    assert ops.compiled == (_ext.loaded is not None)
+    assert ops.compiled or _ext.reason
+    if EXPECT:
+        assert ops.compiled, _ext.reason
+
+
+def test_compiled_op_launches_what_the_python_path_launches(tmp_path):
+    _need_compiled()
+    stub = tmp_path / "libcuda_stub.so"
+    subprocess.run([_gcc(), "-shared", "-fPIC", "-O1", str(HERE / "ext" / "stub_driver.c"), "-o", str(stub)],
+                   check=True)
+    r = _child(HERE / "ext" / "compare_cpu.py", {"MLA_GEN_EXT_CPU": "1", "MLA_GEN_LIBCUDA": str(stub)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cases agree" in r.stdout
+
+
+_SCHEMAS = ("import torch, mla_gen, json\n"
+            "from mla_gen import ops\n"
+            "print(json.dumps({'compiled': ops.compiled, 'schemas': {n: str(getattr(torch.ops.mla_gen, n).default._schema)"
+            " for n in ops.SCHEMAS}}))\n")
+
+
+def test_pure_python_is_chosen_when_asked_and_registers_the_same_schemas():
+    import json
+    here = json.loads(_child(_SCHEMAS, {}).stdout)
+    pure = json.loads(_child(_SCHEMAS, {"MLA_GEN_PURE_PYTHON": "1"}).stdout)
+    assert pure["compiled"] is False
+    assert here["schemas"] == pure["schemas"]
+
+
+def test_a_torch_below_the_stable_abi_gets_the_python_path():
+    # torch 2.9 and older lack the stable ABI the op needs: the version decides before any load.
+    _need_compiled()
+    code = ("import torch\n"
+            "torch.__version__ = '2.9.1+cu128'\n"
+            "import mla_gen\n"
+            "from mla_gen import ops, _ext\n"
+            "assert not ops.compiled and 'predates' in _ext.reason, _ext.reason\n"
+            "assert _ext.loaded is None\n"
+            "print('python path ok')\n")
+    r = _child(code, {})
+    assert r.returncode == 0 and "python path ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_threads_share_the_compiled_op(tmp_path):
+    # Launches from many threads at once, each its own shapes: every one the Python path's kernel.
+    _need_compiled()
+    stub = tmp_path / "libcuda_stub.so"
+    subprocess.run([_gcc(), "-shared", "-fPIC", "-O1", str(HERE / "ext" / "stub_driver.c"), "-o", str(stub)],
+                   check=True)
+    code = ("import threading, torch, mla_gen\n"
+            "from mla_gen import ops\n"
+            "assert ops.compiled\n"
+            "errors = []\n"
+            "def work(k):\n"
+            "    D = (64, 128, 576)[k % 3]\n"
+            "    dt = (torch.float16, torch.bfloat16, torch.float32)[k % 3]\n"
+            "    o, p, s = (torch.zeros(k + 1, 2, D, dtype=dt) for _ in range(3))\n"
+            "    l = torch.zeros(2, k + 1)\n"
+            "    try:\n"
+            "        for n in range(200):\n"
+            "            torch.ops.mla_gen.merge_attn_states(o, None, p, l, s, l.clone(), n % (k + 2))\n"
+            "    except Exception as e:\n"
+            "        errors.append(repr(e))\n"
+            "ts = [threading.Thread(target=work, args=(k,)) for k in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\n"
+            "assert not errors, errors\n"
+            "assert mla_gen.stats()['launches'] >= 8 * 200 - 8\n"
+            "print('threads ok')\n")
+    r = _child(code, {"MLA_GEN_EXT_CPU": "1", "MLA_GEN_LIBCUDA": str(stub)})
+    assert r.returncode == 0 and "threads ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_without_the_extension_file_the_python_path_serves(tmp_path):
+    _need_compiled()
+    pkg = Path(mla_gen.__file__).resolve().parent
+    copy = tmp_path / "site" / "mla_gen"
+    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("_C.*so", "__pycache__"))
+    code = ("import mla_gen, torch\n"
+            "from mla_gen import ops, _ext\n"
+            "assert mla_gen.__file__.startswith(%r), mla_gen.__file__\n"
+            "assert not ops.compiled and 'no compiled op' in _ext.reason, _ext.reason\n"
+            "from torch._subclasses.fake_tensor import FakeTensorMode\n"
+            "with FakeTensorMode():\n"
+            "    o = torch.empty(4, 2, 128, dtype=torch.bfloat16, device='cuda')\n"
+            "    l = torch.empty(2, 4, device='cuda')\n"
+            "    torch.ops.mla_gen.merge_attn_states(o, l, o.clone(), l.clone(), o.clone(), l.clone(), 3)\n"
+            "print('fallback ok')\n") % str(copy)
+    env = {k: v for k, v in os.environ.items() if k not in ("MLA_GEN_KERNELS", "MLA_GEN_PURE_PYTHON")}
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=str(tmp_path),
+                       timeout=300)
+    assert r.returncode == 0 and "fallback ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_driver_header_agrees_with_a_real_cuda_h(tmp_path):
+    # The stand-in cuda.h carries the values and layouts of the toolkit's; compare the two where a
+    # real one is at hand ($CUDA_HOME, the nvidia-cuda-runtime wheels of CUDA 13 and 12).
+    places = [Path(os.environ["CUDA_HOME"]) / "include"] if os.environ.get("CUDA_HOME") else []
+    try:
+        import nvidia
+        places += [Path(p) / sub / "include" for p in nvidia.__path__ for sub in ("cu13", "cuda_runtime")]
+    except ImportError:
+        pass
+    places.append(Path("/usr/local/cuda/include"))
+    real = next((p for p in places if (p / "cuda.h").is_file()), None)
+    if real is None:
+        pytest.skip("no real cuda.h here")
+    probe = tmp_path / "probe.c"
+    probe.write_text(
+        "#include <cuda.h>\n#include <stddef.h>\n#include <stdio.h>\n"
+        "int main(void) {\n"
+        "  printf(\"%d %d %d %d %d\\n\", (int)CUDA_SUCCESS, (int)CUDA_ERROR_INVALID_CONTEXT,\n"
+        "         (int)CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, (int)CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,\n"
+        "         (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);\n"
+        "  printf(\"%zu %zu %zu %zu %zu\\n\", sizeof(CUlaunchAttribute), offsetof(CUlaunchAttribute, value),\n"
+        "         sizeof(CUlaunchConfig), offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, numAttrs));\n"
+        "  CUlaunchAttributeValue v; printf(\"%zu %zu\\n\", sizeof v,\n"
+        "         (size_t)((char*)&v.programmaticStreamSerializationAllowed - (char*)&v));\n"
+        "  return 0;\n}\n")
+    outs = []
+    for inc in (real, CSRC / "driver"):
+        exe = tmp_path / f"probe_{len(outs)}"
+        subprocess.run([_gcc(), "-std=c11", f"-I{inc}", str(probe), "-o", str(exe)], check=True)
+        outs.append(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
+    assert outs[0] == outs[1], f"real cuda.h:\n{outs[0]}stand-in:\n{outs[1]}"
