@@ -42,8 +42,24 @@ import mla_gen  # noqa: E402
 from bench import triton_merge  # noqa: E402  the repository's Triton baseline kernel
 
 # A compiled TORCH_LIBRARY op with vLLM's launcher, measured on the H200 (DESIGN.md, 2026-12-01):
-# the bar for the compiled op and for the function (issue 22).
+# the bar for the compiled op and for the function (issue 22) where this run cannot build its own
+# (vllm_op/vllm_op.cu, with nvcc: the bar measured in the same run).
 VLLM_OP_US = 7.6
+VLLM_OP_ROW = "TORCH_LIBRARY op, vLLM's launcher (built here)"
+
+
+def build_vllm_op():
+    """torch.ops.mla_gen_bench_vllm.merge_attn_states, compiled now; None (with the reason
+    printed) where it cannot be."""
+    try:
+        from torch.utils import cpp_extension
+        cpp_extension.load(name="mla_gen_bench_vllm_op", sources=[str(HERE / "vllm_op" / "vllm_op.cu")],
+                           extra_cuda_cflags=["-O3", "-std=c++17"], is_python_module=False, verbose=False)
+        return torch.ops.mla_gen_bench_vllm.merge_attn_states
+    except Exception as e:  # noqa: BLE001  (no nvcc, no headers: the constant bar)
+        print(f"# the vLLM-launcher op could not be built here ({type(e).__name__}: {str(e)[:200]}); "
+              f"bar = {VLLM_OP_US} us measured before")
+        return None
 
 
 def vllm_triton_merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
@@ -98,6 +114,11 @@ def main():
         "triton, vLLM-style launcher": lambda: vllm_triton_merge_attn_states(out, p, pl, s, sl, None, 1),
         "torch.Tensor.zero_ (1 element)": lambda: one.zero_(),
         "floor: op of the same schema doing nothing": lambda: floor_op(out, None, p, pl, s, sl, 1),
+    }
+    vllm_op = build_vllm_op()
+    if vllm_op is not None:
+        impls[VLLM_OP_ROW] = lambda: vllm_op(out, None, p, pl, s, sl, 1)
+    impls |= {
         "floor: Python function doing nothing": lambda: nothing(out, None, p, pl, s, sl, 1),
     }
     # The driver call alone, on the function's plan (its buffer as the last launch packed it):
@@ -139,8 +160,10 @@ def main():
     print(f"# host cost per call, {prop.name}, torch {torch.__version__}, {args.rounds} rounds x {args.calls} calls, "
           f"interleaved; mla_gen from {Path(mla_gen.__file__).parent}, compiled op: "
           f"{'yes' if compiled else 'no (' + str(mla_gen._ext.reason) + ')'}")
-    print(f"# bar (issue 22): op and function <= {VLLM_OP_US} us, a TORCH_LIBRARY op with vLLM's launcher "
-          "(DESIGN.md, H200 2026-12-01)")
+    measured = VLLM_OP_ROW in res
+    bar = res[VLLM_OP_ROW]["min_us"] if measured else VLLM_OP_US
+    print(f"# bar (issue 22): op and function <= {bar:.2f} us, a TORCH_LIBRARY op with vLLM's launcher "
+          + ("(built and timed in this run, min of rounds)" if measured else "(DESIGN.md, H200 2026-12-01)"))
     print(f"{'':62} {'min us':>8} {'median us':>10} {'x triton (min)':>15} {'x triton (median)':>18}  target")
     for name, r in res.items():
         r["x_triton"] = r["min_us"] / tri["min_us"]
@@ -152,8 +175,11 @@ def main():
             verdict = (f"<= {target}: min {'met' if r['x_triton'] <= target else 'MISSED'}, "
                        f"median {'met' if r['x_triton_median'] <= target else 'MISSED'}")
         if name.startswith(("mla_gen.merge_attn_states (function)", "torch.ops.mla_gen.merge_attn_states")):
-            r["x_vllm_op"] = r["min_us"] / VLLM_OP_US
-            verdict += f"; {r['x_vllm_op']:.2f}x vLLM's op ({'met' if r['min_us'] <= VLLM_OP_US else 'MISSED'})"
+            r["x_vllm_op"] = r["min_us"] / bar
+            verdict += f"; {r['x_vllm_op']:.2f}x vLLM's op ({'met' if r['min_us'] <= bar else 'MISSED'})"
+            if measured:
+                r["x_vllm_op_median"] = r["median_us"] / res[VLLM_OP_ROW]["median_us"]
+                verdict += f", median {r['x_vllm_op_median']:.2f}x"
         print(f"{name:62} {r['min_us']:>8.2f} {r['median_us']:>10.2f} {r['x_triton']:>15.2f} "
               f"{r['x_triton_median']:>18.2f}  {verdict}")
     out_dir = os.environ.get("OUT")
@@ -162,7 +188,7 @@ def main():
         import triton
         Path(out_dir, "host_cost.json").write_text(json.dumps(
             {"device": prop.name, "torch": torch.__version__, "triton": triton.__version__,
-             "mla_gen": mla_gen.__version__, "compiled_op": compiled, "vllm_op_us": VLLM_OP_US, "calls": args.calls, "rounds": args.rounds, "results": res}, indent=1))
+             "mla_gen": mla_gen.__version__, "compiled_op": compiled, "vllm_op_us": bar, "vllm_op_measured": measured, "calls": args.calls, "rounds": args.rounds, "results": res}, indent=1))
 
 
 if __name__ == "__main__":
