@@ -1,0 +1,179 @@
+//! The shared selection table (tests/contract/select.json) through the generated C launcher:
+//! the launcher for tests/contract/select.toml, and a C program with one block per case that
+//! asks `mla_select` for the call and compares the kernel's name and `serves` with the table;
+//! where the case launches, it fills the family's argument struct (every buffer given, in
+//! memory of its own and long enough; the case's integers), launches through `mla_launch`
+//! against the stub driver and compares the kernel launched. The Rust selector
+//! (tests/contract.rs) and the Python package (python/tests/test_select.py) run the same table.
+
+#[path = "c/common.rs"]
+mod common;
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::Value;
+
+const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/contract");
+
+/// A C string literal of the table's text (names and kernel names: no escapes needed).
+fn c_string(s: &str) -> String {
+    assert!(!s.contains(['"', '\\']), "{s}");
+    format!("\"{s}\"")
+}
+
+/// A C array initializer of `items`, or of `empty` alone (C has no empty initializer).
+fn initializer(items: &[String], empty: &str) -> String {
+    if items.is_empty() {
+        format!("{{ {empty} }}")
+    } else {
+        format!("{{ {} }}", items.join(", "))
+    }
+}
+
+/// One block of the C program: the call, its selection, and where the case says, its launch.
+fn block(case: &Value) -> String {
+    let why = case["why"].as_str().unwrap();
+    let family = case["family"].as_str().unwrap();
+    let args = case["args"].as_object().unwrap();
+    let mut b = String::new();
+    writeln!(b, "    {{ /* {why} */").unwrap();
+    let mut given = Vec::new();
+    for (i, (name, a)) in args.iter().enumerate() {
+        if let Some(v) = a.get("int") {
+            given.push(format!(
+                "{{ {}, 1, {}, INT64_C({}), NULL, 0, NULL }}",
+                c_string(name),
+                u8::from(!v.is_null()),
+                v.as_i64().unwrap_or(0)
+            ));
+            continue;
+        }
+        let elem = a["elem"].as_str().map_or("NULL".into(), c_string);
+        match a["shape"].as_array() {
+            Some(shape) => {
+                let sizes: Vec<String> = shape
+                    .iter()
+                    .map(|n| format!("INT64_C({})", n.as_i64().unwrap()))
+                    .collect();
+                // (A zero-length array is not C: a scalar's sizes point at a dummy.)
+                let list = initializer(&sizes, "0");
+                writeln!(b, "        static const int64_t shape{i}[] = {list};").unwrap();
+                given.push(format!(
+                    "{{ {}, 0, 0, 0, {elem}, {}, shape{i} }}",
+                    c_string(name),
+                    sizes.len()
+                ));
+            }
+            None => given.push(format!(
+                "{{ {}, 0, 0, 0, {elem}, 0, NULL }}",
+                c_string(name)
+            )),
+        }
+    }
+    let options: Vec<String> = case["options"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| format!("{{ {}, {} }}", c_string(k), c_string(v.as_str().unwrap())))
+        .collect();
+    let (args_list, options_list) = (
+        initializer(&given, "{ 0 }"),
+        initializer(&options, "{ NULL, NULL }"),
+    );
+    writeln!(b, "        const mla_given args[] = {args_list};").unwrap();
+    writeln!(b, "        const mla_option options[] = {options_list};").unwrap();
+    let want = case["expect"].as_str().map_or("NULL".into(), c_string);
+    let serves = case.get("serves").and_then(Value::as_bool).unwrap_or(true);
+    writeln!(
+        b,
+        "        int serves = -1;\n        const char* got = mla_select({}, args, {}, options, {}, &serves);\n        selected({}, got, serves, {want}, {});",
+        c_string(family),
+        given.len(),
+        options.len(),
+        c_string(why),
+        u8::from(serves)
+    )
+    .unwrap();
+    if let Some(launch) = case.get("launch") {
+        writeln!(
+            b,
+            "        mla_{family}_args a = MLA_{}_ARGS_INIT;",
+            family.to_ascii_uppercase()
+        )
+        .unwrap();
+        for (i, (name, a)) in args.iter().enumerate() {
+            if a.get("int").is_none() {
+                writeln!(
+                    b,
+                    "        a.{name} = (void*)(uintptr_t)(UINT64_C({}) << 40); a.{name}_numel = INT64_C(1) << 34;",
+                    i + 1
+                )
+                .unwrap();
+            }
+        }
+        for (name, v) in launch["ints"].as_object().unwrap() {
+            writeln!(b, "        a.{name} = INT64_C({});", v.as_i64().unwrap()).unwrap();
+        }
+        writeln!(
+            b,
+            "        ran({}, got ? mla_launch(got, NULL, &a) : MLA_INVALID_ARGUMENT, {});",
+            c_string(why),
+            c_string(launch["runs"].as_str().unwrap())
+        )
+        .unwrap();
+    }
+    writeln!(b, "    }}").unwrap();
+    b
+}
+
+const PRELUDE: &str = r#"/* Generated by tests/c_select.rs from tests/contract/select.json. */
+#include "mla_kernels.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "driver_stub.h"
+
+static int cases, failures;
+
+static void selected(const char* why, const char* got, int serves, const char* want, int want_serves) {
+    cases++;
+    if (want ? got && strcmp(got, want) == 0 && serves == want_serves : got == NULL) return;
+    failures++;
+    printf("FAILED %s: want %s (serves %d), got %s (serves %d)\n", why, want ? want : "none", want_serves,
+           got ? got : "none", serves);
+}
+
+static void ran(const char* why, mla_status s, const char* want) {
+    if (s == MLA_OK && strcmp(last_kernel, want) == 0) return;
+    failures++;
+    printf("FAILED %s: want a launch of %s, got %s '%s', last kernel %s\n", why, want, mla_status_string(s),
+           s == MLA_OK ? "" : mla_last_error(), last_kernel);
+}
+
+int main(void) {
+"#;
+
+#[test]
+fn the_c_launcher_selects_every_call_of_the_shared_table_alike() {
+    let table: Value =
+        serde_json::from_str(&std::fs::read_to_string(Path::new(DIR).join("select.json")).unwrap())
+            .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = std::fs::read_to_string(Path::new(DIR).join("select.toml")).unwrap();
+    let c = common::generate_c(tmp.path(), &spec, None);
+    let mut program = String::from(PRELUDE);
+    let cases = table["cases"].as_array().unwrap();
+    for case in cases {
+        program.push_str(&block(case));
+    }
+    program.push_str(
+        "    printf(\"%d cases, %d failed\\n\", cases, failures);\n    return failures != 0;\n}\n",
+    );
+    let stdout = common::run_program(tmp.path(), &c, "select", &program);
+    assert!(
+        stdout.contains(&format!("{} cases, 0 failed", cases.len())),
+        "{stdout}"
+    );
+}
