@@ -7,8 +7,9 @@
 //! Selection (docs/MANIFEST.md, "Selection"): `tests/contract/select_kernels.json` is the
 //! manifest entries of `tests/contract/select.toml` (kept fresh here), and every call of the
 //! shared table `tests/contract/select.json` selects exactly its expected kernel, and where the
-//! case launches, runs its expected kernel (size rule, then specializations). The C launcher
-//! (tests/c_select.rs) and the Python package (python/tests/test_select.py) run the same table.
+//! case launches, runs its expected kernel (size rule, then specializations); and every device
+//! of its `artifacts` table gets its expected image. The C launcher (tests/c_select.rs) and the
+//! Python package (python/tests/test_select.py) run the same tables.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -182,6 +183,12 @@ fn select_kernels_json_is_what_the_abi_derives() {
     assert_fresh("select_kernels.json", &derived_kernels());
 }
 
+/// tests/contract/select.json.
+fn select_table() -> Value {
+    let text = std::fs::read_to_string(Path::new(DIR).join("select.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
 /// A case's arguments: (name, sizes, the table's entry), the sizes owned here.
 fn given(args: &serde_json::Map<String, Value>) -> Vec<(String, Option<Vec<i64>>, Value)> {
     args.iter()
@@ -197,9 +204,7 @@ fn given(args: &serde_json::Map<String, Value>) -> Vec<(String, Option<Vec<i64>>
 
 #[test]
 fn every_call_of_the_shared_table_selects_its_kernel() {
-    let table: Value =
-        serde_json::from_str(&std::fs::read_to_string(Path::new(DIR).join("select.json")).unwrap())
-            .unwrap();
+    let table = select_table();
     let kernels: Vec<KernelView> =
         serde_json::from_value(derived_kernels()["kernels"].clone()).unwrap();
     let selector = Selector::new(kernels.iter().map(Into::into)).unwrap();
@@ -286,4 +291,40 @@ fn launched(
     selector
         .name(selector.launched(index, checked.values()))
         .to_string()
+}
+
+/// The artifact rule's table (`artifacts` of select.json): the image a device loads.
+#[test]
+fn every_device_of_the_shared_table_gets_its_artifact() {
+    let table = select_table();
+    let t = &table["artifacts"];
+    let archs: Vec<Value> = t["archs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let a = a.as_str().unwrap();
+            let mut entry = serde_json::json!({"arch": a, "ptx": {"file": format!("{a}.ptx")}});
+            if a.starts_with("sm_") {
+                entry["cubin"] = serde_json::json!({"file": format!("{a}.cubin")});
+            }
+            entry
+        })
+        .collect();
+    let mut k = derived_kernels()["kernels"][0].clone();
+    k["archs"] = Value::Array(archs);
+    let k: KernelView = serde_json::from_value(k).unwrap();
+    for case in t["cases"].as_array().unwrap() {
+        let cc = case["cc"].as_i64().unwrap() as i32;
+        let want = case["expect"].as_object().map(|e| {
+            let arch = e["arch"].as_str().unwrap();
+            let cubin = e["cubin"].as_bool().unwrap();
+            (
+                format!("{arch}.{}", if cubin { "cubin" } else { "ptx" }),
+                cubin,
+            )
+        });
+        let got = k.artifact((cc / 10, cc % 10)).map(|a| (a.file, a.cubin));
+        assert_eq!(got, want, "cc {cc}");
+    }
 }

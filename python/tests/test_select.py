@@ -1,6 +1,7 @@
 """The shared selection table (tests/contract/select.json) through the package: every call
 selects the kernel the Rust selector (tests/contract.rs) and the C launcher (tests/c_select.rs)
-select, and a launch of it runs the same kernel (size rule, then specializations). No GPU."""
+select, and a launch of it runs the same kernel (size rule, then specializations); every device of
+its artifact table loads the same image. No GPU."""
 
 import json
 from pathlib import Path
@@ -49,3 +50,14 @@ def launched(kf, meta, given, ints):
     plan = plan_for(meta["name"], meta)
     run, _, _ = _plan.sized(kf, meta, plan, plan.check(args), args)
     return run["name"]
+
+
+def test_every_device_of_the_shared_table_gets_its_artifact():
+    t = TABLE["artifacts"]
+    kernel = {"archs": [dict({"arch": a, "ptx": {"file": f"{a}.ptx"}},
+                             **({"cubin": {"file": f"{a}.cubin"}} if a.startswith("sm_") else {}))
+                        for a in t["archs"]]}
+    for case in t["cases"]:
+        e = case["expect"]
+        want = e and f"{e['arch']}.{'cubin' if e['cubin'] else 'ptx'}"
+        assert manifest.pick_artifact(kernel, case["cc"]) == want, case
