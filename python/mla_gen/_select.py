@@ -65,10 +65,16 @@ def fits(plan, args: dict) -> tuple:
             dims = plan.params[i].dims
             if dims is not None and len(dims) == len(arg[1]):  # another rank: the check names it
                 shaped.extend(zip((d[1] for d in dims), arg[1]))
+    # Two tensors that disagree on a size: the check names which, and the size binds nothing (so
+    # the verdict does not depend on the arguments' order).
+    disputed = set()
     for size, n in shaped:
         j = _bare(size)
-        if j is not None:
-            near |= binds.setdefault(j, n - size.add) != n - size.add
+        if j is not None and binds.setdefault(j, n - size.add) != n - size.add:
+            disputed.add(j)
+    for j in disputed:
+        del binds[j]
+    near |= bool(disputed)
     for size, n in shaped:
         if _bare(size) is None:
             v = _eval_bound(size, binds)

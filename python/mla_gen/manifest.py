@@ -21,6 +21,7 @@ __all__ = ["KernelFolder", "folder", "load", "supports", "select", "call", "fami
 
 SCHEMA_VERSION = 2
 ENV = "MLA_GEN_KERNELS"
+_MAX_SELECTED = 4096  # selections kept per kernel folder
 
 # The live environment, read without os.environ.get's per-call encoding and KeyError (about 1 us
 # where the variable is unset): os.environ keeps its contents in `_data`, keyed by the encoded
@@ -176,6 +177,8 @@ def select(kf: KernelFolder, family: str, args: dict, options: dict):
     if hit is not None or key in kf.selected:
         return hit
     result = _select.select(kf.manifest, family, args, options)
+    if len(kf.selected) >= _MAX_SELECTED:  # calls state their sizes: bounded, as the plans are
+        kf.selected.clear()
     kf.selected[key] = result
     return result
 

@@ -108,12 +108,18 @@ impl Plan {
                 (t.dims.len() == shape.len()).then(|| t.dims.iter().zip(shape))
             })
         };
+        // Two tensors that disagree on a size: the check names which, and the size binds
+        // nothing (so the verdict does not depend on the arguments' order).
+        let mut disputed = [false; MAX_PARAMS];
         for (d, &size) in shaped().flatten() {
             if let Some(j) = bare(&d.size) {
                 let v = size.saturating_sub(d.size.add);
-                // Two tensors that disagree on a size: the check names which.
-                near |= *binds[j].get_or_insert(v) != v;
+                disputed[j] |= *binds[j].get_or_insert(v) != v;
             }
+        }
+        for (b, _) in binds.iter_mut().zip(disputed).filter(|(_, d)| *d) {
+            *b = None;
+            near = true;
         }
         for (d, &size) in shaped().flatten() {
             if bare(&d.size).is_none() && d.size.eval_bound(&binds).is_some_and(|v| v != size) {
