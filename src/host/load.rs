@@ -191,15 +191,16 @@ impl Runtime {
     /// The kernel that serves `call` (docs/MANIFEST.md, "Selection"): the best of its family
     /// whose contract takes the call's arguments, element types and sizes; launch it with
     /// [`crate::host::typed::Launch`] (its size rule and specializations then apply). `None`
-    /// where no kernel serves; a kernel whose check would only name an argument it does not
-    /// take is [`Runtime::select_for_check`]'s.
+    /// where no kernel serves; [`Runtime::select_for_check`] then gives the kernel whose check
+    /// would name the problem, if one would.
     pub fn select(&self, call: &Call) -> Option<&Arc<Kernel>> {
         let c = self.selector.select(call)?;
         c.serves.then(|| &self.kernels[c.index])
     }
 
-    /// As [`Runtime::select`], but where no kernel serves, the one whose check names what it
-    /// does not take (`serves: false` in [`crate::host::select::Choice`]).
+    /// As [`Runtime::select`], with whether the kernel serves the call: `false` where none
+    /// does and this one's check would name the problem (an integer it does not take, a
+    /// constant the call leaves open, tensors that disagree on a size).
     pub fn select_for_check(&self, call: &Call) -> Option<(&Arc<Kernel>, bool)> {
         let c = self.selector.select(call)?;
         Some((&self.kernels[c.index], c.serves))

@@ -8,6 +8,7 @@
 //! module (`mla_gen::runtime::...`):
 //! - `manifest.rs`: the manifest as the runtime reads it ([`ManifestView`], [`KernelView`]) and
 //!   the artifact rule ([`KernelView::artifact`]);
+//! - `select.rs`: which kernel serves a call, from the manifest ([`Selector`], [`Call`]);
 //! - `args.rs`: arguments by name ([`NamedArgs`]), the per-family argument structs
 //!   ([`MergeArgs`], ...) and the shapes ([`MergeShape`], ...);
 //! - `kernel.rs`: a loaded [`Kernel`] and its launches from raw device addresses (`unsafe`);
