@@ -25,7 +25,7 @@ from pathlib import Path
 # compile -> emit; the imports run the other way round for the types: spec builds variants and
 # checks their launch geometry, so variant and launch sit under spec.
 LAYERS = [
-    ("ground", ["dtype", "constants", "error", "contract", "variant", "kernel_key", "reference"]),
+    ("ground", ["dtype", "constants", "error", "contract", "variant", "reference"]),
     ("gen:base", ["gen"]),  # gen/mod.rs: sha256_hex
     ("gen:variant", ["gen::variant"]),
     ("gen:launch", ["gen::launch"]),
@@ -39,6 +39,7 @@ LAYERS = [
     ("host:driver", ["host::driver"]),
     ("host:check", ["host::check"]),
     ("host:manifest", ["host::manifest"]),
+    ("host:select", ["host::select"]),
     ("host:args", ["host::args"]),
     ("host:kernel", ["host::kernel"]),
     ("host:load", ["host::load"]),

@@ -221,6 +221,10 @@ pub struct Contract {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<Limit>,
     pub launch: LaunchRule,
+    /// What selects this kernel beyond its parameters (docs/MANIFEST.md, "Selection"): option
+    /// name -> value, each of which a call must state alike; absent: none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub select: BTreeMap<String, String>,
 }
 
 /// A parsed size or stride expression: `mul * product(factors) + add` (`host::check` resolves

@@ -2,7 +2,7 @@
 //!
 //! A stack, each layer importing only those under it (`scripts/structure.py` checks it):
 //! - the ground floor, shared by all: [`contract`] (the argument contract, as data), [`dtype`],
-//!   [`variant`] (what a kernel was generated with) and [`kernel_key`], [`error`], `constants`,
+//!   [`variant`] (what a kernel was generated with), [`error`], `constants`,
 //!   and [`mod@reference`] (the float64 semantics every kernel must match);
 //! - `gen` (feature `codegen`): spec -> variants -> ABI -> CUDA source -> NVRTC -> files and
 //!   manifest, one stage a module;
@@ -34,7 +34,6 @@ pub mod gen;
 #[cfg(feature = "codegen")]
 mod generate;
 pub mod host;
-pub mod kernel_key;
 pub mod reference;
 pub mod variant;
 #[cfg(feature = "codegen")]

@@ -207,13 +207,7 @@ fn the_c_launcher_gives_every_case_of_the_shared_table_its_verdict() {
         "    printf(\"%d cases, %d failed\\n\", cases, failures);\n    \
          printf(\"%d passed, %d failed\\n\", failures ? 0 : 1, failures);\n    return failures != 0;\n}\n",
     );
-    let main = tmp.path().join("cases.c");
-    std::fs::write(&main, &program).unwrap();
-    let stdout = common::build_and_run(
-        &tmp.path().join("cases"),
-        &[&c],
-        &[main, c.join("mla_kernels.c")],
-    );
+    let stdout = common::run_program(tmp.path(), &c, "cases", &program);
     let total = shared + extra.len();
     assert!(
         stdout.contains(&format!("{total} cases, 0 failed")),

@@ -3,12 +3,21 @@
 //! `tests/contract/cases.json` gets exactly its expected verdict from the Rust checker. The C
 //! launcher (tests/c_launcher.rs) and the Python package (python/tests/test_contract.py) run
 //! the same table.
+//!
+//! Selection (docs/MANIFEST.md, "Selection"): `tests/contract/select_kernels.json` is the
+//! manifest entries of `tests/contract/select.toml` (kept fresh here), and every call of the
+//! shared table `tests/contract/select.json` selects exactly its expected kernel, and where the
+//! case launches, runs its expected kernel (size rule, then specializations); and every device
+//! of its `artifacts` table gets its expected image. The C launcher (tests/c_select.rs) and the
+//! Python package (python/tests/test_select.py) run the same tables.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use mla_gen::contract::Contract;
-use mla_gen::host::check::{Arg, Plan};
+use mla_gen::host::check::{Arg, Given, Plan};
+use mla_gen::host::manifest::KernelView;
+use mla_gen::host::select::{Call, Selector};
 use serde_json::Value;
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/contract");
@@ -23,10 +32,10 @@ fn derived_contracts() -> BTreeMap<String, Contract> {
         .collect()
 }
 
-#[test]
-fn contracts_json_is_what_the_abi_derives() {
-    let path = Path::new(DIR).join("contracts.json");
-    let mut fresh = serde_json::to_string_pretty(&derived_contracts()).unwrap();
+/// `file` of tests/contract holds `derived` (rewritten with MLA_GEN_UPDATE_FIXTURES=1).
+fn assert_fresh(file: &str, derived: &impl serde::Serialize) {
+    let path = Path::new(DIR).join(file);
+    let mut fresh = serde_json::to_string_pretty(derived).unwrap();
     fresh.push('\n');
     if std::env::var_os("MLA_GEN_UPDATE_FIXTURES").is_some() {
         std::fs::write(&path, &fresh).unwrap();
@@ -34,8 +43,13 @@ fn contracts_json_is_what_the_abi_derives() {
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         committed == fresh,
-        "tests/contract/contracts.json is stale: rerun with MLA_GEN_UPDATE_FIXTURES=1 and review the diff"
+        "tests/contract/{file} is stale: rerun with MLA_GEN_UPDATE_FIXTURES=1 and review the diff"
     );
+}
+
+#[test]
+fn contracts_json_is_what_the_abi_derives() {
+    assert_fresh("contracts.json", &derived_contracts());
 }
 
 fn arg(v: &Value) -> Arg<'_> {
@@ -140,4 +154,177 @@ fn a_passing_check_gives_values_in_signature_order_and_the_grid() {
     let y = (h as u32).div_ceil(launch.grid_y.per_block);
     assert_eq!(c.grid, Some([x, y, 1]));
     assert_eq!(c.block_threads, launch.block_threads);
+}
+
+// ---- selection: tests/contract/select.json ----
+
+/// Every kernel of the selection table's spec: its manifest entry, less its files.
+fn derived_kernels() -> Value {
+    let text = std::fs::read_to_string(Path::new(DIR).join("select.toml")).unwrap();
+    let spec = mla_gen::spec::parse("select.toml", &text).unwrap();
+    let kernels: Vec<Value> = spec
+        .variants
+        .iter()
+        .map(|v| {
+            // The contract's fields (limits and select where it has them), then what names it.
+            let mut k = serde_json::to_value(mla_gen::abi::contract(v)).unwrap();
+            k["name"] = v.kernel_name().into();
+            k["family"] = v.family.table().into();
+            k["variant"] = serde_json::to_value(v).unwrap();
+            k["archs"] = serde_json::json!([]);
+            k
+        })
+        .collect();
+    serde_json::json!({ "kernels": kernels })
+}
+
+#[test]
+fn select_kernels_json_is_what_the_abi_derives() {
+    assert_fresh("select_kernels.json", &derived_kernels());
+}
+
+/// tests/contract/select.json.
+fn select_table() -> Value {
+    let text = std::fs::read_to_string(Path::new(DIR).join("select.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// A case's arguments: (name, sizes, the table's entry), the sizes owned here.
+fn given(args: &serde_json::Map<String, Value>) -> Vec<(String, Option<Vec<i64>>, Value)> {
+    args.iter()
+        .map(|(name, a)| {
+            let shape = a
+                .get("shape")
+                .and_then(Value::as_array)
+                .map(|s| s.iter().map(|n| n.as_i64().unwrap()).collect());
+            (name.clone(), shape, a.clone())
+        })
+        .collect()
+}
+
+#[test]
+fn every_call_of_the_shared_table_selects_its_kernel() {
+    let table = select_table();
+    let kernels: Vec<KernelView> =
+        serde_json::from_value(derived_kernels()["kernels"].clone()).unwrap();
+    let selector = Selector::new(kernels.iter().map(Into::into)).unwrap();
+    let mut failures = Vec::new();
+    let cases = table["cases"].as_array().unwrap();
+    for case in cases {
+        let why = case["why"].as_str().unwrap();
+        let owned = given(case["args"].as_object().unwrap());
+        let args: Vec<(&str, Given)> = owned
+            .iter()
+            .map(|(name, shape, a)| {
+                let g = match a.get("int") {
+                    Some(v) => Given::Int(v.as_i64()),
+                    None => Given::Buffer {
+                        elem: a["elem"].as_str(),
+                        shape: shape.as_deref(),
+                    },
+                };
+                (name.as_str(), g)
+            })
+            .collect();
+        let options: Vec<(&str, &str)> = case["options"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str().unwrap()))
+            .collect();
+        let call = Call {
+            family: case["family"].as_str().unwrap(),
+            args: &args,
+            options: &options,
+        };
+        let got = selector.select(&call);
+        let want = case["expect"].as_str();
+        let serves = case.get("serves").and_then(Value::as_bool).unwrap_or(true);
+        match (want, got) {
+            (None, None) => {}
+            (Some(w), Some(c)) if selector.name(c.index) == w && c.serves == serves => {
+                if let Some(launch) = case.get("launch") {
+                    let runs = launched(&selector, c.index, &owned, &launch["ints"]);
+                    if runs != launch["runs"].as_str().unwrap() {
+                        failures.push(format!("{why}: runs {runs}, expected {}", launch["runs"]));
+                    }
+                }
+            }
+            (w, c) => failures.push(format!(
+                "{why}: expected {w:?} (serves {serves}), got {:?}",
+                c.map(|c| (selector.name(c.index), c.serves))
+            )),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(cases.len() >= 50, "the table lost cases");
+}
+
+/// The kernel one launch of kernel `index` runs: every buffer given, each in memory of its
+/// own and long enough; the integers the case sets.
+fn launched(
+    selector: &Selector,
+    index: usize,
+    owned: &[(String, Option<Vec<i64>>, Value)],
+    ints: &Value,
+) -> String {
+    let mut args: Vec<(&str, Arg)> = Vec::new();
+    for (i, (name, _, a)) in owned.iter().enumerate() {
+        if a.get("int").is_none() {
+            args.push((
+                name,
+                Arg::Buffer {
+                    ptr: (i as u64 + 1) << 40,
+                    len: 1 << 34,
+                    elem: a["elem"].as_str(),
+                },
+            ));
+        }
+    }
+    for (name, v) in ints.as_object().unwrap() {
+        args.push((name, Arg::Int(v.as_i64().unwrap())));
+    }
+    let checked = selector
+        .plan(index)
+        .check(&args)
+        .unwrap_or_else(|r| panic!("{r}"));
+    selector
+        .name(selector.launched(index, checked.values()))
+        .to_string()
+}
+
+/// The artifact rule's table (`artifacts` of select.json): the image a device loads.
+#[test]
+fn every_device_of_the_shared_table_gets_its_artifact() {
+    let table = select_table();
+    let t = &table["artifacts"];
+    let archs: Vec<Value> = t["archs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let a = a.as_str().unwrap();
+            let mut entry = serde_json::json!({"arch": a, "ptx": {"file": format!("{a}.ptx")}});
+            if a.starts_with("sm_") {
+                entry["cubin"] = serde_json::json!({"file": format!("{a}.cubin")});
+            }
+            entry
+        })
+        .collect();
+    let mut k = derived_kernels()["kernels"][0].clone();
+    k["archs"] = Value::Array(archs);
+    let k: KernelView = serde_json::from_value(k).unwrap();
+    for case in t["cases"].as_array().unwrap() {
+        let cc = case["cc"].as_i64().unwrap() as i32;
+        let want = case["expect"].as_object().map(|e| {
+            let arch = e["arch"].as_str().unwrap();
+            let cubin = e["cubin"].as_bool().unwrap();
+            (
+                format!("{arch}.{}", if cubin { "cubin" } else { "ptx" }),
+                cubin,
+            )
+        });
+        let got = k.artifact((cc / 10, cc % 10)).map(|a| (a.file, a.cubin));
+        assert_eq!(got, want, "cc {cc}");
+    }
 }

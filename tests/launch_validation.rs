@@ -394,42 +394,82 @@ fn group_fp8_kernels_need_distinct_in_bounds_scales() {
 }
 
 #[test]
-fn every_kernel_has_the_run_time_key_that_selects_it() {
-    use mla_gen::runtime::KernelKey;
-    use mla_gen::variant::{LseLayout, OutputKind};
+fn every_kernel_a_call_can_reach_is_what_a_call_giving_all_its_parameters_selects() {
+    use mla_gen::contract::{Expr, ParamKind};
+    use mla_gen::runtime::{Call, Given, Selector};
     let ks = kernels_of(
-        "[[merge_attn_states]]\ndtype = [\"bf16\", \"f16\"]\nhead_size = [64, 128]\noutput = [\"same\", \"fp8_e4m3\"]\nmask_empty_context = [false, true]\n\
-         [[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\n\
+        "[[merge_attn_states]]\ndtype = [\"bf16\", \"f16\"]\nhead_size = [64, 128]\noutput = [\"same\", \"fp8_e4m3\"]\nmask_empty_context = [false, true]\nprefix_threshold = [true, false]\noutput_lse = [true, false]\n\
+         [[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3_group\"\ngroup_size = [64, 128]\nue8m0 = [true, false]\nlse_layout = [\"head_major\", \"token_major\"]\n\
+         [[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = [4, \"runtime\"]\noutput_lse = [true, false]\n\
          [[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 128\nmask = [true, false]\n\
          [[mask_empty_context_lse]]\nlse_layout = [\"head_major\", \"token_major\"]\n",
     );
-    // A size rule's kernels and the dense specializations have none: launches reach them
-    // through their kernel.
-    let (ruled, called): (Vec<_>, Vec<_>) = ks
+    let selector = Selector::new(ks.iter().map(Into::into)).unwrap();
+    // A size rule's kernels and the dense specializations are reached through their kernel.
+    let reached: Vec<&str> = ks
         .iter()
-        .partition(|k| k.variant.rows_below.is_some() || k.variant.dense);
-    assert!(!ruled.is_empty() && ruled.iter().all(|k| k.key().is_none()));
-    let keys: Vec<KernelKey> = called.iter().map(|k| k.key().unwrap()).collect();
-    for (i, a) in keys.iter().enumerate() {
-        assert!(!keys[i + 1..].contains(a), "{a:?} selects two kernels");
+        .flat_map(|k| {
+            let rule = k.launch.size_rule.iter().flat_map(|r| &r.ranges);
+            rule.map(|r| r.kernel.as_str())
+                .chain(k.launch.specializations.iter().map(String::as_str))
+        })
+        .collect();
+    let ints = |k: &KernelView, name: &str| match name {
+        "num_states" => 3, // no kernel is built for K = 3: only the runtime-K one takes it
+        n => k.constants.get(n).map_or(2, |c| c.parse().unwrap_or(2)),
+    };
+    let mut selected = 0;
+    for k in ks.iter().filter(|k| !reached.contains(&k.name.as_str())) {
+        let shapes: Vec<Vec<i64>> = k
+            .params
+            .iter()
+            .map(|p| {
+                let dims = p.tensor.iter().flat_map(|t| &t.dims);
+                dims.map(|d| {
+                    let e = Expr::parse(&d.size).unwrap();
+                    e.factors.iter().map(|f| ints(k, f)).product::<i64>() * e.mul + e.add
+                })
+                .collect()
+            })
+            .collect();
+        let args: Vec<(&str, Given)> = k
+            .params
+            .iter()
+            .zip(&shapes)
+            .filter_map(|(p, shape)| match p.kind {
+                ParamKind::Pointer => Some((
+                    p.name.as_str(),
+                    Given::Buffer {
+                        elem: p.elem.as_deref(),
+                        shape: Some(shape),
+                    },
+                )),
+                // Defaulted integers given, their values left to each call.
+                ParamKind::I64 => {
+                    p.bounds.as_ref()?.default.as_ref()?;
+                    Some((p.name.as_str(), Given::Int(None)))
+                }
+                _ => None,
+            })
+            .collect();
+        let options: Vec<(&str, &str)> = k
+            .select
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        let call = Call {
+            family: &k.family,
+            args: &args,
+            options: &options,
+        };
+        let got = selector.select(&call).expect("a kernel");
+        assert_eq!(selector.name(got.index), k.name);
+        assert!(got.serves, "{}", k.name);
+        selected += 1;
     }
-    assert!(keys.contains(&KernelKey::MergeAttnStates {
-        dtype: Dtype::F16,
-        head_size: 64,
-        output: OutputKind::Fp8E4m3,
-        fp8_group: None,
-        prefix_threshold: true,
-        output_lse: true,
-        lse_layout: LseLayout::HeadMajor,
-        mask_empty_context: false,
-    }));
-    assert!(keys.contains(&KernelKey::MergeStates {
-        dtype: Dtype::Bf16,
-        head_size: 128,
-        num_states: None,
-        output_lse: true,
-    }));
-    assert!(keys.contains(&KernelKey::MaskEmptyContextLse {
-        lse_layout: LseLayout::TokenMajor,
-    }));
+    assert!(
+        selected > 30 && reached.len() > 10,
+        "{selected}, {}",
+        reached.len()
+    );
 }

@@ -67,11 +67,13 @@ def layout_key(t):
 
 class Kind:
     """One way of calling: the family, the kernel parameters its tensors bind (in call order),
-    its free integers, and how it picks the kernel: ``select(kf, tensors by name, options, free
-    integers given by name) -> manifest entry``."""
+    its free integers, the names of its options (the manifest's ``select`` keys), how an error
+    names a call no kernel serves (``describe(tensors by name, options) -> text``), and the
+    tensors whose element type selects the kernel (the others' are the check's to name)."""
 
-    def __init__(self, family, names, free, select):
-        self.family, self.names, self.free, self.select = family, names, free, select
+    def __init__(self, family, names, free, options, describe, typed):
+        self.family, self.names, self.free, self.options = family, names, free, options
+        self.describe, self.typed = describe, typed
 
 
 class Prepared:
@@ -138,7 +140,7 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
     device, given_free = _arguments(kind, tensors, free, device_type)
     tmap = dict(zip(kind.names, tensors))
     kf = _m.folder()
-    meta = kind.select(kf, tmap, options, given_free)
+    meta = select(kind, kf, tmap, options, given_free)
     plan = plan_for(meta["name"], meta)
     # The integers, from the tensors' shapes and strides through the contract's dims.
     ints = {}
@@ -337,13 +339,19 @@ def set_guard(prep: Prepared, tensors: tuple):
 _CTX_MASK = " with the empty-context mask (mask_empty_context = true)"
 
 
-def choose(kf, family: str, dtype, head_size, what: str, **want) -> dict:
-    """The manifest entry that serves a call (manifest.select's best), else the error that names
-    the call (`what`)."""
-    hit = _m.select(kf, family, dtype, head_size, **want)
+def select(kind: Kind, kf, tmap: dict, options: tuple, free: dict) -> dict:
+    """The manifest entry that serves a call of `kind` (manifest.select over the call's tensors:
+    element types and sizes; its free integers, given, their values left to each call; its
+    options by name), else the error that names the call."""
+    what = kind.describe(tmap, options)  # first: it also refuses what no kernel could mean
+    args = {name: (_elem(t.dtype) if name in kind.typed else None, tuple(t.shape))
+            for name, t in tmap.items() if t is not None}
+    args.update(dict.fromkeys(free))
+    named = {k: (("true" if v else "false") if isinstance(v, bool) else v) for k, v in zip(kind.options, options)}
+    hit = _m.select(kf, kind.family, args, named)
     if hit is None:
-        raise ValueError(f"no generated {family} kernel for {what} in {kf.label}; add it to the spec "
-                         f"([[{family}]]) and regenerate, or set MLA_GEN_KERNELS")
+        raise ValueError(f"no generated {kind.family} kernel for {what} in {kf.label}; add it to the spec "
+                         f"([[{kind.family}]]) and regenerate, or set MLA_GEN_KERNELS")
     return hit[0]
 
 
@@ -355,14 +363,12 @@ def dims(t, name, rank):
     return t.shape
 
 
-def _select_merge(kf, tmap, options, free):
-    """merge_attn_states: the output's dtype (the inputs', e4m3 with an output_scale, e4m3 per
-    token-group with output_scales: options (ue8m0, lse_layout)), with or without an output lse,
-    a threshold, the fused empty-context mask (the start locations given)."""
+# What a call that no kernel serves asked for, in its error (text only: selection is select's).
+
+def _describe_merge(tmap, options):
     prefix = tmap["prefix_output"]
     lse_layout = options[-1]
     if "output_scales" in tmap:
-        ue8m0 = bool(options[0])
         T, H, D = dims(prefix, "prefix_output", 3)
         scales = tmap["output_scales"]
         dims(scales, "output_group_scales", 2)
@@ -370,52 +376,45 @@ def _select_merge(kf, tmap, options, free):
         if groups < 1 or (H * D) % groups:
             raise ValueError(f"output_group_scales must be [T, H * D / G] for a group size G, got "
                              f"{tuple(scales.shape)} for H * D = {H * D}")
-        G = H * D // groups
-        want = dict(output="fp8_e4m3_group", group_size=G, ue8m0=ue8m0)
-        what = (f"dtype={prefix.dtype}, head_size={D}, output = fp8_e4m3_group, group_size = {G}, ue8m0 = {ue8m0}, "
-                f"lse_layout={lse_layout}")
+        what = (f"dtype={prefix.dtype}, head_size={D}, output = fp8_e4m3_group, group_size = {H * D // groups}, "
+                f"ue8m0 = {bool(options[0])}, lse_layout={lse_layout}")
     else:
         D = dims(prefix, "prefix_output", 3)[2]
-        want = dict(output="fp8_e4m3" if tmap["output_scale"] is not None else "same")
-        what = f"dtype={prefix.dtype}, head_size={D}, output={want['output']}, lse_layout={lse_layout}"
-    ctx = tmap.get("query_start_loc") is not None
-    return choose(kf, "merge_attn_states", prefix.dtype, D, what + (_CTX_MASK if ctx else ""), **want,
-                  output_lse=tmap["output_lse"] is not None, threshold="prefill_tokens_with_context" in free,
-                  lse_layout=lse_layout, mask_empty_context=ctx)
+        output = "fp8_e4m3" if tmap["output_scale"] is not None else "same"
+        what = f"dtype={prefix.dtype}, head_size={D}, output={output}, lse_layout={lse_layout}"
+    return what + (_CTX_MASK if tmap.get("query_start_loc") is not None else "")
 
 
-def states_kernel(kf, v, output_lse: bool) -> dict:
-    """merge_states: this K compiled in, else the runtime-K kernel."""
+def _describe_states(tmap, options):
+    v = tmap["states"]
     T, K, H, D = dims(v, "v", 4)
-    return choose(kf, "merge_states", v.dtype, D, f"dtype={v.dtype}, head_size={D} merging {K} states "
-                  f"(no kernel with num_states = {K} or \"runtime\")", num_states=K, output_lse=output_lse)
+    return f"dtype={v.dtype}, head_size={D} merging {K} states (no kernel with num_states = {K} or \"runtime\")"
 
 
-def _select_in_place(kf, tmap, options, free):
-    (lse_layout,) = options
-    v, mask = tmap["state"], tmap["mask"] is not None
+def _describe_in_place(tmap, options):
+    v = tmap["state"]
     D = dims(v, "v", 3)[2]
-    return choose(kf, "merge_state_in_place", v.dtype, D, f"dtype={v.dtype}, head_size={D}, lse_layout={lse_layout}"
-                  + (" and a mask" if mask else ""), mask=mask, lse_layout=lse_layout)
+    return f"dtype={v.dtype}, head_size={D}, lse_layout={options[0]}" + (" and a mask" if tmap["mask"] is not None else "")
 
 
-def _select_mask(kf, tmap, options, free):
-    (lse_layout,) = options
-    return choose(kf, "mask_empty_context_lse", None, None, f"lse_layout={lse_layout}", lse_layout=lse_layout)
+def _describe_mask(tmap, options):
+    return f"lse_layout={options[0]}"
 
 
 _FREE = ("prefill_tokens_with_context",)
 _START_LOCATIONS = ("query_start_loc", "context_start_loc")  # the fused mask's: [B + 1] gives num_requests
+_LSE = ("lse_layout",)
 
 # merge_attn_states, per-tensor FP8 included (options: (lse_layout,)), with the fused mask
 PAIR = Kind("merge_attn_states", ("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output",
-                                  "suffix_lse", "output_scale"), _FREE, _select_merge)
-PAIR_CTX = Kind("merge_attn_states", PAIR.names + _START_LOCATIONS, _FREE, _select_merge)
+                                  "suffix_lse", "output_scale"), _FREE, _LSE, _describe_merge, ("prefix_output",))
+PAIR_CTX = Kind("merge_attn_states", PAIR.names + _START_LOCATIONS, _FREE, _LSE, _describe_merge, ("prefix_output",))
 # per-token-group FP8 (options: (ue8m0, lse_layout)), with the fused mask
 GROUP = Kind("merge_attn_states", ("output", "output_scales", "output_lse", "prefix_output", "prefix_lse",
-                                   "suffix_output", "suffix_lse"), _FREE, _select_merge)
-GROUP_CTX = Kind("merge_attn_states", GROUP.names + _START_LOCATIONS, _FREE, _select_merge)
-STATES = Kind("merge_states", ("output", "output_lse", "states", "states_lse"), (),
-              lambda kf, tmap, options, free: states_kernel(kf, tmap["states"], tmap["output_lse"] is not None))
-IN_PLACE = Kind("merge_state_in_place", ("state", "state_lse", "other", "other_lse", "mask"), (), _select_in_place)
-MASK = Kind("mask_empty_context_lse", ("lse",) + _START_LOCATIONS, (), _select_mask)
+                                   "suffix_output", "suffix_lse"), _FREE, ("ue8m0",) + _LSE, _describe_merge,
+             ("prefix_output",))
+GROUP_CTX = Kind("merge_attn_states", GROUP.names + _START_LOCATIONS, _FREE, GROUP.options, _describe_merge, ("prefix_output",))
+STATES = Kind("merge_states", ("output", "output_lse", "states", "states_lse"), (), (), _describe_states, ("states",))
+IN_PLACE = Kind("merge_state_in_place", ("state", "state_lse", "other", "other_lse", "mask"), (), _LSE,
+                _describe_in_place, ("state",))
+MASK = Kind("mask_empty_context_lse", ("lse",) + _START_LOCATIONS, (), _LSE, _describe_mask, ("lse",))

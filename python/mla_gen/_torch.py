@@ -257,11 +257,13 @@ def merge_states(v, s, output=None, output_lse=None):
     T, K, H, D = _plan.dims(v, "v", 4)
     if v.device.type != _DEVICE_TYPE:
         raise ValueError(f"v is on {v.device}; the kernels run on a CUDA device")
-    if output is None or output_lse is None:
-        meta = _plan.states_kernel(_m.folder(), v, True)
-        if output is None:
-            output = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
-        if output_lse is None and meta["variant"]["output_lse"]:
+    if output is None:
+        output = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
+    if output_lse is None and isinstance(s, torch.Tensor):
+        # Allocated where the kernel a call with one selects takes one.
+        wanted = torch.empty((T, H), dtype=torch.float32, device="meta")
+        tmap = {"output": output, "output_lse": wanted, "states": v, "states_lse": s}
+        if any(p["name"] == "output_lse" for p in _plan.select(STATES, _m.folder(), tmap, (), {})["params"]):
             output_lse = torch.empty((T, H), dtype=torch.float32, device=v.device)
     _call(STATES, (), (output, output_lse, v, s), ())
     return output, output_lse

@@ -15,10 +15,13 @@ import threading
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["KernelFolder", "folder", "load", "supports", "select", "family_of", "launch_pdl", "SCHEMA_VERSION"]
+from . import _select
+
+__all__ = ["KernelFolder", "folder", "load", "supports", "select", "call", "family_of", "launch_pdl", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 2
 ENV = "MLA_GEN_KERNELS"
+_MAX_SELECTED = 4096  # selections kept per kernel folder
 
 # The live environment, read without os.environ.get's per-call encoding and KeyError (about 1 us
 # where the variable is unset): os.environ keeps its contents in `_data`, keyed by the encoded
@@ -162,35 +165,20 @@ def dtype_name(dtype) -> str:
     return _DTYPE_NAMES.get(text, text)
 
 
-def select(kf: KernelFolder, family: str, dtype, head_size: int | None, **want):
-    """The kernel of `family` a call with these options runs, or None.
-
-    Options (all families take what applies): ``lse_layout``; merge_attn_states: ``output``
-    ("same", "fp8_e4m3" or "fp8_e4m3_group" with ``group_size`` and ``ue8m0``), ``output_lse``
-    (an output lse is given), ``threshold`` (prefill_tokens_with_context below num_tokens may be
-    given), ``mask_empty_context`` (the start locations are given: a ``_ctxmask`` kernel);
-    merge_states: ``num_states``; merge_state_in_place: ``mask``.
-
-    Among kernels that serve the call the one with exactly the options asked wins, and of two
-    that differ only in ``pdl`` the pdl one (launched programmatically on sm_90+); a kernel that
-    lacks an option asked for (an output lse, the threshold) is returned only when nothing serves,
-    so that the argument check names what it does not take. Returns ``(kernel, serves)``."""
-    key = (family, dtype_name(dtype) if dtype is not None else None, head_size, tuple(sorted(want.items())))
+def select(kf: KernelFolder, family: str, args: dict, options: dict):
+    """The kernel of `family` that serves a call, from the manifest's contracts and ``select``
+    blocks (docs/MANIFEST.md, "Selection"; the rule is _select.select). `args`: by name, a buffer
+    as ``(elem, shape)`` (either None where unknown), an integer as its value or None (given,
+    its value left to each launch); null buffers left out. `options`: the ``select`` blocks'
+    keys (``lse_layout``, ``ue8m0`` as "true"/"false"). Returns ``(kernel, serves)`` (serves
+    False: none serves, and this one's check names what it does not take) or None; cached."""
+    key = (family, tuple(sorted(args.items())), tuple(sorted(options.items())))
     hit = kf.selected.get(key)
     if hit is not None or key in kf.selected:
         return hit
-    best = None
-    m = kf.manifest
-    for k in m["kernels"]:
-        fam, fields = family_of(k)
-        if fam != family or k["variant"].get("rows_below") is not None or k["name"] in m["_reached"]:
-            continue  # another family, or a size rule's kernel or a specialization (launched through its kernel)
-        rank = _rank(fam, fields, k["variant"], key[1], head_size, want)
-        if rank is not None and not k["variant"].get("pdl"):
-            rank += 0.5  # with and without pdl: the pdl one (it waits inside; the same results)
-        if rank is not None and (best is None or rank < best[0]):
-            best = (rank, k)
-    result = None if best is None else (best[1], best[0] < 100)
+    result = _select.select(kf.manifest, family, args, options)
+    if len(kf.selected) >= _MAX_SELECTED:  # calls state their sizes: bounded, as the plans are
+        kf.selected.clear()
     kf.selected[key] = result
     return result
 
@@ -209,53 +197,6 @@ def by_size_rule(kf: KernelFolder, kernel: dict, value) -> dict:
     return kernel
 
 
-def _rank(fam, fields, v, dtype, head_size, want):
-    """Lower is better; None: cannot run the call; >= 100: runs it but refuses an option."""
-    layout = want.get("lse_layout")
-    if layout is not None and v.get("lse_layout") != layout:
-        return None
-    if fam == "mask_empty_context_lse":
-        return 0
-    if v.get("dtype") != dtype or v.get("head_size") != head_size:
-        return None
-    if fam == "merge_attn_states":
-        # A kernel with the fused mask takes the start locations (required), one without takes none.
-        if bool(v.get("mask_empty_context", False)) != bool(want.get("mask_empty_context", False)):
-            return None
-        output = want.get("output", "same")
-        if output == "fp8_e4m3_group":
-            if v.get("output") != "fp8_e4m3_group" or v.get("fp8_group") != {
-                    "group_size": want.get("group_size"), "ue8m0": bool(want.get("ue8m0", False))}:
-                return None
-        elif v.get("output") != output:
-            return None
-        rank = 0
-        for option in ("output_lse", "threshold"):
-            has = bool(v.get("prefix_threshold" if option == "threshold" else option))
-            asked = bool(want.get(option, False))
-            if asked and not has:
-                rank += 100  # the check will refuse the option
-            elif has != asked:
-                rank += 1  # serves, with an option not needed
-        return rank
-    if fam == "merge_states":
-        k = want.get("num_states")
-        fixed = fields.get("num_states")
-        if fixed is not None and fixed != k:
-            return None
-        # This K compiled in beats runtime K; a kernel with an output lse (null = skip) beats one without.
-        asked = bool(want.get("output_lse", False))
-        lse = bool(v.get("output_lse"))
-        return 2 * (fixed is None) + (0 if lse else (100 if asked else 1))
-    if fam == "merge_state_in_place":
-        asked = bool(want.get("mask", False))
-        has = bool(fields.get("mask", False))
-        if asked and not has:
-            return None
-        return int(has != asked)
-    return 0
-
-
 def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output_lse: bool = False,
              threshold: bool = False, output: str = "same", group_size: int | None = None, ue8m0: bool = False,
              lse_layout: str | None = None, num_states: int | None = None, mask: bool = False,
@@ -269,29 +210,53 @@ def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output
     merge_attn_states and mask_empty_context_lse, token-major for merge_state_in_place.
     A True answer means a kernel exists; the argument check still judges strides, alignment and
     overlap at the call."""
-    want = _want(family, output_lse=output_lse, threshold=threshold, output=output, group_size=group_size,
-                 ue8m0=ue8m0, lse_layout=lse_layout, num_states=num_states, mask=mask,
-                 mask_empty_context=mask_empty_context)
-    hit = select(folder(), family, None if family == "mask_empty_context_lse" else dtype, head_size, **want)
+    hit = select(folder(), family, *call(family, dtype, head_size, output_lse=output_lse, threshold=threshold,
+                                         output=output, group_size=group_size, ue8m0=ue8m0, lse_layout=lse_layout,
+                                         num_states=num_states, mask=mask, mask_empty_context=mask_empty_context))
     return hit is not None and hit[1]
 
 
-def _want(family, *, output_lse=False, threshold=False, output="same", group_size=None, ue8m0=False,
-          lse_layout=None, num_states=None, mask=False, mask_empty_context=False) -> dict:
+def call(family, dtype, head_size, *, output_lse=False, threshold=False, output="same", group_size=None, ue8m0=False,
+         lse_layout=None, num_states=None, mask=False, mask_empty_context=False) -> tuple:
+    """The call ``supports()``'s keywords describe, as :func:`select` takes it: ``(args,
+    options)``, one token of one head (so either lse layout fits the sizes; the option decides)."""
+    dt = None if dtype is None else dtype_name(dtype)
+    row = (dt, (1, 1, head_size))
+    lse = ("f32", (1, 1))
+    locations = {"query_start_loc": ("i32", None), "context_start_loc": ("i32", None)}
+    options = {"lse_layout": lse_layout or ("token_major" if family == "merge_state_in_place" else "head_major")}
     if family == "merge_attn_states":
-        want = {"output": output, "output_lse": output_lse, "threshold": threshold,
-                "lse_layout": lse_layout or "head_major", "mask_empty_context": bool(mask_empty_context)}
-        if output == "fp8_e4m3_group":
-            want.update(group_size=group_size, ue8m0=bool(ue8m0))
-        return want
-    if family == "merge_states":
-        return {"num_states": num_states, "output_lse": output_lse}
-    if family == "merge_state_in_place":
-        return {"mask": mask, "lse_layout": lse_layout or "token_major"}
-    if family == "mask_empty_context_lse":
-        return {"lse_layout": lse_layout or "head_major"}
-    raise ValueError(f"unknown family {family!r} (merge_attn_states, merge_states, merge_state_in_place, "
-                     "mask_empty_context_lse)")
+        fp8 = output in ("fp8_e4m3", "fp8_e4m3_group")
+        args = {"output": ("fp8_e4m3" if fp8 else dt, (1, 1, head_size)), "prefix_output": row, "prefix_lse": lse,
+                "suffix_output": row, "suffix_lse": lse}
+        if output == "fp8_e4m3":
+            args["output_scale"] = ("f32", ())
+        elif output == "fp8_e4m3_group":
+            args["output_scales"] = ("f32", (1, head_size // group_size if group_size else 0))
+            options["ue8m0"] = "true" if ue8m0 else "false"
+        if threshold:
+            args["prefill_tokens_with_context"] = None
+        if mask_empty_context:
+            args.update(locations)
+    elif family == "merge_states":
+        k = num_states
+        args = {"output": row, "states": (dt, None if k is None else (1, k, 1, head_size)),
+                "states_lse": ("f32", None if k is None else (1, k, 1))}
+        if k is None:
+            args["num_states"] = None
+        options = {}
+    elif family == "merge_state_in_place":
+        args = {"state": row, "state_lse": lse, "other": row, "other_lse": lse}
+        if mask:
+            args["mask"] = ("u8", (1,))
+    elif family == "mask_empty_context_lse":
+        args = {"lse": lse, **locations}
+    else:
+        raise ValueError(f"unknown family {family!r} (merge_attn_states, merge_states, merge_state_in_place, "
+                         "mask_empty_context_lse)")
+    if output_lse and family in ("merge_attn_states", "merge_states"):
+        args["output_lse"] = ("f32", (1, 1))
+    return args, options
 
 
 def launch_pdl(kernel: dict) -> bool:

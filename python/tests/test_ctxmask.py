@@ -198,7 +198,8 @@ def selected(kern, mask, with_lse, n):
             "mask_empty_context": mask}
     if v["output"] == "fp8_e4m3_group":
         want.update(group_size=v["fp8_group"]["group_size"], ue8m0=v["fp8_group"]["ue8m0"])
-    hit = manifest.select(manifest.folder(), "merge_attn_states", v["dtype"], v["head_size"], **want)
+    hit = manifest.select(manifest.folder(), "merge_attn_states",
+                          *manifest.call("merge_attn_states", v["dtype"], v["head_size"], **want))
     return hit and hit[1] and hit[0]["name"]
 
 

@@ -64,8 +64,8 @@ def _views(buf, T, H, D):
 @pytest.mark.parametrize("delay_ns", [100_000, 0])
 def test_pdl_merge_waits_for_the_late_writer(monkeypatch, delay_ns):
     monkeypatch.setenv("MLA_GEN_KERNELS", str(Path(KERNELS).resolve()))
-    kern = manifest.select(manifest.folder(), "merge_attn_states", "bf16", 128, output="same", output_lse=True,
-                           threshold=True, lse_layout="head_major", mask_empty_context=False)
+    kern = manifest.select(manifest.folder(), "merge_attn_states",
+                           *manifest.call("merge_attn_states", "bf16", 128, output_lse=True, threshold=True))
     assert kern is not None and manifest.launch_pdl(kern[0]), f"{KERNELS} has no pdl bf16 d128 merge with lse"
     T, H, D, n = 1024, 16, 128, 700
     size = 2 * T * H * D * 2 + 2 * H * T * 4

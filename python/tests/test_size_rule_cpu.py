@@ -50,8 +50,8 @@ def test_planned_calls_keep_their_kernel_across_sizes(cpu_launch, rule_kernels):
 
 
 def test_selection_never_returns_a_ranges_kernel(rule_kernels):
-    hit = manifest.select(manifest.folder(), "merge_attn_states", torch.bfloat16, D, output="same",
-                          output_lse=True, threshold=True, lse_layout="head_major", mask_empty_context=False)
+    hit = manifest.select(manifest.folder(), "merge_attn_states",
+                          *manifest.call("merge_attn_states", torch.bfloat16, D, output_lse=True, threshold=True))
     assert hit[0]["name"] == MAIN
     assert mla_gen.supports(torch.bfloat16, D, output_lse=True)
 

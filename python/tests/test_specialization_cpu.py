@@ -97,8 +97,8 @@ def test_a_direct_launch_of_a_twin_gets_its_own_check(cpu_launch, twins):
 
 
 def test_selection_never_returns_a_specialization(twins):
-    hit = manifest.select(manifest.folder(), "merge_attn_states", BF16, D, output="same", output_lse=True,
-                          threshold=True, lse_layout="head_major", mask_empty_context=False)
+    hit = manifest.select(manifest.folder(), "merge_attn_states",
+                          *manifest.call("merge_attn_states", BF16, D, output_lse=True, threshold=True))
     assert hit == (manifest.folder().kernel(MAIN), True)
     assert mla_gen.supports(BF16, D, output_lse=True, threshold=True)
     assert set(mla_gen.available_kernels()) == {MAIN, ALT, MAIN + "_dense", ALT + "_dense"}

@@ -52,7 +52,22 @@ pub fn contract(v: &MergeVariant) -> Contract {
             size_rule: launch.size_rule,
             specializations: launch.specializations,
         },
+        select: select(v),
     }
+}
+
+/// What selects the kernel that its parameters cannot say: the lse layout (`[H, T]` and
+/// `[T, H]` differ only in which size is which, so a call with T = H fits both, and the layout
+/// is never guessed from shapes) and UE8M0 scales (the same parameters either way).
+fn select(v: &MergeVariant) -> BTreeMap<String, String> {
+    let mut s = BTreeMap::new();
+    if !matches!(v.family, Family::MergeStates { .. }) {
+        s.insert("lse_layout".into(), v.lse_layout.name().into());
+    }
+    if let Some(g) = v.fp8_group {
+        s.insert("ue8m0".into(), g.ue8m0.to_string());
+    }
+    s
 }
 
 /// The stride parameters of a dense kernel's `[T, H, D]` tensors bound to the dense strides:

@@ -133,6 +133,9 @@ pub struct KernelEntry {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<crate::contract::Limit>,
     pub launch: Launch,
+    /// What selects the kernel beyond its parameters (docs/MANIFEST.md, "Selection").
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub select: BTreeMap<String, String>,
     pub source: FileRef,
     pub archs: Vec<ArchEntry>,
 }
@@ -219,6 +222,7 @@ pub fn plan(
             constants: contract.constants,
             limits: contract.limits,
             launch: Launch::for_variant(&k.variant),
+            select: contract.select,
             source,
             archs,
         });

@@ -6,7 +6,11 @@
 //! then [`Plan::check`] takes the arguments by name and returns the parameter values in
 //! signature order and the grid, or the first rule they break.
 
+mod fits;
 mod tensor;
+
+pub(crate) use fits::Fit;
+pub use fits::Given;
 
 use crate::contract::{Contract, Expr, ParamKind, Role};
 pub use crate::error::Refusal;
@@ -298,7 +302,6 @@ impl Plan {
     /// Do values another kernel of the same parameters checked also meet this kernel's integer
     /// bounds and limits? What a specialization adds to its general kernel's contract is only
     /// those (docs/MANIFEST.md, "Specializations"), so then this kernel accepts the call too.
-    #[cfg(feature = "runtime")]
     pub(crate) fn accepts_values(&self, values: &[u64]) -> bool {
         let n = self.params.len();
         if values.len() != n {

@@ -15,7 +15,6 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use crate::error::RuntimeError;
 use crate::host::check::{Arg, Checked, Plan, MAX_PARAMS};
 use crate::host::manifest::KernelView;
-use crate::kernel_key::KernelKey;
 
 /// A loaded module; unloaded (in its context) on drop.
 pub(crate) struct Module {
@@ -47,7 +46,6 @@ pub struct Kernel {
     /// The file it was loaded from (`kernels/x.sm_90.cubin`).
     pub loaded_from: String,
     pub(crate) plan: Plan,
-    pub(crate) key: Option<KernelKey>,
     pub(crate) function: sys::CUfunction,
     /// Launch with programmatic stream serialization: the manifest's `launch.pdl` on a device of
     /// compute capability 9.0 or newer (decided once, at load).
@@ -78,10 +76,6 @@ impl Kernel {
     /// The kernel's checker (argument contract with names resolved).
     pub fn plan(&self) -> &Plan {
         &self.plan
-    }
-    /// The options that select it at run time ([`Runtime::dispatch`](crate::host::load::Runtime::dispatch)).
-    pub fn key(&self) -> Option<&KernelKey> {
-        self.key.as_ref()
     }
     /// Whether launches use programmatic dependent launch (`cuLaunchKernelEx` with programmatic
     /// stream serialization): a `pdl` kernel on a device of compute capability 9.0 or newer.

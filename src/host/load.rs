@@ -17,7 +17,7 @@ use crate::constants::ENV_SKIP;
 use crate::error::RuntimeError;
 use crate::host::kernel::{Kernel, LoadedRule, Module};
 use crate::host::manifest::ManifestView;
-use crate::kernel_key::KernelKey;
+use crate::host::select::{Call, Selector};
 
 /// Every kernel of one manifest, loaded into one context.
 #[non_exhaustive]
@@ -28,6 +28,7 @@ pub struct Runtime {
     pub manifest: ManifestView,
     kernels: Vec<Arc<Kernel>>,
     by_name: HashMap<String, usize>,
+    selector: Selector,
 }
 
 // Shared across threads: an engine loads once and launches from any thread.
@@ -87,6 +88,14 @@ impl Runtime {
         read: impl Fn(&str) -> Result<Vec<u8>, RuntimeError>,
     ) -> Result<Runtime, RuntimeError> {
         let manifest = ManifestView::parse(path, text)?;
+        // Selection resolved once: a manifest it cannot read loads nothing.
+        let selector =
+            Selector::new(manifest.kernels.iter().map(Into::into)).map_err(|detail| {
+                RuntimeError::Manifest {
+                    path: path.to_path_buf(),
+                    detail,
+                }
+            })?;
         let cc = ctx.compute_capability()?;
         let driver_cuda =
             crate::host::driver::driver_cuda_version().map_err(RuntimeError::NoDriver)?;
@@ -150,7 +159,6 @@ impl Runtime {
                 meta: k.clone(),
                 loaded_from: artifact.file,
                 plan,
-                key: k.key(),
                 function,
                 programmatic: k.launch.pdl && cc.0 >= 9,
                 size_rule: None,
@@ -166,6 +174,7 @@ impl Runtime {
             manifest,
             kernels,
             by_name,
+            selector,
         })
     }
 
@@ -179,10 +188,22 @@ impl Runtime {
         self.by_name.get(name).map(|&i| &self.kernels[i])
     }
 
-    /// The first kernel built for `key` (dtype, head size and options): what a generated
-    /// module's `dispatch` returns, found by a search here.
-    pub fn dispatch(&self, key: &KernelKey) -> Option<&Arc<Kernel>> {
-        self.kernels.iter().find(|k| k.key.as_ref() == Some(key))
+    /// The kernel that serves `call` (docs/MANIFEST.md, "Selection"): the best of its family
+    /// whose contract takes the call's arguments, element types and sizes; launch it with
+    /// [`crate::host::typed::Launch`] (its size rule and specializations then apply). `None`
+    /// where no kernel serves; [`Runtime::select_for_check`] then gives the kernel whose check
+    /// would name the problem, if one would.
+    pub fn select(&self, call: &Call) -> Option<&Arc<Kernel>> {
+        let c = self.selector.select(call)?;
+        c.serves.then(|| &self.kernels[c.index])
+    }
+
+    /// As [`Runtime::select`], with whether the kernel serves the call: `false` where none
+    /// does and this one's check would name the problem (an integer it does not take, a
+    /// constant the call leaves open, tensors that disagree on a size).
+    pub fn select_for_check(&self, call: &Call) -> Option<(&Arc<Kernel>, bool)> {
+        let c = self.selector.select(call)?;
+        Some((&self.kernels[c.index], c.serves))
     }
 
     /// The kernel called `name`, or [`RuntimeError::NoKernel`] (what a generated module's

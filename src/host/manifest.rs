@@ -12,7 +12,6 @@ use crate::contract::{Contract, LaunchRule, Limit, Param, SCHEMA_VERSION};
 use crate::dtype::Dtype;
 use crate::error::ManifestError;
 use crate::host::check::Plan;
-use crate::kernel_key::KernelKey;
 use crate::variant::{Arch, Family, Fp8Group, LseLayout, OutputKind, Schedule};
 
 /// The manifest: the NVRTC that made the files and every kernel.
@@ -82,6 +81,8 @@ pub struct ArchView {
 #[non_exhaustive]
 pub struct KernelView {
     pub name: String,
+    /// The family's table name (`merge_attn_states`, ...): what a call selects among.
+    pub family: String,
     pub variant: VariantView,
     /// The parameters in signature order, each with its contract.
     pub params: Vec<Param>,
@@ -93,6 +94,9 @@ pub struct KernelView {
     /// Block size, shared memory and the grid rule (the manifest's other launch fields describe
     /// how the kernel was built; no host needs them).
     pub launch: LaunchRule,
+    /// What selects the kernel beyond its parameters; absent: none.
+    #[serde(default)]
+    pub select: BTreeMap<String, String>,
     pub archs: Vec<ArchView>,
 }
 
@@ -183,6 +187,7 @@ impl KernelView {
             constants: self.constants.clone(),
             limits: self.limits.clone(),
             launch: self.launch.clone(),
+            select: self.select.clone(),
         }
     }
 
@@ -191,41 +196,6 @@ impl KernelView {
         Plan::new(&self.name, &self.contract()).map_err(|detail| ManifestError {
             path: "manifest.json".into(),
             detail,
-        })
-    }
-
-    /// What [`KernelKey`] selects this kernel. A kernel of another's size rule, or a
-    /// specialization, has none: launches reach it through that kernel.
-    pub fn key(&self) -> Option<KernelKey> {
-        let v = &self.variant;
-        if v.rows_below.is_some() || v.dense {
-            return None;
-        }
-        let (dtype, lse_layout, output) = (v.dtype, v.lse_layout, v.output);
-        Some(match v.family {
-            Family::MergeAttnStates => KernelKey::MergeAttnStates {
-                dtype,
-                head_size: v.head_size,
-                output,
-                fp8_group: v.fp8_group,
-                prefix_threshold: v.prefix_threshold,
-                output_lse: v.output_lse,
-                lse_layout,
-                mask_empty_context: v.mask_empty_context,
-            },
-            Family::MergeStates { num_states } => KernelKey::MergeStates {
-                dtype,
-                head_size: v.head_size,
-                num_states,
-                output_lse: v.output_lse,
-            },
-            Family::MergeStateInPlace { mask } => KernelKey::MergeStateInPlace {
-                dtype,
-                head_size: v.head_size,
-                mask,
-                lse_layout,
-            },
-            Family::MaskEmptyContextLse => KernelKey::MaskEmptyContextLse { lse_layout },
         })
     }
 
@@ -306,6 +276,7 @@ mod tests {
         let axis = serde_json::json!({"dim": "num_tokens", "per_block": 1, "limit": 1});
         serde_json::from_value(serde_json::json!({
             "name": "k",
+            "family": "merge_attn_states",
             "variant": {"family": "merge_attn_states", "dtype": "bf16", "head_size": 128,
                         "output": "same", "prefix_threshold": true, "output_lse": true,
                         "lse_layout": "head_major",

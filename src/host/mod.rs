@@ -2,7 +2,8 @@
 //! generated kernels. A stack, each layer importing only those under it:
 //!
 //! - always (no GPU, serde only): [`check`], the one launch checker over a manifest's argument
-//!   contract; [`manifest`], the typed manifest every Rust reader uses;
+//!   contract; [`manifest`], the typed manifest every Rust reader uses; [`select`], which
+//!   kernel serves a call, from the manifest's contracts;
 //! - feature `runtime`: `driver` (the driver probe), `args` (arguments by name and the
 //!   per-family argument and shape structs), `kernel` (one loaded kernel and its launches),
 //!   `load` (`Runtime`), `typed` (the safe launch over cudarc views) and
@@ -14,6 +15,7 @@
 
 pub mod check;
 pub mod manifest;
+pub mod select;
 
 #[cfg(feature = "runtime")]
 pub(crate) mod args;

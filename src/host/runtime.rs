@@ -8,6 +8,7 @@
 //! module (`mla_gen::runtime::...`):
 //! - `manifest.rs`: the manifest as the runtime reads it ([`ManifestView`], [`KernelView`]) and
 //!   the artifact rule ([`KernelView::artifact`]);
+//! - `select.rs`: which kernel serves a call, from the manifest ([`Selector`], [`Call`]);
 //! - `args.rs`: arguments by name ([`NamedArgs`]), the per-family argument structs
 //!   ([`MergeArgs`], ...) and the shapes ([`MergeShape`], ...);
 //! - `kernel.rs`: a loaded [`Kernel`] and its launches from raw device addresses (`unsafe`);
@@ -15,7 +16,8 @@
 //! - `typed.rs`: the safe API over cudarc slices and views ([`Launch`]) that the Builder's
 //!   generated module calls.
 //!
-//! The error type is [`RuntimeError`] (`src/error.rs`); [`KernelKey`] is `src/kernel_key.rs`.
+//! The error type is [`RuntimeError`] (`src/error.rs`); which kernel serves a call is
+//! [`Runtime::select`] over `select.rs` ([`Call`], [`Given`]).
 
 pub use crate::contract::Layout;
 pub use crate::error::RuntimeError;
@@ -23,14 +25,14 @@ pub use crate::host::args::{
     DeviceBuffer, GroupScales, InPlaceArgs, InPlaceShape, MaskLseArgs, MaskLseShape, MergeArgs,
     MergeShape, NamedArgs, ScaleLayout, Shape, StatesArgs, StatesLayout, StatesShape,
 };
-pub use crate::host::check::{Arg, Checked, Plan, Refusal};
+pub use crate::host::check::{Arg, Checked, Given, Plan, Refusal};
 pub use crate::host::kernel::{launch_programmatic, Kernel};
 pub use crate::host::load::Runtime;
 pub use crate::host::manifest::{
     ArchView, Artifact, FileView, KernelView, ManifestView, NvrtcView, VariantView,
 };
+pub use crate::host::select::{Call, Choice, Selector};
 pub use crate::host::typed::{Element, Launch};
-pub use crate::kernel_key::KernelKey;
 
 /// Is a CUDA driver library present? Never panics (touching cudarc without a driver does, under
 /// cudarc's dynamic loading), and compiles whatever linking mode the engine chose for cudarc:

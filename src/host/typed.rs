@@ -6,7 +6,7 @@
 //! lives until the launch is enqueued, so cudarc orders other streams' work around it.
 //!
 //! The Builder's generated module (`mla_gen_kernels.rs`) calls this with one method per kernel,
-//! its element types fixed at compile time; [`crate::kernel_key::KernelKey`] picks a kernel at
+//! its element types fixed at compile time; [`crate::host::load::Runtime::select`] picks a kernel at
 //! run time. The integers travel as [`Shape`]s (`args.rs`).
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};

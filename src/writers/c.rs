@@ -24,7 +24,7 @@ const MAX_DIMS: usize = 8;
 /// does not make.
 const MAX_DEFAULT_SHARED_MEM: u32 = 48 * 1024;
 
-const TEMPLATES: [(&str, &str); 3] = [
+const TEMPLATES: [(&str, &str); 4] = [
     (
         "mla_kernels.h.tera",
         include_str!("../../templates/c/mla_kernels.h.tera"),
@@ -37,6 +37,11 @@ const TEMPLATES: [(&str, &str); 3] = [
     (
         "mla_check.c.tera",
         include_str!("../../templates/c/mla_check.c.tera"),
+    ),
+    // Section 6 of the .c, selection and the launch by name, included by it.
+    (
+        "mla_select.c.tera",
+        include_str!("../../templates/c/mla_select.c.tera"),
     ),
 ];
 
@@ -175,6 +180,10 @@ struct Kernel {
     limits: Vec<String>,
     /// Its specializations (`launch.specializations`), in the order they are tried.
     specials: Vec<Special>,
+    /// Its `select` block as C string literals, key then value, each pair followed by `, `.
+    select: String,
+    /// 1: another kernel's size rule or specializations name it, so no call selects it.
+    reached: u8,
 }
 
 /// A specialization as its general kernel's table names it: the kernel, and the tests (rows of
@@ -232,6 +241,15 @@ pub fn launcher(
                 )));
             }
         }
+    }
+    // Kernels a launch reaches only through another are never selected.
+    for k in &mut kernels {
+        k.reached = u8::from(manifest.kernels.iter().any(|e| {
+            let rule = e.launch.size_rule.iter().flat_map(|r| &r.ranges);
+            rule.map(|r| &r.kernel)
+                .chain(&e.launch.specializations)
+                .any(|n| *n == k.name)
+        }));
     }
     // A specialization is launched in place of its kernel where the checked values pass its tests.
     for (k, entry) in kernels.iter_mut().zip(&manifest.kernels) {
@@ -292,6 +310,10 @@ pub fn launcher(
     ctx.insert("max_params", &MAX_PARAMS);
     ctx.insert("max_factors", &MAX_FACTORS);
     ctx.insert("max_dims", &MAX_DIMS);
+    ctx.insert(
+        "max_fields",
+        &families.iter().map(|f| f.fields.len()).max().unwrap_or(1),
+    );
     let mut out = FileSet::new();
     for (template, file) in ["mla_kernels.h.tera", "mla_kernels.c.tera"]
         .into_iter()

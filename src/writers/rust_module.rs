@@ -1,7 +1,7 @@
 //! The Rust module the Builder writes for `include!` (`mla_gen_kernels.rs`): the kernels'
 //! images embedded, `load(ctx)` returning a `Kernels` struct with one resolved handle per
 //! kernel, one typed method per kernel over cudarc views (`mla_gen::runtime::Launch`), and
-//! `dispatch`, which picks a kernel from a `mla_gen::runtime::KernelKey` at run time. Writing it
+//! `select`, the runtime's generic choice of a kernel for a call. Writing it
 //! needs no GPU and no cudarc (build scripts build-depend on feature `codegen` only).
 
 use std::fmt::Write as _;
@@ -30,9 +30,6 @@ pub struct BindingKernel {
     pub fp8_group: Option<(u32, bool)>,
     /// Fuses the empty-context lse mask (takes the requests' start locations).
     pub mask_empty_context: bool,
-    /// A kernel of another's size rule, or a specialization: launched through that one, so
-    /// `dispatch` never returns it (its own method launches it as itself).
-    pub rule_kernel: bool,
     /// The parameters in signature order, with their contracts.
     pub params: Vec<Param>,
 }
@@ -50,7 +47,6 @@ impl BindingKernel {
             fp8_output: v.output == OutputKind::Fp8E4m3,
             fp8_group: v.fp8_group.map(|g| (g.group_size, g.ue8m0)),
             mask_empty_context: v.mask_empty_context,
-            rule_kernel: v.rows_below.is_some() || v.dense,
             params: crate::gen::abi::params(v),
         }
     }
@@ -77,7 +73,6 @@ impl BindingKernel {
             fp8_output: v.output == OutputKind::Fp8E4m3,
             fp8_group: v.fp8_group.map(|g| (g.group_size, g.ue8m0)),
             mask_empty_context: v.mask_empty_context,
-            rule_kernel: v.rows_below.is_some() || v.dense,
             params: k.params.clone(),
         }
     }
@@ -164,45 +159,6 @@ impl BindingKernel {
                 ],
             ),
             spec::Family::MaskEmptyContextLse => ("MaskLseShape", &["num_requests", TH[0], TH[1]]),
-        }
-    }
-
-    /// The `dispatch` match pattern that selects this kernel.
-    fn key_pattern(&self) -> String {
-        let lse = if self.head_major {
-            "L::HeadMajor"
-        } else {
-            "L::TokenMajor"
-        };
-        let dtype = format!("D::{:?}", self.dtype);
-        match self.family {
-            spec::Family::MergeAttnStates => {
-                let (output, group) = match (self.fp8_group, self.fp8_output) {
-                    (Some((g, u)), _) => (
-                        "O::Fp8E4m3Group",
-                        format!("Some(G {{ group_size: {g}, ue8m0: {u} }})"),
-                    ),
-                    (None, true) => ("O::Fp8E4m3", "None".into()),
-                    (None, false) => ("O::Same", "None".into()),
-                };
-                format!(
-                    "K::MergeAttnStates {{ dtype: {dtype}, head_size: {}, output: {output}, fp8_group: {group}, prefix_threshold: {}, output_lse: {}, lse_layout: {lse}, mask_empty_context: {} }}",
-                    self.head_size, self.prefix_threshold, self.output_lse, self.mask_empty_context
-                )
-            }
-            spec::Family::MergeStates { num_states } => format!(
-                "K::MergeStates {{ dtype: {dtype}, head_size: {}, num_states: {}, output_lse: {} }}",
-                self.head_size,
-                num_states.map_or("None".into(), |n| format!("Some({n})")),
-                self.output_lse
-            ),
-            spec::Family::MergeStateInPlace { mask } => format!(
-                "K::MergeStateInPlace {{ dtype: {dtype}, head_size: {}, mask: {mask}, lse_layout: {lse} }}",
-                self.head_size
-            ),
-            spec::Family::MaskEmptyContextLse => {
-                format!("K::MaskEmptyContextLse {{ lse_layout: {lse} }}")
-            }
         }
     }
 
@@ -335,16 +291,7 @@ pub fn rust_module(
     }
     let _ = write!(
         s,
-        "\n    /// The kernel the spec built for `key` (dtype, head size and options), picked at run\n    /// time; launch it with [`{RT}::Launch`].\n    #[allow(unreachable_patterns, clippy::match_single_binding)]\n    pub fn dispatch(&self, key: &{RT}::KernelKey) -> Option<&{RT}::Kernel> {{\n        #[allow(unused_imports)]\n        use {{mla_gen::dtype::Dtype as D, mla_gen::variant::Fp8Group as G, mla_gen::variant::LseLayout as L, mla_gen::variant::OutputKind as O, {RT}::KernelKey as K}};\n        match *key {{\n"
+        "\n    /// The kernel that serves `call` (docs/MANIFEST.md, \"Selection\"), picked at run time\n    /// from the manifest's contracts; launch it with [`{RT}::Launch`].\n    pub fn select(&self, call: &{RT}::Call) -> Option<&{RT}::Kernel> {{\n        self.runtime.select(call).map(|k| k.as_ref())\n    }}\n}}\n"
     );
-    for k in kernels.iter().filter(|k| !k.rule_kernel) {
-        let _ = writeln!(
-            s,
-            "            {} => Some(self.{}.as_ref()),",
-            k.key_pattern(),
-            k.name
-        );
-    }
-    s.push_str("            _ => None,\n        }\n    }\n}\n");
     s
 }

@@ -116,6 +116,18 @@ pub fn build_and_run(exe: &Path, includes: &[&Path], sources: &[PathBuf]) -> Str
     stdout
 }
 
+/// Write `program` to `dir/<stem>.c`, build it with the launcher in `launcher` and the stub
+/// driver, run it; its stdout.
+pub fn run_program(dir: &Path, launcher: &Path, stem: &str, program: &str) -> String {
+    let main = dir.join(format!("{stem}.c"));
+    std::fs::write(&main, program).unwrap();
+    build_and_run(
+        &dir.join(stem),
+        &[launcher],
+        &[main, launcher.join("mla_kernels.c")],
+    )
+}
+
 /// A file of tests/c.
 pub fn test_file(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -96,10 +96,13 @@ pub fn kernels_of(spec_text: &str) -> Vec<KernelView> {
             let c = mla_gen::abi::contract(v);
             serde_json::from_value(serde_json::json!({
                 "name": v.kernel_name(),
+                "family": v.family.table(),
                 "variant": v,
                 "params": c.params,
                 "constants": c.constants,
+                "limits": c.limits,
                 "launch": c.launch,
+                "select": c.select,
                 "archs": [],
             }))
             .unwrap()

@@ -1,5 +1,5 @@
 //! Merge two attention states (into bf16, then into FP8 with per-token-group scales), then four
-//! (the kernel picked at run time by `dispatch`), then mask the lse of requests without context
+//! (the kernel picked at run time by `select`), then mask the lse of requests without context
 //! and merge in place, on the GPU through the module `build.rs` generated; check every element
 //! against mla-gen's float64 reference. Prints "N passed, M failed".
 
@@ -10,7 +10,7 @@ use mla_gen::dtype::Dtype;
 use mla_gen::half::bf16;
 use mla_gen::reference;
 use mla_gen::runtime::{
-    self, InPlaceShape, KernelKey, Launch, MaskLseShape, MergeShape, ScaleLayout, StatesShape,
+    self, Call, Given, InPlaceShape, Launch, MaskLseShape, MergeShape, ScaleLayout, StatesShape,
 };
 
 mod kernels {
@@ -170,8 +170,8 @@ fn run() -> Result<usize, Box<dyn std::error::Error>> {
             }
         }
     }
-    // Four states per token, [T, 4, H, D], merged in one pass by the kernel `dispatch` picks for
-    // these options at run time, launched through the generic `Launch`.
+    // Four states per token, [T, 4, H, D], merged in one pass by the kernel `select` picks for
+    // this call at run time (from the manifest's contracts), launched through the generic `Launch`.
     const K: usize = 4;
     let states: Vec<bf16> = (0..T * K * H * D)
         .map(|_| bf16::from_f64(uniform() * 8.0 - 4.0))
@@ -183,14 +183,16 @@ fn run() -> Result<usize, Box<dyn std::error::Error>> {
     let d_states_lse = stream.clone_htod(&states_lse)?;
     let mut d_out = stream.clone_htod(&vec![bf16::NAN; T * H * D])?;
     let mut d_olse = stream.clone_htod(&vec![f32::NAN; T * H])?;
-    let kway = k
-        .dispatch(&KernelKey::MergeStates {
-            dtype: Dtype::Bf16,
-            head_size: D as u32,
-            num_states: Some(K as u32),
-            output_lse: true,
-        })
-        .ok_or("engine.toml has no K = 4 merge")?;
+    let states_shape = [T, K, H, D].map(|n| n as i64);
+    let call = Call {
+        family: "merge_states",
+        args: &[
+            ("states", Given::buffer("bf16", &states_shape)),
+            ("output_lse", Given::buffer("f32", &[T as i64, H as i64])),
+        ],
+        options: &[],
+    };
+    let kway = k.select(&call).ok_or("engine.toml has no K = 4 merge")?;
     let mut launch = Launch::new(kway, &stream);
     launch
         .output("output", &mut d_out)

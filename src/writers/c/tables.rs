@@ -182,6 +182,9 @@ pub(super) fn param_row(
         if p.nullable {
             row.push(".nullable = 1".into());
         }
+        if let Some(elem) = &p.elem {
+            row.push(format!(".elem = {}", string(elem)));
+        }
         row.push(format!(".elem_bytes = {}", p.elem_bytes.max(1)));
         if let Some(t) = &p.tensor {
             if t.dims.len() > MAX_DIMS {
@@ -383,6 +386,12 @@ pub(super) fn kernel(
             .map(|l| limit(k, l, "\n      "))
             .collect::<Result<_, _>>()?,
         specials: Vec::new(), // filled by `launcher`, which sees the other kernels
+        select: k
+            .select
+            .iter()
+            .map(|(key, value)| format!("{}, {}, ", string(key), string(value)))
+            .collect(),
+        reached: 0, // likewise
     })
 }
 

@@ -1,0 +1,226 @@
+//! Which kernel of a manifest serves a call, from the manifest alone (docs/MANIFEST.md,
+//! "Selection"): the kernels of the call's family whose contract takes it, ranked by unused
+//! optional parameters, then sizes passed at run time, then `pdl`; and which kernel a launch of
+//! the chosen one runs (its size rule, then its specializations). One generic function over
+//! data: no family is named here. The C launcher and the Python package implement the same
+//! rule; `tests/contract/select.json` holds the choices all three must make.
+
+use std::collections::BTreeMap;
+
+use crate::contract::{LaunchRule, Param};
+use crate::host::check::{Fit, Given, Plan};
+use crate::host::manifest::KernelView;
+
+/// A call as selection sees it: its family, the arguments it gives (a null buffer is not
+/// given), and the options the kernels' `select` blocks name (`lse_layout`, `ue8m0`).
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    pub family: &'a str,
+    pub args: &'a [(&'a str, Given<'a>)],
+    pub options: &'a [(&'a str, &'a str)],
+}
+
+/// The kernel a call selected: its index in the manifest, and whether it serves the call
+/// (`false`: no kernel does, and this one's check names what it does not take).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Choice {
+    pub index: usize,
+    pub serves: bool,
+}
+
+/// What selection reads of one kernel: its manifest entry's name, family, contract and
+/// `select` block.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'a> {
+    pub name: &'a str,
+    pub family: &'a str,
+    pub params: &'a [Param],
+    pub constants: &'a BTreeMap<String, String>,
+    pub limits: &'a [crate::contract::Limit],
+    pub launch: &'a LaunchRule,
+    pub select: &'a BTreeMap<String, String>,
+}
+
+impl<'a> From<&'a KernelView> for Entry<'a> {
+    fn from(k: &'a KernelView) -> Entry<'a> {
+        Entry {
+            name: &k.name,
+            family: &k.family,
+            params: &k.params,
+            constants: &k.constants,
+            limits: &k.limits,
+            launch: &k.launch,
+            select: &k.select,
+        }
+    }
+}
+
+/// One kernel, resolved once.
+#[derive(Debug, Clone)]
+struct Candidate {
+    name: String,
+    family: String,
+    plan: Plan,
+    select: Vec<(String, String)>,
+    pdl: bool,
+    /// Named by another kernel's size rule or specializations: launches reach it through
+    /// that kernel, so no call selects it.
+    reached: bool,
+    rule: Option<Rule>,
+    specializations: Vec<usize>,
+}
+
+/// A size rule: the two parameters whose product counts rows, and per range (bound, kernel).
+type Rule = ([usize; 2], Vec<(u64, usize)>);
+
+/// Every kernel of a manifest, ready to select among (built once, at load).
+#[derive(Debug, Clone)]
+pub struct Selector {
+    kernels: Vec<Candidate>,
+}
+
+impl Selector {
+    /// Resolve every kernel's contract and the kernels they name; an error names what the
+    /// manifest gets wrong.
+    pub fn new<'a>(entries: impl IntoIterator<Item = Entry<'a>>) -> Result<Selector, String> {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let index = |name: &str| {
+            entries
+                .iter()
+                .position(|e| e.name == name)
+                .ok_or_else(|| format!("a kernel names {name}, which the manifest lacks"))
+        };
+        let mut kernels = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let contract = crate::contract::Contract {
+                params: e.params.to_vec(),
+                constants: e.constants.clone(),
+                limits: e.limits.to_vec(),
+                launch: e.launch.clone(),
+                select: e.select.clone(),
+            };
+            let plan = Plan::new(e.name, &contract)?;
+            let rule = match &e.launch.size_rule {
+                Some(r) => {
+                    let param = |n: &str| {
+                        plan.param_names().position(|p| p == n).ok_or_else(|| {
+                            format!(
+                                "{}: its size rule counts rows by `{n}`, which is not a parameter",
+                                e.name
+                            )
+                        })
+                    };
+                    let rows = [param(&r.rows[0])?, param(&r.rows[1])?];
+                    let ranges = r
+                        .ranges
+                        .iter()
+                        .map(|x| Ok((x.below_rows, index(&x.kernel)?)))
+                        .collect::<Result<_, String>>()?;
+                    Some((rows, ranges))
+                }
+                None => None,
+            };
+            kernels.push(Candidate {
+                name: e.name.to_string(),
+                family: e.family.to_string(),
+                plan,
+                select: e
+                    .select
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                pdl: e.launch.pdl,
+                reached: false,
+                rule,
+                specializations: e
+                    .launch
+                    .specializations
+                    .iter()
+                    .map(|n| index(n))
+                    .collect::<Result<_, String>>()?,
+            });
+        }
+        for i in 0..kernels.len() {
+            let named: Vec<usize> = kernels[i]
+                .rule
+                .iter()
+                .flat_map(|(_, ranges)| ranges.iter().map(|r| r.1))
+                .chain(kernels[i].specializations.iter().copied())
+                .collect();
+            for j in named {
+                kernels[j].reached = true;
+            }
+        }
+        Ok(Selector { kernels })
+    }
+
+    /// The kernel that serves `call`: among the kernels of its family that no other kernel
+    /// names, those whose `select` block the call's options state alike and whose contract
+    /// takes the call; the fewest unused optional parameters, then the fewest integer
+    /// parameters, then `pdl`, then manifest order. Where none takes it but one would be
+    /// judged by its check (an integer it does not take, a constant the call leaves open, two
+    /// tensors that disagree on a size), the best such one with `serves: false`.
+    pub fn select(&self, call: &Call) -> Option<Choice> {
+        let mut best: Option<((bool, u32, u32, bool), usize)> = None;
+        for (i, k) in self.kernels.iter().enumerate() {
+            if k.family != call.family || k.reached {
+                continue;
+            }
+            let stated = k
+                .select
+                .iter()
+                .all(|(key, value)| call.options.iter().any(|(o, v)| o == key && v == value));
+            if !stated {
+                continue;
+            }
+            let (near, unused) = match k.plan.fits(call.args) {
+                Fit::No => continue,
+                Fit::Near { unused } => (true, unused),
+                Fit::Yes { unused } => (false, unused),
+            };
+            let rank = (near, unused, k.plan.int_params(), !k.pdl);
+            if best.as_ref().is_none_or(|(b, _)| rank < *b) {
+                best = Some((rank, i));
+            }
+        }
+        best.map(|((near, ..), index)| Choice {
+            index,
+            serves: !near,
+        })
+    }
+
+    /// The kernel a launch of kernel `index` with these checked values runs: its size rule's
+    /// kernel for the rows (else itself), then the first of that one's specializations whose
+    /// integer bounds and limits the values meet (else itself).
+    pub fn launched(&self, index: usize, values: &[u64]) -> usize {
+        let k = &self.kernels[index];
+        let chosen = match &k.rule {
+            Some((rows, ranges)) => {
+                let [a, b] = rows.map(|i| values.get(i).copied().unwrap_or(u64::MAX));
+                let rows = a.saturating_mul(b);
+                ranges
+                    .iter()
+                    .find(|(below, _)| rows < *below)
+                    .map_or(index, |r| r.1)
+            }
+            None => index,
+        };
+        self.kernels[chosen]
+            .specializations
+            .iter()
+            .copied()
+            .find(|&s| self.kernels[s].plan.accepts_values(values))
+            .unwrap_or(chosen)
+    }
+
+    /// Kernel `index`'s name.
+    pub fn name(&self, index: usize) -> &str {
+        &self.kernels[index].name
+    }
+
+    /// Kernel `index`'s checker.
+    pub fn plan(&self, index: usize) -> &Plan {
+        &self.kernels[index].plan
+    }
+}
