@@ -178,27 +178,19 @@ def _c_launcher(work: Path):
 
 
 def _table(launcher_dir: Path, dest: Path):
-    """mla_gen_table.h: each merge_attn_states kernel a call can name, with what selects it, and
-    the argument fields only some folders have."""
+    """mla_gen_table.h: the launcher of each merge_attn_states kernel a call can name, and the
+    argument fields only some folders have."""
     manifest = json.loads((kernels_folder() / "manifest.json").read_text())
     reached = set()
     for k in manifest["kernels"]:
         rule = k["launch"].get("size_rule") or {}
         reached.update(r["kernel"] for r in rule.get("ranges", []))
         reached.update(k["launch"].get("specializations", []))
-    dtypes = {"f16": "F16", "bf16": "BF16", "f32": "F32"}
-    rows = []
-    for k in manifest["kernels"]:
-        v = k["variant"]
-        if (v.get("family") != "merge_attn_states" or k["name"] in reached or v.get("rows_below") is not None
-                or v.get("output") not in ("same", "fp8_e4m3") or v.get("dtype") not in dtypes):
-            continue
-        rows.append(f'    {{"{k["name"]}", {dtypes[v["dtype"]]}, {v["head_size"]}, {int(v["output"] == "fp8_e4m3")}, '
-                    f'{int(v.get("lse_layout") == "token_major")}, {int(bool(v.get("output_lse")))}, '
-                    f'{int(bool(v.get("prefix_threshold")))}, {int(bool(v.get("mask_empty_context")))}, '
-                    f'{int(bool(v.get("pdl")))}, &mla_{k["name"]}}},')
+    # The launchers by name only: which kernel serves a call is mla_select's (the C launcher's).
+    rows = [f'    {{"{k["name"]}", &mla_{k["name"]}}},' for k in manifest["kernels"]
+            if k["variant"].get("family") == "merge_attn_states" and k["name"] not in reached]
     if not rows:
-        rows.append('    {"", -1, 0, 0, 0, 0, 0, 0, 0, nullptr},')  # no merge kernel: every call is refused
+        rows.append('    {"", nullptr},')  # no merge kernel: every call is refused
     header = (launcher_dir / "mla_kernels.h").read_text()
     struct = re.search(r"typedef struct mla_merge_attn_states_args \{(.*?)\} mla_merge_attn_states_args;", header, re.S)
     fields = set(re.findall(r"(\w+);", struct.group(1))) if struct else set()

@@ -41,15 +41,11 @@ typedef mla_status (*Launcher)(CUstream, const mla_merge_attn_states_args*);
 
 enum Dtype { F16 = 0, BF16 = 1, F32 = 2 };
 
-// One launcher of the folder's merge_attn_states kernels that a call can name (not a size rule's
-// range or a specialization: the launcher reaches those itself).
+// The launcher of each of the folder's merge_attn_states kernels that a call can name (not a size
+// rule's range or a specialization: the launcher reaches those itself). Which one serves a call
+// is the C launcher's selection (mla_select), not this table's.
 struct Entry {
     const char* name;
-    int dtype;        // Dtype
-    int64_t head_size;
-    int fp8;          // output = "fp8_e4m3" (per-tensor scale)
-    int token_major;  // lse_layout
-    int output_lse, threshold, ctxmask, pdl;
     Launcher launch;
 };
 
@@ -203,34 +199,51 @@ void expect(const View& v, const int64_t* sizes, const int64_t* strides, int n, 
     shape_error(v, want, sizes, strides, n);
 }
 
-// The kernel the Python path would choose (mla_gen/manifest.py's _rank): exactly the options
-// asked first; a missing output lse or threshold only when nothing else serves (the launcher then
-// names it); of two that differ in pdl only, the pdl one.
-int choose(int dtype, int64_t head_size, int fp8, int lse, int thr, int ctx) {
-    int best = -1, best_rank = 0;
-    for (int i = 0; i < kNumEntries; ++i) {
-        const Entry& e = kEntries[i];
-        if (e.dtype != dtype || e.head_size != head_size || e.fp8 != fp8 || e.token_major || e.ctxmask != ctx)
-            continue;
-        int rank = 0;
-        rank += lse && !e.output_lse ? 200 : (lse != e.output_lse ? 2 : 0);
-        rank += thr && !e.threshold ? 200 : (thr != e.threshold ? 2 : 0);
-        rank += e.pdl ? 0 : 1;
-        if (best < 0 || rank < best_rank) best = i, best_rank = rank;
+// The kernel that serves a call, by the rule every host applies (docs/MANIFEST.md, "Selection";
+// the C launcher's mla_select, held to tests/contract/select.json like Rust and Python): the
+// call's buffers with their element types and sizes, the threshold given or not (its value left
+// open, as a plan of the Python path leaves it), head-major lse. -1 where no kernel serves or the
+// one chosen has no launcher here.
+int choose(const char* elem, const char* out_elem, int64_t T, int64_t H, int64_t D, bool lse, bool thr, bool scale,
+           int64_t B) {
+    const int64_t rows[3] = {T, H, D}, lse_shape[2] = {H, T}, locs[1] = {B + 1};
+    mla_given given[9];
+    int n = 0;
+    auto buffer = [&](const char* name, const char* e, int rank, const int64_t* shape) {
+        given[n++] = mla_given{name, 0, 0, 0, e, rank, shape};
+    };
+    buffer("output", out_elem, 3, rows);
+    buffer("prefix_output", elem, 3, rows);
+    buffer("prefix_lse", "f32", 2, lse_shape);
+    buffer("suffix_output", elem, 3, rows);
+    buffer("suffix_lse", "f32", 2, lse_shape);
+    if (lse) buffer("output_lse", "f32", 2, lse_shape);
+    if (scale) buffer("output_scale", "f32", 0, nullptr);
+    if (B >= 0) {
+        buffer("query_start_loc", "i32", 1, locs);
+        buffer("context_start_loc", "i32", 1, locs);
     }
-    return best;
+    if (thr) given[n++] = mla_given{"prefill_tokens_with_context", 1, 0, 0, nullptr, 0, nullptr};
+    const mla_option head_major{"lse_layout", "head_major"};
+    const char* name = mla_select("merge_attn_states", given, n, &head_major, 1, nullptr);
+    if (!name) return -1;
+    for (int i = 0; i < kNumEntries; ++i)
+        if (std::strcmp(kEntries[i].name, name) == 0) return i;
+    return -1;
 }
 
-// The last choice, for the next call with the same key (a packed key and index; any thread).
+// The last choice, for the next call with the same key (a packed key and index; any thread):
+// what selection reads of a call (dtypes, head size, the optional arguments given) decides it.
 std::atomic<uint64_t> last_choice{~0ull};
 
-int chosen(int dtype, int64_t head_size, int fp8, int lse, int thr, int ctx) {
-    if (head_size < 0 || head_size >= (1 << 20)) return -1;
-    const uint64_t key = (uint64_t)head_size | (uint64_t)dtype << 20 | (uint64_t)fp8 << 22 | (uint64_t)lse << 23 |
+int chosen(int dtype, const char* elem, int64_t T, int64_t H, int64_t D, int fp8, int lse, int thr, int64_t B) {
+    if (D < 0 || D >= (1 << 20)) return -1;
+    const int ctx = B >= 0;
+    const uint64_t key = (uint64_t)D | (uint64_t)dtype << 20 | (uint64_t)fp8 << 22 | (uint64_t)lse << 23 |
                          (uint64_t)thr << 24 | (uint64_t)ctx << 25;
     const uint64_t last = last_choice.load(std::memory_order_relaxed);
     if ((last & 0xffffffffull) == key) return (int)(last >> 32);
-    const int i = choose(dtype, head_size, fp8, lse, thr, ctx);
+    const int i = choose(elem, fp8 ? "fp8_e4m3" : elem, T, H, D, lse, thr, fp8, B);
     if (i >= 0) last_choice.store(key | (uint64_t)i << 32, std::memory_order_relaxed);
     return i;
 }
@@ -334,7 +347,9 @@ void merge_attn_states_boxed(StableIValue* stack, uint64_t num_args, uint64_t nu
     const int64_t T = prefix.sizes[0], H = prefix.sizes[1], D = prefix.sizes[2];
     const int dtype = prefix.dtype == c.f16 ? F16 : prefix.dtype == c.bf16 ? BF16 : prefix.dtype == c.f32 ? F32 : -1;
     const int fp8 = scale_h != nullptr;
-    const int i = dtype < 0 ? -1 : chosen(dtype, D, fp8, out_lse_h != nullptr, thr, qsl_h != nullptr);
+    const int64_t B = qsl_h && qsl.dim == 1 ? qsl.sizes[0] - 1 : (qsl_h ? 0 : -1);
+    const int i = dtype < 0 ? -1
+                            : chosen(dtype, dtype_name(prefix.dtype), T, H, D, fp8, out_lse_h != nullptr, thr, B);
     if (i < 0)
         fail("no generated merge_attn_states kernel for dtype=%s, head_size=%lld, output=%s, lse_layout=head_major%s "
              "in %s; add it to the spec ([[merge_attn_states]]) and regenerate, or set MLA_GEN_KERNELS",
@@ -367,10 +382,8 @@ void merge_attn_states_boxed(StableIValue* stack, uint64_t num_args, uint64_t nu
             expect(*t, lse_sizes, lse_strides, 2, "HT");
         }
     }
-    int64_t B = 0;
     if (qsl_h) {
         if (qsl.dim != 1) fail("query_start_loc must have 1 dimension [B + 1], got %lld", (long long)qsl.dim);
-        B = qsl.sizes[0] - 1;
         const int64_t s[1] = {B + 1}, st[1] = {1};
         expect(qsl, s, st, 1, "B");
         expect(csl, s, st, 1, "B");

@@ -174,7 +174,10 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
         return _merge_other(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
                             prefill_tokens_with_context, output_scale, output_group_scales, ue8m0, lse_layout,
                             query_start_loc, context_start_loc)
-    if _compiled is not None and lse_layout == "head_major" and _env_get(_ENV_KEY) is None:
+    # (A threshold that is not an int, a 0-dim tensor say, goes to the Python path, which refuses it:
+    # the op's SymInt would take it.)
+    if (_compiled is not None and lse_layout == "head_major" and _env_get(_ENV_KEY) is None
+            and (prefill_tokens_with_context is None or type(prefill_tokens_with_context) is int)):
         try:
             return _compiled(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
                              prefill_tokens_with_context, output_scale)
