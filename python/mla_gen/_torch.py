@@ -16,8 +16,10 @@ plain merge_attn_states and its operator share one fast path (``_merge``), each 
 so that code calling both with different layouts does not make each call look its plan up again.
 
 Where the compiled op serves torch.ops.mla_gen.merge_attn_states (mla_gen._ext), the plain
-merge_attn_states calls it first (``_compiled``) for the calls it can take, and comes here only
-for the others and for those it refused.
+merge_attn_states still comes here: on the H200 its fast path costs less per call than the
+compiled op (GPU runs 74-75: 7.41 against 7.61 us, 10.70 against 12.11 us; docs/PERFORMANCE.md,
+session 9), which checks the whole contract on every call where this path checks only what a
+plan of the call's layouts leaves open.
 """
 
 from __future__ import annotations
@@ -122,10 +124,6 @@ def _slotted(slot, kind, options, tensors, free):
 # (torch.ops.mla_gen.merge_attn_states), the function's with the start locations (a plan per
 # (T, B), reused while they stay). The plan stays at [2]: python/bench/host_cost.py reads it.
 _last_pair = [None, None, None, None]
-# The compiled op's entry (torch.ops.mla_gen.merge_attn_states in C++, set by ops.py where it
-# loaded), which the plain function calls for the calls it serves: head-major lse, the package's
-# own kernels ($MLA_GEN_KERNELS unset).
-_compiled = None
 _last_pair_op = [None, None, None, None]
 _last_ctx = [None, None, None, None]
 
@@ -174,15 +172,6 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
         return _merge_other(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
                             prefill_tokens_with_context, output_scale, output_group_scales, ue8m0, lse_layout,
                             query_start_loc, context_start_loc)
-    # (A threshold that is not an int, a 0-dim tensor say, goes to the Python path, which refuses it:
-    # the op's SymInt would take it.)
-    if (_compiled is not None and lse_layout == "head_major" and _env_get(_ENV_KEY) is None
-            and (prefill_tokens_with_context is None or type(prefill_tokens_with_context) is int)):
-        try:
-            return _compiled(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
-                             prefill_tokens_with_context, output_scale)
-        except (RuntimeError, TypeError):
-            pass  # nothing launched: the Python path below raises the typed error (or serves the call)
     _merge(_last_pair, lse_layout, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
            output_scale, prefill_tokens_with_context)
 

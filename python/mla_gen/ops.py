@@ -3,8 +3,8 @@ dispatches through torch.ops. Registered once, at import, with
 ``torch.library.Library("mla_gen", "DEF")`` define/impl (not the @custom_op decorator, which
 costs 12-19 us a call); each op has a fake (meta) implementation, so torch.compile traces it
 and meta tensors run it. Where the package has its compiled op (mla_gen._ext: C++ on the
-LibTorch stable ABI), that implements ``merge_attn_states`` for CUDA instead of Python, and the
-plain function calls it too; ``compiled`` says which.
+LibTorch stable ABI), that implements ``merge_attn_states`` for CUDA instead of Python (the
+plain function keeps its Python fast path, cheaper per call); ``compiled`` says which.
 
 - ``merge_attn_states``: vLLM's schema, ``torch.ops._C.merge_attn_states``'s arguments, then
   ``query_start_loc``, ``context_start_loc`` (both or neither: the fused empty-context mask).
@@ -139,11 +139,6 @@ def _register():
         else:  # torch < 2.4
             torch.library.impl_abstract(f"{NAMESPACE}::{name}", FAKES[name], lib=lib)
     _lib = lib  # the ops live as long as this object
-    if compiled:
-        # The plain function calls the same compiled entry (the overload's C++ callable: no
-        # Python frame of OpOverload.__call__ in between).
-        overload = torch.ops.mla_gen.merge_attn_states.default
-        _t._compiled = getattr(overload, "_op", overload)
 
 
 _register()

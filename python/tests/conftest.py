@@ -145,7 +145,6 @@ def cpu_launch(monkeypatch):
             return 0xF00
 
     monkeypatch.setattr(_torch, "_DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(_torch, "_compiled", None)  # the Python path (the compiled op runs CUDA tensors)
     monkeypatch.setattr(_torch, "_plans", {})
     for slot in ("_last_pair", "_last_pair_op", "_last_ctx"):
         monkeypatch.setattr(_torch, slot, [None] * 4)
