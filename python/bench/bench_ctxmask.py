@@ -3,6 +3,10 @@
   fused   merge_attn_states with query_start_loc/context_start_loc (a `_ctxmask` kernel)
   pair    mask_empty_context_lse on prefix_lse (in place), then the plain merge
   copy    a device copy moving the fused merge's bytes (read + written): the limit
+  vllm    with --peers DIR (libpeers_vllm.so, scripts/gpu/peers.sh run builds it): vLLM's
+          pipeline as it runs it, written here and labelled vLLM-style: a Triton kernel writing
+          -inf into prefix_lse for the requests without context (one program per request and
+          head), then the vLLM-style CUDA merge of the peer benchmark (python/bench/peers/peers.cu)
 
 bf16, D = 128 at T in {256, 1K, 2K, 4K, 8K, 32K} x H in {16, 32}, and D = 512 at H = 16 for a
 few T; ragged requests (B = clamp(T / 128, 4, 256), random token counts covering all T tokens),
@@ -21,12 +25,13 @@ few T; ragged requests (B = clamp(T / 128, 4, 256), random token counts covering
           t[producer]) / R, the same for the pair.
 
 Prints a table (T, H, D, fused us, pair us, speedup = pair / fused, per mode, and the copy time
-of the same bytes in both modes) and the target: speedup >= 1.25 at 1K-8K tokens x 16 heads
-(D = 128) and never below 1.0. JSON to $OUT/bench_ctxmask.json when OUT is set (or --out).
+of the same bytes in both modes; with --peers, vLLM's pipeline and x vllm = vllm / fused) and the
+targets: speedup >= 1.25 at 1K-8K tokens x 16 heads (D = 128) and never below 1.0; x vllm >= 1.25
+at <= 4K tokens x 16 heads, D = 128 and 512 (issue #21). JSON to $OUT/bench_ctxmask.json when OUT is set (or --out).
 Kernels: $MLA_GEN_KERNELS must hold the `_ctxmask` kernels (python/gpu_checks.sh points it at
 .device/ctxmask, from tests/gpu-ctxmask.toml). About 30 s on an H200.
 
-Usage: MLA_GEN_KERNELS=DIR python3 python/bench/bench_ctxmask.py [--reps N] [--quick] [--out DIR]
+Usage: MLA_GEN_KERNELS=DIR python3 python/bench/bench_ctxmask.py [--reps N] [--quick] [--peers DIR] [--out DIR]
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ import time
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 HERE = Path(__file__).resolve().parent
 if not any(Path(p, "mla_gen").is_dir() for p in sys.path if p):
@@ -66,6 +73,19 @@ def requests(T, seed):
     for b in range(B):
         csl.append(csl[-1] + (0 if b in empty else rng.randint(1, 4096)))
     return qsl, csl, B
+
+
+@triton.jit
+def _vllm_style_mask(lse, query_start_loc, context_start_loc, num_tokens, BLOCK: tl.constexpr):
+    """prefix_lse [H, T] = -inf over the tokens of request b, for head h, where b has no context."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    if tl.load(context_start_loc + b + 1) == tl.load(context_start_loc + b):
+        start = tl.load(query_start_loc + b)
+        end = tl.load(query_start_loc + b + 1)
+        for t0 in range(start, end, BLOCK):
+            t = t0 + tl.arange(0, BLOCK)
+            tl.store(lse + h * num_tokens + t, float("-inf"), mask=t < end)
 
 
 class Case:
@@ -108,12 +128,29 @@ class Case:
     def copy(self):
         self.copy_dst.copy_(self.copy_src)
 
+    def vllm(self):
+        _vllm_style_mask[(self.B, self.H)](self.plse, self.qsl, self.csl, self.T, BLOCK=256)
+        PEERS.vllm_style(self.out, self.out_lse, self.prefix, self.plse, self.suffix, self.slse, self.T)
+
+
+PEERS = None  # python/bench/peers.py's Peers, with --peers
+
 
 def bench_shape(T, H, D, reps, graph_reps):
     c = Case(T, H, D, seed=T * 7 + H * 3 + D)
     # Warm: load the kernels, build the plans (nothing of that may happen during a capture).
     c.fused()
     c.pair()
+    if PEERS is not None:
+        # vLLM's pipeline must compute what the fused merge does (its expf/logf round otherwise).
+        c.producer()
+        c.fused()
+        fused = c.out.float().clone()
+        c.producer()
+        c.vllm()
+        worst = (c.out.float() - fused).abs().max().item()
+        if not worst <= 0.05:
+            sys.exit(f"bench_ctxmask: vLLM's pipeline differs from the fused merge by {worst} at {T}x{H}x{D}")
     c.producer()
     torch.cuda.synchronize()
     row = {"T": T, "H": H, "D": D, "B": c.B, "masked_tokens": c.masked_tokens, "bytes": c.bytes}
@@ -135,10 +172,15 @@ def bench_shape(T, H, D, reps, graph_reps):
     row["hot_fused_us"] = graph_us(with_producer(c.fused), R, graph_reps) - prod
     row["hot_pair_us"] = graph_us(with_producer(c.pair), R, graph_reps) - prod
     row["hot_copy_us"] = graph_us(c.copy, R, graph_reps)
+    if PEERS is not None:
+        row["cold_vllm_us"] = time_ms(c.vllm, reps) * 1e3
+        row["hot_vllm_us"] = graph_us(with_producer(c.vllm), R, graph_reps) - prod
     row["graph_iterations"] = R
     for mode in ("cold", "hot"):
         row[f"{mode}_speedup"] = row[f"{mode}_pair_us"] / row[f"{mode}_fused_us"]
         row[f"{mode}_fused_pct_copy"] = 100 * row[f"{mode}_copy_us"] / row[f"{mode}_fused_us"]
+        if PEERS is not None:
+            row[f"{mode}_x_vllm"] = row[f"{mode}_vllm_us"] / row[f"{mode}_fused_us"]
     del c
     torch.cuda.empty_cache()
     return row
@@ -149,8 +191,13 @@ def main():
     ap.add_argument("--reps", type=int, default=100, help="cold-mode launches per timing (>= 100)")
     ap.add_argument("--graph-reps", type=int, default=30, help="graph replays per hot-mode timing")
     ap.add_argument("--quick", action="store_true", help="four shapes")
+    ap.add_argument("--peers", help="folder holding libpeers_vllm.so: time vLLM's pipeline too")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     args = ap.parse_args()
+    global PEERS
+    if args.peers:
+        from peers import Peers
+        PEERS = Peers(args.peers)
     if not torch.cuda.is_available():
         sys.exit("bench_ctxmask: no CUDA GPU")
     if not mla_gen.supports("bf16", 128, output_lse=True, threshold=True, mask_empty_context=True):
@@ -172,7 +219,9 @@ def main():
         rows.append(r)
         print(f"{T:>6} {H:>3} {D:>4} {r['B']:>4} {r['bytes'] / 1e6:>7.1f} | {r['cold_fused_us']:>10.1f} "
               f"{r['cold_pair_us']:>7.1f} {r['cold_speedup']:>6.2f}x {r['cold_copy_us']:>7.1f} | "
-              f"{r['hot_fused_us']:>9.1f} {r['hot_pair_us']:>7.1f} {r['hot_speedup']:>6.2f}x {r['hot_copy_us']:>7.1f}",
+              f"{r['hot_fused_us']:>9.1f} {r['hot_pair_us']:>7.1f} {r['hot_speedup']:>6.2f}x {r['hot_copy_us']:>7.1f}"
+              + (f" | vllm cold {r['cold_vllm_us']:.1f} x{r['cold_x_vllm']:.2f}, hot {r['hot_vllm_us']:.1f} "
+                 f"x{r['hot_x_vllm']:.2f}" if PEERS is not None else ""),
               flush=True)
     target_rows = [r for r in rows if 1024 <= r["T"] <= 8192 and r["H"] == 16 and r["D"] == 128]
     verdict = {}
@@ -184,6 +233,14 @@ def main():
         shown = "n/a" if at_target is None else f"{at_target:.2f}x"
         print(f"target ({mode}): speedup >= 1.25 at 1K-8K tokens x 16 heads: min {shown}; never < 1.0: min "
               f"{lowest:.2f}x -> {'met' if verdict[mode]['met'] else 'MISSED'}")
+    if PEERS is not None:
+        small = [r for r in rows if r["T"] <= 4096 and r["H"] == 16 and r["D"] in (128, 512)]
+        for mode in ("cold", "hot"):
+            least = min((r[f"{mode}_x_vllm"] for r in small), default=None)
+            verdict[mode]["min_x_vllm_le_4k_h16"] = least
+            shown = "n/a" if least is None else f"{least:.2f}x"
+            print(f"target ({mode}): x vLLM's pipeline >= 1.25 at <= 4K tokens x 16 heads, D = 128 and 512: min "
+                  f"{shown} -> {'met' if least is not None and least >= 1.25 else 'MISSED'}")
     elapsed = time.time() - t0
     print(f"# {len(rows)} shapes in {elapsed:.0f} s")
     if args.out:
