@@ -55,7 +55,7 @@ fi
 if [ -d .device/ctxmask ]; then
     echo "== pytest with MLA_GEN_KERNELS=.device/ctxmask (fused empty-context mask vs mask + merge, bit for bit)"
     (cd "$site" && MLA_GEN_KERNELS="$OLDPWD/.device/ctxmask" timeout 600 "$PY" -m pytest -q -p no:cacheprovider \
-        "$OLDPWD/python/tests/test_ctxmask.py" 2>&1) | tee "$OUT/pytest-ctxmask.log" | tail -n 6
+        "$OLDPWD/python/tests/test_ctxmask.py" "$OLDPWD/python/tests/test_chunked_prefill_example.py" 2>&1) | tee "$OUT/pytest-ctxmask.log" | tail -n 6
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     echo "== fused mask vs mask + merge (python/bench/bench_ctxmask.py)"
     MLA_GEN_KERNELS="$PWD/.device/ctxmask" OUT="$OUT" timeout 300 "$PY" python/bench/bench_ctxmask.py 2>&1 \
