@@ -179,11 +179,13 @@ proptest! {
         );
         let s = spec::parse("fuzz.toml", &text).unwrap();
         // The kernels callers name; size rules add kernels of their own (rows_below), and each
-        // of those kernels has its dense specialization.
+        // of those kernels has its dense specialization, and with the threshold a second one
+        // (the all-context twin).
         let called = s.variants.iter().filter(|v| v.rows_below.is_none() && !v.dense).count();
         prop_assert_eq!(called, dtypes.len() * heads.len() * thr.len());
-        let rule_kernels: usize = s.variants.iter().map(|v| v.size_rule.len()).sum();
-        prop_assert_eq!(s.variants.len(), 2 * (called + rule_kernels));
+        let general = s.variants.iter().filter(|v| !v.dense);
+        let expected: usize = general.map(|v| if v.prefix_threshold { 3 } else { 2 }).sum();
+        prop_assert_eq!(s.variants.len(), expected);
     }
 }
 
