@@ -46,6 +46,8 @@ from bench import triton_merge  # noqa: E402  the repository's Triton baseline k
 # (vllm_op/vllm_op.cu, with nvcc: the bar measured in the same run).
 VLLM_OP_US = 7.6
 VLLM_OP_ROW = "TORCH_LIBRARY op, vLLM's launcher (built here)"
+# The plain function runs its Python fast path whether or not the compiled op loaded (_torch.py).
+FUNCTION = "mla_gen.merge_attn_states (function, Python fast path)"
 
 
 def build_vllm_op():
@@ -106,7 +108,7 @@ def main():
     py_merge = mla_gen._torch._merge
     suffix = " (compiled)" if compiled else " (Python: no compiled op)"
     impls = {
-        "mla_gen.merge_attn_states (function)" + suffix: lambda: mla_gen.merge_attn_states(out, p, pl, s, sl, None, 1),
+        FUNCTION: lambda: mla_gen.merge_attn_states(out, p, pl, s, sl, None, 1),
         "torch.ops.mla_gen.merge_attn_states (op)" + suffix: lambda: op(out, None, p, pl, s, sl, 1),
         "torch.ops.mla_gen.merge_attn_states.default" + suffix: lambda: op_default(out, None, p, pl, s, sl, 1),
         "pure-Python op (same schema)": lambda: py_op(out, None, p, pl, s, sl, 1),
@@ -154,7 +156,7 @@ def main():
     torch.cuda.synchronize()
     res = {name: {"min_us": min(v), "median_us": statistics.median(v)} for name, v in samples.items()}
     tri = res["triton, vLLM-style launcher"]
-    targets = {"mla_gen.merge_attn_states (function)" + suffix: 0.5, "torch.ops.mla_gen.merge_attn_states (op)" + suffix: 0.6,
+    targets = {FUNCTION: 0.5, "torch.ops.mla_gen.merge_attn_states (op)" + suffix: 0.6,
                "torch.ops.mla_gen.merge_attn_states.default" + suffix: 0.6}
     prop = torch.cuda.get_device_properties(0)
     print(f"# host cost per call, {prop.name}, torch {torch.__version__}, {args.rounds} rounds x {args.calls} calls, "
@@ -174,7 +176,7 @@ def main():
         if target is not None:
             verdict = (f"<= {target}: min {'met' if r['x_triton'] <= target else 'MISSED'}, "
                        f"median {'met' if r['x_triton_median'] <= target else 'MISSED'}")
-        if name.startswith(("mla_gen.merge_attn_states (function)", "torch.ops.mla_gen.merge_attn_states")):
+        if name == FUNCTION or name.startswith("torch.ops.mla_gen.merge_attn_states"):
             r["x_vllm_op"] = r["min_us"] / bar
             verdict += f"; {r['x_vllm_op']:.2f}x vLLM's op ({'met' if r['min_us'] <= bar else 'MISSED'})"
             if measured:
