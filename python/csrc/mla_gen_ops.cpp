@@ -207,7 +207,7 @@ void expect(const View& v, const int64_t* sizes, const int64_t* strides, int n, 
 int choose(const char* elem, const char* out_elem, int64_t T, int64_t H, int64_t D, bool lse, bool thr, bool scale,
            int64_t B) {
     const int64_t rows[3] = {T, H, D}, lse_shape[2] = {H, T}, locs[1] = {B + 1};
-    mla_given given[9];
+    mla_given given[10];  // five tensors, output_lse, output_scale, two start locations, the threshold
     int n = 0;
     auto buffer = [&](const char* name, const char* e, int rank, const int64_t* shape) {
         given[n++] = mla_given{name, 0, 0, 0, e, rank, shape};
