@@ -145,7 +145,11 @@ fn fp8_kernels_compile_without_spills_and_store_whole_vectors() {
     .unwrap();
     let (kernels, _) =
         mla_gen::compile::compile(&Templates::embedded().unwrap(), &spec, 0, false).unwrap();
-    assert_eq!(kernels.len(), 36, "12 and their two dense specializations each");
+    assert_eq!(
+        kernels.len(),
+        36,
+        "12 and their two dense specializations each"
+    );
     for k in &kernels {
         let launch = Launch::for_variant(&k.variant);
         let store = match launch.out_vec_bytes {
