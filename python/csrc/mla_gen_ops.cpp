@@ -1,15 +1,16 @@
 // torch.ops.mla_gen.merge_attn_states as a compiled kernel of the LibTorch stable ABI (torch >=
 // 2.10): one binary serves every later torch. The schema is defined in Python (mla_gen/ops.py,
-// with the fakes); this file registers the CUDA implementation, which picks the kernel the
-// Python path would pick (mla_gen_table.h, written from the manifest at build time), turns the
-// tensors into the generated C launcher's argument struct and calls it on torch's current stream.
+// with the fakes); this file registers the CUDA implementation, which picks the kernel by the
+// C launcher's selection (mla_select: the rule every host applies; its launcher found by name in
+// mla_gen_table.h, written from the manifest at build time), turns the tensors into the
+// generated C launcher's argument struct and calls it on torch's current stream.
 // The launcher applies the manifest's contract (the same checks and texts as every host), its
 // size rules and specializations, and loads images on first use.
 //
 // The hot path allocates nothing and calls no Python: the boxed function reads the tensor handles
 // off the stack itself (no torch::stable::Tensor, whose shared_ptr would allocate per argument).
-// Errors throw std::runtime_error("<kernel>: <problem>"); the plain Python function catches them
-// and reruns the call through the Python path, which raises the typed error.
+// Errors throw std::runtime_error("<kernel>: <problem>"), which the dispatcher raises as a
+// RuntimeError (the plain Python function does not come here: its own fast path is cheaper).
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/library.h>
