@@ -360,9 +360,19 @@ impl Plan {
     pub fn check(&self, args: &[(&str, Arg)]) -> Result<Checked, Refusal> {
         let n = self.params.len();
         let mut given: [Option<Arg>; MAX_PARAMS] = [None; MAX_PARAMS];
-        // 1. Bind each argument to a parameter or a constant.
+        // 1. Bind each argument to a parameter or a constant. Hosts pass them in signature order
+        // (the argument structs do), so the parameter after the last one bound is tried first:
+        // one name comparison per argument instead of a search.
+        let mut next = 0;
         for &(name, arg) in args {
-            match self.params.iter().position(|p| p.name == name) {
+            let at = match self.params.get(next) {
+                Some(p) if p.name == name => Some(next),
+                _ => self.params.iter().position(|p| p.name == name),
+            };
+            if let Some(i) = at {
+                next = i + 1;
+            }
+            match at {
                 Some(i) if given[i].is_some() => {
                     return Err(self.refuse(format!("{name} is given twice")))
                 }
@@ -561,6 +571,48 @@ mod tests {
                 _ => 0x1000, // a pointer: no bound reads it
             })
             .collect()
+    }
+
+    /// Arguments bind by name in any order (signature order is only the fast case), and a name
+    /// given twice is refused wherever the second one stands.
+    #[test]
+    fn arguments_bind_by_name_in_any_order() {
+        use super::Arg;
+        let p = dense_plan();
+        let (t, h, d) = (4i64, 2i64, 128i64);
+        let buf = |at: u64, len: i64, elem| Arg::Buffer {
+            ptr: at << 20,
+            len: len as u64,
+            elem: Some(elem),
+        };
+        let mut args: Vec<(&str, Arg)> = vec![
+            ("output", buf(1, t * h * d, "bf16")),
+            ("output_lse", buf(2, t * h, "f32")),
+            ("prefix_output", buf(3, t * h * d, "bf16")),
+            ("prefix_lse", buf(4, t * h, "f32")),
+            ("suffix_output", buf(5, t * h * d, "bf16")),
+            ("suffix_lse", buf(6, t * h, "f32")),
+            ("num_tokens", Arg::Int(t)),
+            ("num_heads", Arg::Int(h)),
+            ("output_token_stride", Arg::Int(h * d)),
+            ("output_head_stride", Arg::Int(d)),
+            ("prefix_token_stride", Arg::Int(h * d)),
+            ("prefix_head_stride", Arg::Int(d)),
+            ("suffix_token_stride", Arg::Int(h * d)),
+            ("suffix_head_stride", Arg::Int(d)),
+            ("prefill_tokens_with_context", Arg::Int(3)),
+        ];
+        let in_order = p.check(&args).unwrap().values().to_vec();
+        args.reverse();
+        assert_eq!(p.check(&args).unwrap().values(), in_order);
+        args.rotate_left(5);
+        assert_eq!(p.check(&args).unwrap().values(), in_order);
+        for repeat in [0, 7, args.len() - 1] {
+            let mut twice = args.clone();
+            twice.push(args[repeat]);
+            let e = p.check(&twice).unwrap_err();
+            assert!(e.problem.ends_with("is given twice"), "{}", e.problem);
+        }
     }
 
     #[test]
