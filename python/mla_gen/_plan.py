@@ -272,10 +272,7 @@ def sized(kf, meta, plan, checked, args, varying=frozenset()):
         if k is not chosen:
             # A free integer this choice reads: the fast path checks it against the launched
             # kernel's bounds (_fast_path), so only what those do not hold makes the choice per call.
-            rebound = {i for i, (p, g) in enumerate(zip(kplan.params, base.params))
-                       if any(mine is not None and (theirs is None or mine.text != theirs.text)
-                              for mine, theirs in ((p.min, g.min), (p.max, g.max)))}
-            per_call |= not varying.isdisjoint(kplan.reads_beyond(base) - rebound)
+            per_call |= not varying.isdisjoint(kplan.reads_beyond(base) - kplan.rebound(base).keys())
             if not kplan.accepts(values):
                 continue
         try:

@@ -321,16 +321,26 @@ class Plan:
         ints = [0 if p.pointer else v for p, v in zip(self.params, values)]
         return len(ints) == len(self.params) and self._integers_problem(ints, True) is None
 
+    def rebound(self, general: Plan) -> dict:
+        """The parameters whose bounds differ from their bounds in `general` (the kernel this one
+        specializes), by index, each with those bounds of its own."""
+        out = {}
+        for i, (p, g) in enumerate(zip(self.params, general.params)):
+            new = [mine for mine, theirs in ((p.min, g.min), (p.max, g.max))
+                   if mine is not None and (theirs is None or mine.text != theirs.text)]
+            if new:
+                out[i] = new
+        return out
+
     def reads_beyond(self, general: Plan) -> set:
         """The parameter indexes whose values decide :meth:`accepts` beyond what `general` (the
         kernel this one specializes) already bounds alike: each bound that differs from its
         bound there (the parameter and what the bound names), each limit it does not have."""
         out = set()
-        for i, (p, g) in enumerate(zip(self.params, general.params)):
-            for mine, theirs in ((p.min, g.min), (p.max, g.max)):
-                if mine is not None and (theirs is None or mine.text != theirs.text):
-                    out.add(i)
-                    out.update(mine.factors)
+        for i, bounds in self.rebound(general).items():
+            out.add(i)
+            for b in bounds:
+                out.update(b.factors)
         theirs = {(e.text, most) for e, most, _ in general.limits}
         for expr, most, _ in self.limits:
             if (expr.text, most) not in theirs:
