@@ -258,22 +258,25 @@ impl Build<'_> {
             ));
         }
         let threshold = "prefill_tokens_with_context";
-        if v.prefix_threshold && v.all_context {
-            // The specialization for calls where every token has context: n = T only.
+        if v.prefix_threshold {
+            // The specialization for calls where every token has context takes n = T only.
+            let (min, doc) = if v.all_context {
+                (
+                    "num_tokens",
+                    "n = T: every token has context (this specialization takes no other value)",
+                )
+            } else {
+                (
+                    "0",
+                    "n in 0..=T: tokens t >= n copy the suffix (no context)",
+                )
+            };
             p.push(int(
                 threshold,
-                "num_tokens",
+                min,
                 Some("num_tokens"),
                 Some("num_tokens"),
-                "n = T: every token has context (this specialization takes no other value)",
-            ));
-        } else if v.prefix_threshold {
-            p.push(int(
-                threshold,
-                "0",
-                Some("num_tokens"),
-                Some("num_tokens"),
-                "n in 0..=T: tokens t >= n copy the suffix (no context)",
+                doc,
             ));
         } else {
             // Built without the threshold: every token has context.
