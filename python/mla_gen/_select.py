@@ -93,7 +93,8 @@ def fits(plan, args: dict) -> tuple:
 
 def select(manifest: dict, family: str, args: dict, options: dict):
     """The kernel that serves the call: among the kernels of `family` that no other kernel names
-    (a size rule's, a specialization), those whose ``select`` block `options` state alike and
+    (a size rule's, a specialization), those whose ``select`` block `options` state alike (no more,
+    no fewer) and
     whose contract takes the call; the fewest unused optional parameters, then the fewest
     integer parameters (a size fixed at compile time beats one passed at run time), then
     ``pdl``, then manifest order. Where none takes it but one would be judged by its check, the
@@ -104,7 +105,9 @@ def select(manifest: dict, family: str, args: dict, options: dict):
     best = None
     for k in family_kernels:
         plan = plan_for(k["name"], k)
-        if any(options.get(key) != value for key, value in (k.get("select") or {}).items()):
+        named = k.get("select") or {}
+        # alike both ways: an option the call states that the kernel does not name rules it out
+        if len(named) != len(options) or any(options.get(key) != value for key, value in named.items()):
             continue
         verdict, unused = fits(plan, args)
         if verdict == NO:

@@ -156,7 +156,8 @@ impl Selector {
     }
 
     /// The kernel that serves `call`: among the kernels of its family that no other kernel
-    /// names, those whose `select` block the call's options state alike and whose contract
+    /// names, those whose `select` block the call's options state alike (no more, no fewer)
+    /// and whose contract
     /// takes the call; the fewest unused optional parameters, then the fewest integer
     /// parameters, then `pdl`, then manifest order. Where none takes it but one would be
     /// judged by its check (an integer it does not take, a constant the call leaves open, two
@@ -167,10 +168,13 @@ impl Selector {
             if k.family != call.family || k.reached {
                 continue;
             }
-            let stated = k
-                .select
-                .iter()
-                .all(|(key, value)| call.options.iter().any(|(o, v)| o == key && v == value));
+            // Alike both ways: an option the call states that the kernel does not name (an
+            // `lse_base` of "2" before a base-e kernel) rules it out as surely as a value that
+            // differs.
+            let stated = k.select.len() == call.options.len()
+                && k.select
+                    .iter()
+                    .all(|(key, value)| call.options.iter().any(|(o, v)| o == key && v == value));
             if !stated {
                 continue;
             }
