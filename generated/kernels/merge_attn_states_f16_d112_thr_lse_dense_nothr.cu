@@ -167,11 +167,25 @@ __device__ __forceinline__ float normalize_lse(float lse) { return lse == INF ? 
 // drop it, and a NaN lse must reach the row and its lse, also beside an empty side.
 __device__ __forceinline__ float max_keep_nan(float a, float b) { return (a > b || a != a) ? a : b; }
 
-// Neither side has keys: m = max(p, s) is -inf (a NaN on either side makes m NaN, not -inf).
+// What the lse's base decides, here only: lse = log(sum of exp(logit)), and a row with no keys on
+// any side keeps the first side's row (the prefix, the state, state 0).
+// exp and log in the lse's base, IEEE-accurate (the K-way merge and float32 rows; other rows
+// take the special-function unit below).
+__device__ __forceinline__ float exp_lse(float x) { return expf(x); }
+__device__ __forceinline__ float log_lse(float x) { return logf(x); }
+// log2(e) and ln(2), or 1 and 1 in base 2: a difference of lse values times LSE_TO_LOG2 is the
+// log2 of the weights' ratio, and log2(sum) times LOG2_TO_LSE is the lse of the sum.
+constexpr float LSE_TO_LOG2 = 1.4426950408889634f;
+constexpr float LOG2_TO_LSE = 0.6931471805599453f;
+// Where no side has keys: true keeps the first side's row; false blends it with weights 0.
+constexpr bool EMPTY_KEEPS_FIRST_ROW = true;
+
+// Neither side has keys: m = max(p, s) is -inf (a NaN on either side makes m NaN, not -inf), and
+// the row keeps the first side's (EMPTY_KEEPS_FIRST_ROW; otherwise merge_weights blends it).
 // Kernels that branch per row test this first, then take merge_weights for the blend: a branch on
 // merge_weights' copy_prefix after the call costs a second test per row (NVVM does not thread it).
 __device__ __forceinline__ bool no_keys(float prefix_lse, float suffix_lse) {
-    return max_keep_nan(normalize_lse(prefix_lse), normalize_lse(suffix_lse)) == -INF;
+    return EMPTY_KEEPS_FIRST_ROW && max_keep_nan(normalize_lse(prefix_lse), normalize_lse(suffix_lse)) == -INF;
 }
 
 // exp, log and the reciprocal on the special-function unit (exp of float32 rows through expf,
@@ -180,8 +194,6 @@ __device__ __forceinline__ bool no_keys(float prefix_lse, float suffix_lse) {
 // row and thread, more than the row's loads, blend and store together (docs/PERFORMANCE.md,
 // session 8). Their arguments here are bounded: exp2 of a value <= 0, the reciprocal and log2 of
 // a sum in [1, 2], so the approximations stay within a few float32 ulps (docs/SEMANTICS.md).
-constexpr float LOG2E = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x * LOG2E)
-constexpr float LN2 = 0.6931471805599453f;    // ln(2): log(x) = log2(x) * LN2
 
 // 2^x, subnormal results kept (no .ftz: a weight of 2^-130 still scales an infinite row to inf,
 // as exp() does, instead of 0 * inf = NaN); 2^-inf = +0.
@@ -216,11 +228,12 @@ struct MergeWeights {
     __device__ __forceinline__ float blend(float prefix, float suffix) const {
         return prefix * prefix_scale + suffix * suffix_scale;
     }
-    __device__ __forceinline__ float lse() const { return copy_prefix ? -INF : fmaf(log2_approx(sum), LN2, m); }
+    __device__ __forceinline__ float lse() const { return copy_prefix ? -INF : fmaf(log2_approx(sum), LOG2_TO_LSE, m); }
 };
 
 // The rule for a row with context, from its two lse values: +inf read as -inf, m the NaN-keeping
-// max; m = -inf copies the prefix (lse -inf, never NaN), else a = exp(p - m), b = exp(s - m).
+// max; m = -inf copies the prefix or blends with weights 0 (EMPTY_KEEPS_FIRST_ROW; lse -inf,
+// never NaN: log2(0) + m), else a = exp(p - m), b = exp(s - m).
 // The side holding m has weight exactly 1 before normalizing, so with e = exp(-|p - s|) the
 // weights are 1 / (1 + e) and e / (1 + e): one exponential and one reciprocal per row. A NaN on
 // either side makes e, the sum and both weights NaN.
@@ -228,8 +241,8 @@ __device__ __forceinline__ MergeWeights merge_weights(float prefix_lse, float su
     const float p = normalize_lse(prefix_lse);
     const float s = normalize_lse(suffix_lse);
     const float m = max_keep_nan(p, s);
-    if (m == -INF) return MergeWeights{0.0f, 0.0f, 0.0f, -INF, true};
-    const float e = exp2_approx(-fabsf(p - s) * LOG2E);
+    if (m == -INF) return MergeWeights{0.0f, 0.0f, 0.0f, -INF, EMPTY_KEEPS_FIRST_ROW};
+    const float e = exp2_approx(-fabsf(p - s) * LSE_TO_LOG2);
     const float sum = 1.0f + e;
     const float larger = rcp_approx(sum);
     const float smaller = e * larger;
