@@ -254,3 +254,38 @@ fn size_rule_in_the_manifest() {
     let t = Templates::embedded().unwrap();
     insta::assert_snapshot!(alt.kernel_name(), t.render("snapshot.toml", &alt).unwrap());
 }
+
+/// `lse_base = "2"` (FlashInfer's): for each family that reads lse, the lines base 2 changes,
+/// as (-) base e and (+) base 2; the rest of each source is the base-e kernel's, name aside.
+#[test]
+fn lse_base_2_kernels() {
+    let t = Templates::embedded().unwrap();
+    let spec = spec::parse(
+        "snapshot.toml",
+        "[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = 128\nlse_layout = \"token_major\"\nlse_base = \"2\"\nsize_rule = false\ndense = false\n\
+         [[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = 4\nlse_base = \"2\"\n\
+         [[merge_state_in_place]]\ndtype = \"f16\"\nhead_size = 128\nlse_layout = \"token_major\"\nlse_base = \"2\"\n",
+    )
+    .unwrap();
+    let mut changed = String::new();
+    for v in &spec.variants {
+        let name = v.kernel_name();
+        let base_e = MergeVariant {
+            lse_base: spec::LseBase::E,
+            ..v.clone()
+        };
+        let with = t.render("snapshot.toml", v).unwrap();
+        let with = with.replace(&name, &base_e.kernel_name());
+        let without = t.render("snapshot.toml", &base_e).unwrap();
+        let (with, without): (Vec<&str>, Vec<&str>) =
+            (with.lines().collect(), without.lines().collect());
+        changed.push_str(&format!("== {name}\n"));
+        for line in without.iter().filter(|l| !with.contains(l)) {
+            changed.push_str(&format!("- {line}\n"));
+        }
+        for line in with.iter().filter(|l| !without.contains(l)) {
+            changed.push_str(&format!("+ {line}\n"));
+        }
+    }
+    insta::assert_snapshot!("lse_base_2_changes", changed);
+}

@@ -8,7 +8,7 @@ use crate::contract::{Bounds, Dim, LaunchRule, Limit, Tensor};
 pub use crate::contract::{Contract, Param, ParamKind, Role};
 use crate::dtype::Dtype;
 pub use crate::gen::launch::{Launch, GRID_RULE, MAX_GRID_Y, MAX_THREADS_PER_ROW, MAX_VEC_BYTES};
-use crate::gen::variant::{Family, LseLayout, MergeVariant, OutputKind};
+use crate::gen::variant::{Family, LseBase, LseLayout, MergeVariant, OutputKind};
 
 /// A kernel's parameters in signature order, each with what a caller must satisfy.
 pub fn params(v: &MergeVariant) -> Vec<Param> {
@@ -58,7 +58,8 @@ pub fn contract(v: &MergeVariant) -> Contract {
 
 /// What selects the kernel that its parameters cannot say: the lse layout (`[H, T]` and
 /// `[T, H]` differ only in which size is which, so a call with T = H fits both, and the layout
-/// is never guessed from shapes) and UE8M0 scales (the same parameters either way).
+/// is never guessed from shapes), UE8M0 scales (the same parameters either way) and the lse's
+/// base.
 fn select(v: &MergeVariant) -> BTreeMap<String, String> {
     let mut s = BTreeMap::new();
     if !matches!(v.family, Family::MergeStates { .. }) {
@@ -66,6 +67,10 @@ fn select(v: &MergeVariant) -> BTreeMap<String, String> {
     }
     if let Some(g) = v.fp8_group {
         s.insert("ue8m0".into(), g.ue8m0.to_string());
+    }
+    // Base 2 only: a call in base e states no lse_base, and options match both ways.
+    if v.lse_base == LseBase::Two {
+        s.insert("lse_base".into(), "2".into());
     }
     s
 }

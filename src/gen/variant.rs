@@ -11,6 +11,27 @@ pub use crate::variant::{
 
 pub const GROUP_SIZES_ALLOWED: [u32; 4] = [16, 32, 64, 128];
 
+/// The base of the lse a kernel reads and writes (docs/SEMANTICS.md, "lse in base 2"). Hosts
+/// select it by the `select` block's `lse_base`, which base-2 kernels alone name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum LseBase {
+    /// lse = ln(sum of exp(logit)): vLLM's, FlashAttention's and SGLang's.
+    #[default]
+    #[serde(rename = "e")]
+    E,
+    /// lse = log2(sum of 2^logit): FlashInfer's, with its rule for a row without keys (zeros).
+    #[serde(rename = "2")]
+    Two,
+}
+
+impl LseBase {
+    pub(crate) const ALL: [(&'static str, LseBase); 2] = [("e", LseBase::E), ("2", LseBase::Two)];
+    fn is_e(&self) -> bool {
+        *self == LseBase::E
+    }
+}
+
 pub const ROWS_PER_THREAD_ALLOWED: [u32; 4] = [1, 2, 4, 8];
 pub const BLOCK_THREADS_ALLOWED: [u32; 4] = [128, 256, 512, 1024];
 pub const HEADS_PER_BLOCK_ALLOWED: [u32; 6] = [1, 2, 4, 8, 16, 32];
@@ -186,6 +207,9 @@ pub struct MergeVariant {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fp8_group: Option<Fp8Group>,
     pub lse_layout: LseLayout,
+    /// Absent from the manifest in base e.
+    #[serde(default, skip_serializing_if = "LseBase::is_e")]
+    pub lse_base: LseBase,
     pub schedule: Schedule,
     /// The spec chose the schedule (it then shows in the name); else it is the tuned one.
     pub explicit_schedule: bool,
@@ -238,6 +262,7 @@ impl MergeVariant {
             output: OutputKind::Same,
             fp8_group: None,
             lse_layout: LseLayout::HeadMajor,
+            lse_base: LseBase::E,
             schedule: FALLBACK_SCHEDULE,
             explicit_schedule: false,
             mask_empty_context: false,
@@ -358,6 +383,9 @@ impl MergeVariant {
             && !matches!(self.family, Family::MergeStates { .. })
         {
             name.push_str("_tm");
+        }
+        if self.lse_base == LseBase::Two {
+            name.push_str("_base2");
         }
         if self.mask_empty_context {
             name.push_str("_ctxmask");

@@ -22,6 +22,7 @@ pub(super) struct Lists<'t> {
     lses: Vec<bool>,
     outputs: Vec<(OutputKind, Option<Fp8Group>)>,
     layouts: Vec<LseLayout>,
+    bases: Vec<LseBase>,
     /// rows_per_thread, min_blocks_per_sm, block_threads, heads_per_block, vecs_per_thread:
     /// `None` where the spec leaves the key out (each variant takes its tuned value).
     schedules: [Vec<Option<u32>>; 5],
@@ -74,6 +75,10 @@ impl<'t> Lists<'t> {
             None if matches!(table, Family::MergeStates { .. }) => vec![LseLayout::TokenMajor],
             None => vec![LseLayout::HeadMajor],
         };
+        let bases = match &f.lse_base {
+            Some(v) => ctx.list("lse_base", v, |x| one_of(&LseBase::ALL, x))?,
+            None => vec![LseBase::E],
+        };
         Ok(Lists {
             raw: f,
             offset,
@@ -86,6 +91,7 @@ impl<'t> Lists<'t> {
             lses,
             outputs,
             layouts,
+            bases,
             schedules: schedules(ctx, f)?,
             pdls,
             size_rule,
@@ -100,7 +106,7 @@ impl<'t> Lists<'t> {
     }
 
     /// The length of each list, in the order of the cross product.
-    fn lens(&self) -> [usize; 14] {
+    fn lens(&self) -> [usize; 15] {
         let [rows, mins, blocks, head_groups, vec_groups] = &self.schedules;
         [
             self.kinds.len(),
@@ -111,6 +117,7 @@ impl<'t> Lists<'t> {
             self.lses.len(),
             self.outputs.len(),
             self.layouts.len(),
+            self.bases.len(),
             rows.len(),
             mins.len(),
             blocks.len(),
@@ -136,7 +143,7 @@ impl<'t> Lists<'t> {
 
     /// The cross product of the lists, the last list varying fastest.
     pub(super) fn expand(&self) -> impl Iterator<Item = MergeVariant> + '_ {
-        product(self.lens()).map(move |[k, d, h, t, c, l, o, y, r, m, b, hb, vt, p]| {
+        product(self.lens()).map(move |[k, d, h, t, c, l, o, y, e, r, m, b, hb, vt, p]| {
             let (family, dtype, head_size) = (self.kinds[k], self.dtypes[d], self.heads[h]);
             let mask_empty_context = self.ctx_masks[c];
             let tuned = match family {
@@ -161,6 +168,7 @@ impl<'t> Lists<'t> {
                 output,
                 fp8_group,
                 lse_layout: self.layouts[y],
+                lse_base: self.bases[e],
                 schedule: Schedule {
                     rows_per_thread: explicit[0].unwrap_or(tuned.rows_per_thread),
                     min_blocks_per_sm: explicit[1].unwrap_or(tuned.min_blocks_per_sm),

@@ -56,6 +56,8 @@ pub(super) struct RawMerge {
     pub(super) output_lse: Option<Spanned<toml::Value>>,
     pub(super) output: Option<Spanned<toml::Value>>,
     pub(super) lse_layout: Option<Spanned<toml::Value>>,
+    /// The lse's base: "e" (vLLM's, FlashAttention's) or "2" (FlashInfer's).
+    pub(super) lse_base: Option<Spanned<toml::Value>>,
     pub(super) rows_per_thread: Option<Spanned<toml::Value>>,
     pub(super) min_blocks_per_sm: Option<Spanned<toml::Value>>,
     pub(super) block_threads: Option<Spanned<toml::Value>>,
@@ -89,7 +91,7 @@ impl RawMerge {
     ) -> Option<(&'static str, &Spanned<toml::Value>, &'static str)> {
         // (key, its value, the tables it belongs to, why elsewhere it is refused)
         const MERGES: &[Family] = &[PAIRWISE, KWAY, IN_PLACE];
-        let keys: [KeyRule; 18] = [
+        let keys: [KeyRule; 19] = [
             (
                 "group_size",
                 &self.group_size,
@@ -185,6 +187,12 @@ impl RawMerge {
                 &self.lse_layout,
                 &[PAIRWISE, IN_PLACE, MASK_LSE],
                 "merge_states' lse is [T, K, H] in and [T, H] out",
+            ),
+            (
+                "lse_base",
+                &self.lse_base,
+                MERGES,
+                "the lse mask writes -inf, which is the same in every base",
             ),
             (
                 "output_lse",

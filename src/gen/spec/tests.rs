@@ -595,3 +595,35 @@ fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_
     let e = err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\ndense = 1\n");
     assert!(e.contains("`dense`"), "{e}");
 }
+
+#[test]
+fn lse_base_is_a_key_of_the_merges_and_names_its_kernels() {
+    let s = parse(
+        "t.toml",
+        "[[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 128\nlse_base = [\"e\", \"2\"]\n\
+         [[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = 4\nlse_base = \"2\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        s.kernel_names(),
+        [
+            "merge_states_bf16_d128_k4_lse_base2",
+            "merge_state_in_place_bf16_d128",
+            "merge_state_in_place_bf16_d128_base2",
+        ]
+    );
+    // Only base 2 names it: a base-e call states no lse_base (docs/MANIFEST.md, "Selection").
+    let select = |i: usize| crate::gen::abi::contract(&s.variants[i]).select;
+    assert_eq!(select(0).get("lse_base").map(String::as_str), Some("2"));
+    assert_eq!(select(1).get("lse_base"), None);
+    let e = err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nlse_base = \"10\"\n");
+    assert!(
+        e.starts_with("t.toml:4:12: `lse_base`: \"10\" is not allowed; allowed: e, 2"),
+        "{e}"
+    );
+    let e = err("[[mask_empty_context_lse]]\nlse_base = \"2\"\n");
+    assert!(
+        e.contains("`lse_base` is not a key of [[mask_empty_context_lse]]"),
+        "{e}"
+    );
+}

@@ -1,0 +1,86 @@
+"""FlashInfer's merge functions in FlashInfer's signatures and conventions: ``merge_state``,
+``merge_state_in_place`` and ``merge_states`` (``flashinfer.cascade``), lse in base 2 and
+token-major ([T, H]; [T, K, H] for K states), so an engine built on FlashInfer's attention passes
+its lse as is, with no conversion kernel.
+
+They run kernels generated with ``lse_base = "2"`` (docs/SEMANTICS.md, "lse in base 2"), FlashInfer's
+rules included: a row with no keys on either side is zeros with lse -inf. Where mla-gen's rules
+are stricter they stay (a NaN lse gives a NaN row, +inf reads as "no keys"). The kernel folder
+needs such kernels, e.g.::
+
+    [[merge_attn_states]]        # merge_state
+    dtype = ["f16", "bf16"]
+    head_size = [64, 128, 256]
+    prefix_threshold = false
+    lse_layout = "token_major"
+    lse_base = "2"
+
+    [[merge_state_in_place]]     # merge_state_in_place
+    dtype = ["f16", "bf16"]
+    head_size = [64, 128, 256]
+    lse_layout = "token_major"
+    lse_base = "2"
+    mask = [true, false]
+
+    [[merge_states]]             # merge_states
+    dtype = ["f16", "bf16"]
+    head_size = [64, 128, 256]
+    num_states = "runtime"
+    lse_base = "2"
+
+A call no kernel serves raises the error that names what is missing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _plan, _torch
+from ._plan import IN_PLACE, PAIR, STATES, Kind
+
+__all__ = ["merge_state", "merge_state_in_place", "merge_states"]
+
+_OPTIONS = ("token_major", "2")  # (lse_layout, lse_base)
+
+
+def _base2(describe):
+    return lambda tmap, options: describe(tmap, options[:-1]) + ", lse_base = 2"
+
+
+# mla-gen's kinds with the select blocks' lse_base: the same parameters, the base-2 kernels.
+_PAIR = Kind(PAIR.family, PAIR.names, PAIR.free, ("lse_layout", "lse_base"), _base2(PAIR.describe), PAIR.typed)
+_IN_PLACE = Kind(IN_PLACE.family, IN_PLACE.names, IN_PLACE.free, ("lse_layout", "lse_base"), _base2(IN_PLACE.describe),
+                 IN_PLACE.typed)
+_STATES = Kind(STATES.family, STATES.names, STATES.free, ("lse_base",), _base2(STATES.describe), STATES.typed)
+
+
+def _f32(s):
+    """FlashInfer reads the lse as float32 whatever it is given."""
+    return s.to(torch.float32) if isinstance(s, torch.Tensor) else s
+
+
+def merge_state(v_a, s_a, v_b, s_b):
+    """Merge two attention states: v_a, v_b [T, H, D] (f16/bf16/f32), s_a, s_b [T, H] lse in base
+    2. Returns ``(v_merged [T, H, D] of v_a's dtype, s_merged [T, H] float32)``."""
+    T, H, D = _plan.dims(v_a, "v_a", 3)
+    v_merged = torch.empty_like(v_a, memory_format=torch.contiguous_format)
+    s_merged = torch.empty((T, H), dtype=torch.float32, device=v_a.device)
+    _torch._call(_PAIR, _OPTIONS, (v_merged, s_merged, v_a, _f32(s_a), v_b, _f32(s_b), None), (None,))
+    return v_merged, s_merged
+
+
+def merge_state_in_place(v, s, v_other, s_other, mask=None) -> None:
+    """``v, s := merge((v, s), (v_other, s_other))`` in place: v, v_other [T, H, D]; s float32
+    [T, H] (updated), s_other [T, H]; lse in base 2. ``mask`` [T] bool or uint8: tokens where it
+    is 0 are left untouched (needs a kernel generated with ``mask = true``)."""
+    _torch._call(_IN_PLACE, _OPTIONS, (v, s, v_other, _f32(s_other), mask), ())
+
+
+def merge_states(v, s):
+    """Merge K states per token: v [T, K, H, D], s [T, K, H] lse in base 2. Returns
+    ``(v_merged [T, H, D], s_merged [T, H] float32)``."""
+    T, K, H, D = _plan.dims(v, "v", 4)
+    v_merged = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
+    s_merged = torch.empty((T, H), dtype=torch.float32, device=v.device)
+    _torch._call(_STATES, _OPTIONS[1:], (v_merged, s_merged, v, _f32(s)), ())
+    return v_merged, s_merged

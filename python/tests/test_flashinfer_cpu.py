@@ -1,0 +1,61 @@
+"""mla_gen.flashinfer without a GPU: FlashInfer's signatures select the base-2, token-major
+kernels (the selection table's folder, tests/contract/select.toml), allocate what FlashInfer's
+functions return, and a call no base-2 kernel serves names lse_base. Launches are recorded
+(conftest's `cpu_launch`); the GPU check against FlashInfer's own kernels is
+python/bench/flashinfer_check.py."""
+
+import json
+import pathlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mla_gen import flashinfer  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BF16 = torch.bfloat16
+T, H, D = 8, 4, 128
+
+
+@pytest.fixture
+def select_folder(tmp_path, monkeypatch):
+    kernels = json.loads((ROOT / "tests/contract/select_kernels.json").read_text())["kernels"]
+    m = {"schema_version": 2, "generator": {"name": "mla-gen", "version": "test"}, "nvrtc": {}, "spec": {},
+         "kernels": kernels}
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(tmp_path))
+
+
+def test_merge_state_runs_the_base_2_token_major_kernel_and_returns_new_tensors(select_folder, cpu_launch):
+    v_a, v_b = torch.randn(T, H, D).to(BF16), torch.randn(T, H, D).to(BF16)
+    s_a, s_b = torch.randn(T, H), torch.randn(T, H).to(torch.float16)  # any float lse: read as float32
+    v, s = flashinfer.merge_state(v_a, s_a, v_b, s_b)
+    name, values, _ = cpu_launch.last()
+    assert name.startswith("merge_attn_states_bf16_d128_") and "_tm_base2" in name, name
+    assert (v.shape, v.dtype, s.shape, s.dtype) == ((T, H, D), BF16, (T, H), torch.float32)
+    assert values["output"] == v.data_ptr() and values["output_lse"] == s.data_ptr()
+    assert values["prefix_output"] == v_a.data_ptr() and values["prefix_lse"] == s_a.data_ptr()
+
+
+def test_merge_state_in_place_takes_the_mask(select_folder, cpu_launch):
+    v, v_other = torch.randn(T, H, D).to(BF16), torch.randn(T, H, D).to(BF16)
+    s, s_other = torch.randn(T, H), torch.randn(T, H)
+    flashinfer.merge_state_in_place(v, s, v_other, s_other)
+    assert cpu_launch.last()[0] == "merge_state_in_place_bf16_d128_tm_base2"
+    flashinfer.merge_state_in_place(v, s, v_other, s_other, mask=torch.ones(T, dtype=torch.bool))
+    assert cpu_launch.last()[0] == "merge_state_in_place_bf16_d128_mask_tm_base2"
+
+
+def test_merge_states_returns_the_merged_state_and_its_lse(select_folder, cpu_launch):
+    v, s = torch.randn(T, 4, H, D).to(BF16), torch.randn(T, 4, H)
+    out, lse = flashinfer.merge_states(v, s)
+    assert cpu_launch.last()[0] == "merge_states_bf16_d128_k4_lse_base2"
+    assert (out.shape, lse.shape, lse.dtype) == ((T, H, D), (T, H), torch.float32)
+
+
+def test_a_call_no_base_2_kernel_serves_names_the_base(select_folder, cpu_launch):
+    v = torch.randn(T, H, D).to(torch.float16)  # the table's base-2 kernels are bf16
+    with pytest.raises(ValueError, match="lse_base = 2"):
+        flashinfer.merge_state(v, torch.randn(T, H), v, torch.randn(T, H))
+    assert not cpu_launch.launches
