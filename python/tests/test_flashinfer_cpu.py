@@ -59,3 +59,18 @@ def test_a_call_no_base_2_kernel_serves_names_the_base(select_folder, cpu_launch
     with pytest.raises(ValueError, match="lse_base = 2"):
         flashinfer.merge_state(v, torch.randn(T, H), v, torch.randn(T, H))
     assert not cpu_launch.launches
+
+
+def test_sglang_merge_state_v2_runs_the_base_e_token_major_kernel_and_writes_given_outputs(select_folder,
+                                                                                           cpu_launch):
+    from mla_gen import sglang
+    v_a, v_b = torch.randn(T, H, D).to(BF16), torch.randn(T, H, D).to(BF16)
+    s_a, s_b = torch.randn(T, H), torch.randn(T, H)
+    v, s = sglang.merge_state_v2(v_a, s_a, v_b, s_b)
+    name, values, _ = cpu_launch.last()
+    assert name.startswith("merge_attn_states_bf16_d128_") and "_tm" in name and "base2" not in name, name
+    assert (v.shape, s.shape, s.dtype) == ((T, H, D), (T, H), torch.float32)
+    given = torch.empty(T, H, D, dtype=BF16), torch.empty(T, H)
+    r = sglang.merge_state_v2(v_a, s_a, v_b, s_b, *given)
+    assert r[0] is given[0] and r[1] is given[1]
+    assert cpu_launch.last()[1]["output"] == given[0].data_ptr()

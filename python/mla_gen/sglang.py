@@ -1,0 +1,37 @@
+"""SGLang's merge in sgl-kernel's signature: ``merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None,
+s_merged=None) -> (v_merged, s_merged)``, lse in base e and token-major ([T, H]), as sgl-kernel's
+``merge_state_v2`` takes them (vLLM's merge rule on FlashInfer's layout).
+
+It runs the pairwise kernels generated with ``lse_layout = "token_major"`` (the default lse base,
+"e"), e.g.::
+
+    [[merge_attn_states]]
+    dtype = ["f16", "bf16", "f32"]
+    head_size = [64, 128, 256, 512]
+    prefix_threshold = false
+    lse_layout = "token_major"
+
+A call no kernel serves raises the error that names what is missing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _plan, _torch
+
+__all__ = ["merge_state_v2"]
+
+
+def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
+    """Merge two attention states: v_a, v_b [T, H, D] (f16/bf16/f32), s_a, s_b [T, H] lse in base
+    e (read as float32). ``v_merged`` [T, H, D] of v_a's dtype and ``s_merged`` float32 [T, H]
+    are written where given, else allocated; returns ``(v_merged, s_merged)``."""
+    T, H, D = _plan.dims(v_a, "v_a", 3)
+    if v_merged is None:
+        v_merged = torch.empty((T, H, D), dtype=v_a.dtype, device=v_a.device)
+    if s_merged is None:
+        s_merged = torch.empty((T, H), dtype=torch.float32, device=v_a.device)
+    _torch._call(_plan.PAIR, ("token_major",), (v_merged, s_merged, v_a, s_a.to(torch.float32), v_b,
+                                                s_b.to(torch.float32), None), (None,))
+    return v_merged, s_merged
