@@ -11,6 +11,8 @@ current stream with no device-to-host sync, so CUDA graphs can capture them.
 - Operators: ``torch.ops.mla_gen.*`` (``mla_gen.ops``), with fake implementations.
 - For dispatchers: ``supports(dtype, head_size, ...)`` from the manifest alone;
   ``mla_gen.vllm.patch()`` routes vLLM's dispatcher here.
+- Other engines' conventions: ``mla_gen.flashinfer`` (``merge_state``, ``merge_state_in_place``,
+  ``merge_states``: lse in base 2, token-major) and ``mla_gen.sglang`` (``merge_state_v2``).
 - Checking without a GPU: ``check_args(kernel, args)`` -> ``(values, grid)`` or ``ArgumentError``.
 
 Kernels: ``$MLA_GEN_KERNELS`` (read at every lookup), else those shipped in the package, else a
