@@ -296,12 +296,27 @@ constexpr int kTensors = 9;  // output, output_lse, prefix/suffix output and lse
 constexpr int kKeyDims = 4;  // tensors of more dims (refused anyway) are not kept
 
 // What a call's layout is made of: per tensor (-1 dims: not given) its dims, sizes, strides, dtype
-// and device; and whether the threshold is given. Zeroed first, compared as bytes.
+// and device; and whether the threshold is given.
 struct Key {
     struct Shape {
         int64_t dim, dtype, device_type, device, sizes[kKeyDims], strides[kKeyDims];
     } t[kTensors];
     int64_t thr;
+
+    // Whether the call's tensors are the key's (compared in place: no key made per call).
+    bool fits(const View* const* views, bool threshold) const {
+        if (thr != threshold) return false;
+        for (int i = 0; i < kTensors; ++i) {
+            const View& v = *views[i];
+            const Shape& s = t[i];
+            if (!v.h ? s.dim != -1
+                     : s.dim != v.dim || s.dtype != v.dtype || s.device_type != v.device_type || s.device != v.device ||
+                           std::memcmp(s.sizes, v.sizes, sizeof(int64_t) * v.dim) != 0 ||
+                           std::memcmp(s.strides, v.strides, sizeof(int64_t) * v.dim) != 0)
+                return false;
+        }
+        return true;
+    }
 
     // False where a tensor has more dims than a key holds.
     bool make(const View* const* views, bool threshold) {
@@ -343,9 +358,9 @@ constexpr int kPlans = 4;
 thread_local Plan plans[kPlans];
 thread_local int next_plan;
 
-Plan* find_plan(const Key& key) {
+Plan* find_plan(const View* const* views, bool thr) {
     for (Plan& p : plans)
-        if (p.used && std::memcmp(&p.key, &key, sizeof key) == 0) return &p;
+        if (p.used && p.key.fits(views, thr)) return &p;
     return nullptr;
 }
 
@@ -505,21 +520,17 @@ void merge_attn_states_boxed(StableIValue* stack, uint64_t num_args, uint64_t nu
 
     // The plan of the call's layout, else the op's checks and selection (which make one).
     const View* const all[kTensors] = {&out, &out_lse, &prefix, &prefix_lse, &suffix, &suffix_lse, &scale, &qsl, &csl};
-    Key key;
-    const bool keyed = key.make(all, thr);
-    Plan* plan = keyed ? find_plan(key) : nullptr;
+    Plan* plan = find_plan(all, thr);
     Plan fresh;
     if (!plan) {
         plan = &fresh;
         prepare(all, thr, threshold, B, fresh);
         mla_gen_ext_plans.fetch_add(1, std::memory_order_relaxed);
-        if (keyed) {  // kept for the next calls of this layout
-            Plan& slot = plans[next_plan];
+        if (fresh.key.make(all, thr)) {  // kept for the next calls of this layout
+            fresh.used = 1;
+            plan = &plans[next_plan];
             next_plan = (next_plan + 1) % kPlans;
-            slot = fresh;
-            slot.key = key;
-            slot.used = 1;
-            plan = &slot;
+            *plan = fresh;
         }
     }
     mla_merge_attn_states_args a = plan->args;
