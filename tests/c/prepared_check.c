@@ -8,9 +8,11 @@
  * kept token strides are off by one: only a short-path launch passes them (they decide nothing
  * else there). Built by
  * tests/c_launcher.rs with the launcher of bf16 D = 128 with its threshold, output lse, size rule
- * and dense specializations (the default schedule). */
+ * and dense specializations (the default schedule). Several threads launch through one plan at
+ * once (.ci/c.sh runs this under ThreadSanitizer). */
 #include "mla_kernels.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -103,6 +105,17 @@ static mla_prepared marked_plan(mla_merge_attn_states_args a) {
     return plan;
 }
 
+/* Launches through a shared plan, each with its own buffers and threshold: all succeed. */
+static void* hammer(void* plan) {
+    intptr_t refused = 0;
+    for (int i = 0; i < 200; ++i) {
+        mla_merge_attn_states_args a = args(5, i % 6);
+        a.output = (void*)(uintptr_t)at(10 + i % 7);
+        refused += mla_launch_prepared((const mla_prepared*)plan, NULL, &a) != MLA_OK;
+    }
+    return (void*)refused;
+}
+
 int main(void) {
     const long long T = 5;
     int fast;
@@ -193,6 +206,16 @@ int main(void) {
            strcmp(mla_last_error(), KERNEL ": args is a null pointer") == 0);
     EXPECT(mla_launch_prepared(&plan, NULL, NULL) == MLA_INVALID_ARGUMENT &&
            strcmp(mla_last_error(), KERNEL ": args is a null pointer") == 0);
+    mla_prepared shared;
+    a = args(T, 3);
+    EXPECT(mla_prepare(KERNEL, &a, &shared) == MLA_OK);
+    pthread_t threads[4];
+    for (int i = 0; i < 4; ++i) EXPECT(pthread_create(&threads[i], NULL, hammer, &shared) == 0);
+    for (int i = 0; i < 4; ++i) {
+        void* refused;
+        pthread_join(threads[i], &refused);
+        EXPECT(refused == NULL);
+    }
     printf("%d passed, %d failed\n", failures ? 0 : 1, failures);
     return failures != 0;
 }
