@@ -74,6 +74,7 @@ sanitize pairwise 'arch = ["sm_80", "sm_90"]\n[[merge_attn_states]]\ndtype = ["b
 sanitize dense 'arch = "sm_90"\n[[merge_attn_states]]\ndtype = "bf16"\nhead_size = 128\nprefix_threshold = false\noutput_lse = false\nsize_rule = false\n' special_check.c \
     '#define D 128\n#define KERNEL "merge_attn_states_bf16_d128"\n#define LAUNCH mla_merge_attn_states_bf16_d128\n#define DENSE "merge_attn_states_bf16_d128_dense"\n#define DENSE_LAUNCH mla_merge_attn_states_bf16_d128_dense\n'
 sanitize families 'arch = "sm_90"\n[[merge_states]]\ndtype = "bf16"\nhead_size = 128\nnum_states = [4, "runtime"]\n[[merge_state_in_place]]\ndtype = "bf16"\nhead_size = 128\nmask = true\n[[mask_empty_context_lse]]\n' families_check.c
+sanitize prepared 'arch = "sm_90"\n[[merge_attn_states]]\ndtype = "bf16"\nhead_size = 128\n' prepared_check.c
 sanitize group 'arch = "sm_90"\n[[merge_attn_states]]\ndtype = "bf16"\nhead_size = 128\noutput = "fp8_e4m3_group"\ngroup_size = 64\nue8m0 = true\n[[merge_attn_states]]\ndtype = "bf16"\nhead_size = 128\noutput = "fp8_e4m3"\n' group_check.c
 
 echo "== scripts/gpu/check_cost.c (the C launcher's host cost, run on a GPU by scripts/gpu/check_cost.sh)"

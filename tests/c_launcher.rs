@@ -151,6 +151,19 @@ fn the_c_launcher_launches_dense_specializations() {
 }
 
 #[test]
+fn prepared_launches_do_what_the_launcher_does() {
+    // bf16 d128 with its threshold, output lse, size rule and dense twins (prepared_check.c
+    // names its kernels).
+    let tmp = tempfile::tempdir().unwrap();
+    let c = generate_c(
+        tmp.path(),
+        "arch = \"sm_90\"\n[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n",
+        None,
+    );
+    run_check(tmp.path(), &c, "prepared_check.c");
+}
+
+#[test]
 fn the_other_families_launchers_compile_and_refuse_unsafe_calls() {
     let tmp = tempfile::tempdir().unwrap();
     let c = generate_c(tmp.path(), FAMILIES_SPEC, None);

@@ -52,14 +52,14 @@ fn the_c_launcher_launches_pdl_kernels_programmatically_on_cc_9_and_newer() {
     let c = generate_c(tmp.path(), SPEC, None);
     let header = std::fs::read_to_string(c.join("mla_kernels.h")).unwrap();
     assert!(header.contains("Programmatic dependent launch on compute capability 9.0"));
-    // The launch function and the pdl kernel's table, as a reviewed diff (the rest of the file
+    // The launch functions and the pdl kernel's table, as a reviewed diff (the rest of the file
     // is the launcher of any spec, and the images are bytes).
     let source = std::fs::read_to_string(c.join("mla_kernels.c")).unwrap();
     let between = |from: &str, to: &str| {
         let at = source.find(from).unwrap();
         source[at..at + source[at..].find(to).unwrap()].to_string()
     };
-    let run = between("/* Check, then launch", "/* ---- 5.");
+    let run = between("/* Launch k as checked", "/* ---- 5.");
     let table = between(
         "static const mla_kernel mla_kernel_merge_attn_states_bf16_d128_thr_lse_pdl = {",
         "mla_status mla_merge_attn_states_bf16_d128_thr_lse_pdl(",

@@ -1,8 +1,9 @@
 """Per-call host cost, in one process: mla-gen's plain function, its registered op
 (torch.ops.mla_gen.merge_attn_states, called as the packet and as its .default overload), a Triton kernel launched the way vLLM launches its Triton
 merge_attn_states (vLLM's signature, a JIT launcher call per merge), and torch.Tensor.zero_() on
-one element (a floor: one torch op, one kernel launch), and two floors of the op: an op of the
-same schema whose implementation does nothing, and a Python function doing nothing; then the
+one element (a floor: one torch op, one kernel launch), and three floors of the op: an op of the
+same schema whose implementation does nothing (in Python; and in C++ on the stable ABI, as the
+compiled op is: host_cost_stub.stable_floor), and a Python function doing nothing; then the
 function's launch alone, as ctypes calls of cuLaunchKernelEx (what the package calls) and of
 cuLaunchKernel, with the same kernel, parameters and stream.
 
@@ -12,10 +13,12 @@ the minimum over rounds is the least disturbed (the median is reported too), and
 given for both (min over min, median over median).
 Targets: function <= 0.5x the Triton launcher, op <= 0.6x (the packet call: what callers write).
 
-With the wheel's compiled op (mla_gen.ops.compiled) the function and op rows time it, and two rows
-time the pure-Python implementation in the same process (the op's Python implementation under
-another namespace, the function's Python path); each against issue 22's bar, a compiled
-TORCH_LIBRARY op with vLLM's launcher (7.6 us on the H200). An installed mla_gen is used where
+With the wheel's compiled op (mla_gen.ops.compiled) the op rows time it, and two rows time the
+pure-Python implementation in the same process (the op's Python implementation under another
+namespace, the function's Python path); each against issue 22's bar, a compiled TORCH_LIBRARY op
+with vLLM's launcher (7.6 us on the H200). The plain function runs its Python fast path either
+way; one more row times what it would cost sending its calls to the compiled op instead (its
+signature and the test the function made when it did so, then the op's .default). An installed mla_gen is used where
 there is one (PYTHONPATH), else the tree's python/.
 
 Usage: python3 python/bench/host_cost.py [--calls N] [--rounds R]  (JSON to $OUT/host_cost.json)
@@ -40,6 +43,7 @@ sys.path.append(str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import mla_gen  # noqa: E402
 from bench import triton_merge  # noqa: E402  the repository's Triton baseline kernel
+from host_cost_stub import plain_via_compiled, stable_floor  # noqa: E402
 
 # A compiled TORCH_LIBRARY op with vLLM's launcher, measured on the H200 (DESIGN.md, 2026-12-01):
 # the bar for the compiled op and for the function (issue 22) where this run cannot build its own
@@ -48,6 +52,7 @@ VLLM_OP_US = 7.6
 VLLM_OP_ROW = "TORCH_LIBRARY op, vLLM's launcher (built here)"
 # The plain function runs its Python fast path whether or not the compiled op loaded (_torch.py).
 FUNCTION = "mla_gen.merge_attn_states (function, Python fast path)"
+PLAIN_VIA_OP = "the function's arguments sent to the compiled op"
 
 
 def build_vllm_op():
@@ -117,6 +122,12 @@ def main():
         "torch.Tensor.zero_ (1 element)": lambda: one.zero_(),
         "floor: op of the same schema doing nothing": lambda: floor_op(out, None, p, pl, s, sl, 1),
     }
+    sfloor = stable_floor()  # what the stable ABI's boxing costs any op of this schema
+    if sfloor is not None:
+        impls["floor: stable-ABI op doing nothing (C++)"] = lambda: sfloor(out, None, p, pl, s, sl, 1)
+    if compiled:
+        via_op = plain_via_compiled(op_default)
+        impls[PLAIN_VIA_OP] = lambda: via_op(out, p, pl, s, sl, None, 1)
     vllm_op = build_vllm_op()
     if vllm_op is not None:
         impls[VLLM_OP_ROW] = lambda: vllm_op(out, None, p, pl, s, sl, 1)
@@ -176,7 +187,7 @@ def main():
         if target is not None:
             verdict = (f"<= {target}: min {'met' if r['x_triton'] <= target else 'MISSED'}, "
                        f"median {'met' if r['x_triton_median'] <= target else 'MISSED'}")
-        if name == FUNCTION or name.startswith("torch.ops.mla_gen.merge_attn_states"):
+        if name in (FUNCTION, PLAIN_VIA_OP) or name.startswith("torch.ops.mla_gen.merge_attn_states"):
             r["x_vllm_op"] = r["min_us"] / bar
             verdict += f"; {r['x_vllm_op']:.2f}x vLLM's op ({'met' if r['min_us'] <= bar else 'MISSED'})"
             if measured:

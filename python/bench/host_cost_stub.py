@@ -19,8 +19,9 @@ that opens "libcuda.so.1" (so it compares old and new trees alike).
 
 With ``--compiled`` (implies --driver-stub; an installed wheel with the compiled op on
 PYTHONPATH) the compiled op is registered for CPU tensors too ($MLA_GEN_EXT_CPU) and calls the
-C launcher into the same stub: rows for it as the op and through the plain function, beside the
-Python path's.
+C launcher into the same stub: rows for it as the op, and for the plain function's arguments sent
+to it (plain_via_compiled: the function itself does not call it), and for an op of its schema on
+the stable ABI doing nothing (stable_floor/, compiled here with c++), beside the Python path's.
 
 Usage: python3 python/bench/host_cost_stub.py [--calls N] [--rounds R] [--ctx-kernels DIR] [--driver-stub] [--compiled]
        (MLA_GEN_KERNELS: the folder for the plain calls; --ctx-kernels: the folder holding the
@@ -54,7 +55,6 @@ def stub_driver(driver: bool = False):
     """What conftest's cpu_launch does, for a script: CPU tensors, no kernel loaded, launches
     dropped; with `driver`, launches go through _cuda.launch into the stub libcuda instead."""
     _torch._DEVICE_TYPE = "cpu"
-    _torch._compiled = None  # the Python path: the compiled op takes CUDA tensors
     _cuda.kernel = lambda folder, meta: _FakeKernel()
     _cuda.primary_context = lambda device: 0xC0
     _torch._stream = lambda device: 0x7F00C0DE0000
@@ -93,6 +93,56 @@ def floor_op():
 _STUB_DIR = "MLA_GEN_STUB_LIBCUDA_DIR"
 
 
+def plain_via_compiled(op_default):
+    """The plain function sending the calls the compiled op serves to `op_default`
+    (torch.ops.mla_gen.merge_attn_states.default) and the others to its Python path: what it
+    costs routed so, with the test it made when it was (before session 9)."""
+    env_get, env_key, plain = _torch._env_get, _torch._ENV_KEY, mla_gen.merge_attn_states
+
+    def merge(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
+              prefill_tokens_with_context=None, output_scale=None, *, output_group_scales=None, ue8m0=False,
+              lse_layout="head_major", query_start_loc=None, context_start_loc=None):
+        if (output_group_scales is None and query_start_loc is None and context_start_loc is None
+                and lse_layout == "head_major" and env_get(env_key) is None
+                and (prefill_tokens_with_context is None or type(prefill_tokens_with_context) is int)):
+            return op_default(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                              prefill_tokens_with_context, output_scale)
+        return plain(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+                     prefill_tokens_with_context, output_scale, output_group_scales=output_group_scales, ue8m0=ue8m0,
+                     lse_layout=lse_layout, query_start_loc=query_start_loc, context_start_loc=context_start_loc)
+
+    return merge
+
+
+_libraries = []  # the torch.library.Library objects of the ops defined here: they live while defined
+
+
+def stable_floor():
+    """torch.ops.mla_gen_bench_floor.merge_attn_states (stable_floor/stable_floor.cpp: the compiled
+    op's schema on the stable ABI, doing nothing), compiled now with c++ against this torch's
+    headers; None, the reason printed, where it cannot be."""
+    import shutil
+    import subprocess
+    import tempfile
+    cxx = shutil.which(os.environ.get("CXX", "c++"))
+    if cxx is None:
+        print("# no C++ compiler: no stable-ABI floor")
+        return None
+    root = Path(torch.__file__).parent
+    out = Path(tempfile.mkdtemp(prefix="mla-gen-floor-")) / "stable_floor.so"
+    src = Path(__file__).with_name("stable_floor") / "stable_floor.cpp"
+    r = subprocess.run([cxx, "-std=c++17", "-O2", "-shared", "-fPIC", f"-I{root / 'include'}", str(src),
+                        f"-L{root / 'lib'}", "-ltorch_cpu", "-o", str(out)], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"# the stable-ABI floor did not build: {r.stderr.strip()[-300:]}")
+        return None
+    lib = torch.library.Library("mla_gen_bench_floor", "DEF")
+    lib.define(mla_gen.ops.SCHEMAS["merge_attn_states"])
+    _libraries.append(lib)
+    torch.ops.load_library(str(out))
+    return torch.ops.mla_gen_bench_floor.merge_attn_states
+
+
 def _reexec_with_stub_driver(compiled: bool = False):
     """Compile stub_libcuda.c as libcuda.so.1 into a temporary folder and rerun this script with
     that folder first on LD_LIBRARY_PATH (the loader reads it at process start only)."""
@@ -122,8 +172,7 @@ def main():
     args.driver_stub |= args.compiled
     if args.driver_stub and _STUB_DIR not in os.environ:
         _reexec_with_stub_driver(args.compiled)
-    compiled = mla_gen._torch._compiled
-    if args.compiled and compiled is None:
+    if args.compiled and not mla_gen.ops.compiled:
         sys.exit(f"--compiled: this mla_gen's compiled op is not in use ({mla_gen._ext.reason})")
     stub_driver(args.driver_stub)
     T, H, D = 1, 1, 128
@@ -190,15 +239,15 @@ def main():
             lambda: cop(out, None, p, pl, s, sl, 1), calls)
         timers["compiled op, packet: output_lse, threshold"] = lambda calls: loop(
             lambda: cop(out, ol, p, pl, s, sl, 1), calls)
-
-        def through_compiled(calls):  # the plain function with its compiled entry in place
-            _torch._compiled = compiled
-            try:
-                return loop(lambda: f(out, p, pl, s, sl, None, 1), calls)
-            finally:
-                _torch._compiled = None
-
-        timers["plain -> compiled: no output_lse, threshold"] = through_compiled
+        timers["compiled op, .default: no output_lse, threshold"] = lambda calls: loop(
+            lambda: cop.default(out, None, p, pl, s, sl, 1), calls)
+        sfloor = stable_floor()
+        if sfloor is not None:
+            timers["floor: stable-ABI op doing nothing (C++)"] = lambda calls: loop(
+                lambda: sfloor(out, None, p, pl, s, sl, 1), calls)
+        via_op = plain_via_compiled(cop.default)
+        timers["plain's arguments -> compiled op .default"] = lambda calls: loop(
+            lambda: via_op(out, p, pl, s, sl, None, 1), calls)
     if args.ctx_kernels:
         timers["ctxmask: output_lse, threshold, start locations"] = in_ctx_folder(
             lambda: f(out, p, pl, s, sl, ol, 1, query_start_loc=qsl, context_start_loc=csl))

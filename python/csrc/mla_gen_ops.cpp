@@ -7,10 +7,17 @@
 // The launcher applies the manifest's contract (the same checks and texts as every host), its
 // size rules and specializations, and loads images on first use.
 //
+// A call whose layout (each tensor's dtype, device, sizes and strides, which optional arguments
+// are given, the threshold given or not) is one of this thread's last few calls' skips the op's
+// checks, the selection and the launcher's full check: it launches through the plan the launcher
+// prepared for that layout (mla_prepare), which checks only what the layout leaves open (each
+// pointer's alignment, overlaps, the threshold's bounds) and runs the full check where anything
+// is off, so every refusal is the full check's.
+//
 // The hot path allocates nothing and calls no Python: the boxed function reads the tensor handles
 // off the stack itself (no torch::stable::Tensor, whose shared_ptr would allocate per argument).
 // Errors throw std::runtime_error("<kernel>: <problem>"), which the dispatcher raises as a
-// RuntimeError (the plain Python function does not come here: its own fast path is cheaper).
+// RuntimeError (the plain Python function does not come here: docs/PYTHON.md, "The compiled op").
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/library.h>
@@ -31,9 +38,11 @@
 extern "C" AOTI_TORCH_EXPORT AOTITorchError aoti_torch_get_current_cuda_stream(int32_t device_index,
                                                                                void** ret_stream);
 
-// Calls that launched (or had nothing to launch), for mla_gen.stats()["launches"] (read with ctypes).
+// Calls that launched (or had nothing to launch), for mla_gen.stats()["launches"], and calls that
+// prepared a plan (a layout not among the thread's last few), for stats()["plans"]; read with ctypes.
 extern "C" {
 __attribute__((visibility("default"))) std::atomic<uint64_t> mla_gen_ext_launches{0};
+__attribute__((visibility("default"))) std::atomic<uint64_t> mla_gen_ext_plans{0};
 }
 
 namespace {
@@ -283,6 +292,191 @@ struct Context {
 
 bool cpu_test_mode = false;  // $MLA_GEN_EXT_CPU at load: CPU tensors too, a stand-in driver, stream 0
 
+constexpr int kTensors = 9;  // output, output_lse, prefix/suffix output and lse, scale, start locations
+constexpr int kKeyDims = 4;  // tensors of more dims (refused anyway) are not kept
+
+// What a call's layout is made of: per tensor (-1 dims: not given) its dims, sizes, strides, dtype
+// and device; and whether the threshold is given.
+struct Key {
+    struct Shape {
+        int64_t dim, dtype, device_type, device, sizes[kKeyDims], strides[kKeyDims];
+    } t[kTensors];
+    int64_t thr;
+
+    // Whether the call's tensors are the key's (compared in place: no key made per call).
+    bool fits(const View* const* views, bool threshold) const {
+        if (thr != threshold) return false;
+        for (int i = 0; i < kTensors; ++i) {
+            const View& v = *views[i];
+            const Shape& s = t[i];
+            if (!v.h ? s.dim != -1
+                     : s.dim != v.dim || s.dtype != v.dtype || s.device_type != v.device_type || s.device != v.device ||
+                           std::memcmp(s.sizes, v.sizes, sizeof(int64_t) * v.dim) != 0 ||
+                           std::memcmp(s.strides, v.strides, sizeof(int64_t) * v.dim) != 0)
+                return false;
+        }
+        return true;
+    }
+
+    // False where a tensor has more dims than a key holds.
+    bool make(const View* const* views, bool threshold) {
+        std::memset(this, 0, sizeof *this);
+        thr = threshold;
+        for (int i = 0; i < kTensors; ++i) {
+            const View& v = *views[i];
+            Shape& s = t[i];
+            if (!v.h) {
+                s.dim = -1;
+                continue;
+            }
+            if (v.dim > kKeyDims) return false;
+            s.dim = v.dim;
+            s.dtype = v.dtype;
+            s.device_type = v.device_type;
+            s.device = v.device;
+            std::memcpy(s.sizes, v.sizes, sizeof(int64_t) * v.dim);
+            std::memcpy(s.strides, v.strides, sizeof(int64_t) * v.dim);
+        }
+        return true;
+    }
+};
+
+// A layout's plan: the launcher's struct as its first call filled it (pointers and the threshold
+// set anew per call) and the launch the launcher prepared for it.
+struct Plan {
+    Key key;
+    int used;   // 0: empty
+    int entry;  // kEntries[entry]: the kernel called
+    bool cpu;   // CPU tensors (the CPU test mode): no context, stream 0
+    mla_merge_attn_states_args args;
+    mla_prepared prepared;
+};
+
+// Each thread's last few layouts (any thread may call; none shares a plan). A serving engine
+// alternates a handful: prefill and decode, with and without output_lse.
+constexpr int kPlans = 4;
+thread_local Plan plans[kPlans];
+thread_local int next_plan;
+
+Plan* find_plan(const View* const* views, bool thr) {
+    for (Plan& p : plans)
+        if (p.used && p.key.fits(views, thr)) return &p;
+    return nullptr;
+}
+
+// The call's buffers in the launcher's struct: what a plan leaves open (the pointers), with
+// their _numel (which the plan holds to its own).
+void set_buffers(mla_merge_attn_states_args& a, const View& out, const View& out_lse, const View& prefix,
+                 const View& prefix_lse, const View& suffix, const View& suffix_lse, const View& scale, const View& qsl,
+                 const View& csl, int64_t B) {
+    a.output = (void*)(uintptr_t)out.addr;
+    a.output_numel = out.span;
+    a.output_lse = out_lse.h ? (float*)(uintptr_t)out_lse.addr : nullptr;
+    a.output_lse_numel = out_lse.h ? out_lse.span : 0;
+    a.prefix_output = (const void*)(uintptr_t)prefix.addr;
+    a.prefix_output_numel = prefix.span;
+    a.prefix_lse = (const float*)(uintptr_t)prefix_lse.addr;
+    a.prefix_lse_numel = prefix_lse.span;
+    a.suffix_output = (const void*)(uintptr_t)suffix.addr;
+    a.suffix_output_numel = suffix.span;
+    a.suffix_lse = (const float*)(uintptr_t)suffix_lse.addr;
+    a.suffix_lse_numel = suffix_lse.span;
+    (void)scale;
+    (void)qsl;
+    (void)csl;
+    (void)B;
+    MLA_GEN_SET_OPTIONAL_FIELDS(a)  // mla_gen_table.h: the fields only some kernels of the folder have
+}
+
+// A call without a plan: the op's checks (what C cannot check, it has no element types, and what
+// the shapes must say), the kernel by the launcher's selection, and the launcher's plan for it
+// (its full check: a refusal throws its message): plan.entry, plan.cpu, plan.args (this call's)
+// and plan.prepared.
+void prepare(const View* const* t, bool thr, int64_t threshold, int64_t B, Plan& plan) {
+    const View &out = *t[0], &out_lse = *t[1], &prefix = *t[2], &prefix_lse = *t[3], &suffix = *t[4],
+               &suffix_lse = *t[5], &scale = *t[6], &qsl = *t[7], &csl = *t[8];
+    const Codes& c = codes();
+    if (!qsl.h != !csl.h)
+        fail("%s given without %s: the empty-context mask needs both start locations (int32 [B + 1] each), or "
+             "neither", qsl.h ? "query_start_loc" : "context_start_loc", qsl.h ? "context_start_loc" : "query_start_loc");
+
+    // One device of the kind the op is registered for.
+    const int32_t want_type = cpu_test_mode && out.device_type == c.cpu ? c.cpu : c.cuda;
+    for (int i = 0; i < kTensors; ++i) {
+        if (!t[i]->h) continue;
+        if (t[i]->device_type != want_type) fail("%s is not on a CUDA device; the kernels run on a CUDA device", t[i]->name);
+        if (t[i]->device != out.device)
+            fail("%s is on device %d, output on device %d; all tensors must be on one device", t[i]->name, t[i]->device,
+                 out.device);
+    }
+    plan.cpu = want_type == c.cpu;
+
+    // The kernel: the inputs' dtype and head size, the output kind, the options given.
+    if (prefix.dim != 3) {
+        char got[160] = "(";
+        for (int64_t k = 0; k < prefix.dim; ++k)
+            snprintf(got + strlen(got), sizeof got - strlen(got), k ? ", %lld" : "%lld", (long long)prefix.sizes[k]);
+        fail("prefix_output must have 3 dimensions, got shape %s%s)", got, prefix.dim == 1 ? "," : "");
+    }
+    const int64_t T = prefix.sizes[0], H = prefix.sizes[1], D = prefix.sizes[2];
+    const int dtype = prefix.dtype == c.f16 ? F16 : prefix.dtype == c.bf16 ? BF16 : prefix.dtype == c.f32 ? F32 : -1;
+    const int fp8 = scale.h != nullptr;
+    const int i = dtype < 0 ? -1
+                            : chosen(dtype, dtype_name(prefix.dtype), T, H, D, fp8, out_lse.h != nullptr, thr, B);
+    if (i < 0)
+        fail("no generated merge_attn_states kernel for dtype=%s, head_size=%lld, output=%s, lse_layout=head_major%s "
+             "in %s; add it to the spec ([[merge_attn_states]]) and regenerate, or set MLA_GEN_KERNELS",
+             dtype_name(prefix.dtype), (long long)D, fp8 ? "fp8_e4m3" : "same",
+             qsl.h ? ", with the empty-context mask (query_start_loc, context_start_loc)" : "", kKernelsLabel);
+    const Entry& e = kEntries[i];
+    plan.entry = i;
+
+    const int32_t want_out = fp8 ? c.e4m3 : prefix.dtype;
+    if (out.dtype != want_out) fail("%s: output is %s, the kernel takes %s", e.name, dtype_name(out.dtype), dtype_name(want_out));
+    if (suffix.dtype != prefix.dtype)
+        fail("%s: suffix_output is %s, the kernel takes %s", e.name, dtype_name(suffix.dtype), dtype_name(prefix.dtype));
+    for (const View* v : {&prefix_lse, &suffix_lse, &out_lse, &scale})
+        if (v->h && v->dtype != c.f32) fail("%s: %s is %s, the kernel takes f32", e.name, v->name, dtype_name(v->dtype));
+    for (const View* v : {&qsl, &csl})
+        if (v->h && v->dtype != c.i32) fail("%s: %s is %s, the kernel takes i32", e.name, v->name, dtype_name(v->dtype));
+    // In the kernel's parameter order, as the Python path: ranks, then sizes and strides.
+    const View* order[] = {&out, &out_lse, &prefix, &prefix_lse, &suffix, &suffix_lse};
+    for (const View* v : order) {
+        const bool rows = v == &out || v == &prefix || v == &suffix;  // [T, H, D], else lse [H, T]
+        rank(*v, rows ? 3 : 2, rows ? "THD" : "HT");
+    }
+    const int64_t sizes[3] = {T, H, D}, lse_sizes[2] = {H, T}, lse_strides[2] = {T, 1};
+    for (const View* v : order) {
+        if (!v->h) continue;
+        if (v->dim == 3) {
+            const int64_t st[3] = {v->stride(0), v->stride(1), 1};
+            expect(*v, sizes, st, 3, "THD");
+        } else {
+            expect(*v, lse_sizes, lse_strides, 2, "HT");
+        }
+    }
+    if (qsl.h) {
+        if (qsl.dim != 1) fail("query_start_loc must have 1 dimension [B + 1], got %lld", (long long)qsl.dim);
+        const int64_t s[1] = {B + 1}, st[1] = {1};
+        expect(qsl, s, st, 1, "B");
+        expect(csl, s, st, 1, "B");
+    }
+
+    mla_merge_attn_states_args& a = plan.args;
+    a = MLA_MERGE_ATTN_STATES_ARGS_INIT;
+    set_buffers(a, out, out_lse, prefix, prefix_lse, suffix, suffix_lse, scale, qsl, csl, B);
+    a.num_tokens = T;
+    a.num_heads = H;
+    a.output_token_stride = out.stride(0);
+    a.output_head_stride = out.stride(1);
+    a.prefix_token_stride = prefix.stride(0);
+    a.prefix_head_stride = prefix.stride(1);
+    a.suffix_token_stride = suffix.stride(0);
+    a.suffix_head_stride = suffix.stride(1);
+    if (thr) a.prefill_tokens_with_context = threshold;
+    if (mla_prepare(e.name, &a, &plan.prepared) != MLA_OK) throw std::runtime_error(mla_last_error());
+}
+
 // merge_attn_states(Tensor! output, Tensor!? output_lse, Tensor prefix_output, Tensor prefix_lse,
 //   Tensor suffix_output, Tensor suffix_lse, SymInt? prefill_tokens_with_context=None,
 //   Tensor? output_scale=None, Tensor? query_start_loc=None, Tensor? context_start_loc=None) -> ()
@@ -312,7 +506,6 @@ void merge_attn_states_boxed(StableIValue* stack, uint64_t num_args, uint64_t nu
     AtenTensorHandle csl_h = optional_at(stack[9], &v) ? tensor_at(v) : nullptr;
     own.h[own.n++] = csl_h;
 
-    const Codes& c = codes();
     View out, out_lse, prefix, prefix_lse, suffix, suffix_lse, scale, qsl, csl;
     out.read(out_h, "output");
     prefix.read(prefix_h, "prefix_output");
@@ -323,109 +516,36 @@ void merge_attn_states_boxed(StableIValue* stack, uint64_t num_args, uint64_t nu
     if (scale_h) scale.read(scale_h, "output_scale");
     if (qsl_h) qsl.read(qsl_h, "query_start_loc");
     if (csl_h) csl.read(csl_h, "context_start_loc");
-    if (!qsl_h != !csl_h)
-        fail("%s given without %s: the empty-context mask needs both start locations (int32 [B + 1] each), or "
-             "neither", qsl_h ? "query_start_loc" : "context_start_loc", qsl_h ? "context_start_loc" : "query_start_loc");
-
-    // One device of the kind the op is registered for.
-    const int32_t want_type = cpu_test_mode && out.device_type == c.cpu ? c.cpu : c.cuda;
-    const View* all[] = {&out, &out_lse, &prefix, &prefix_lse, &suffix, &suffix_lse, &scale, &qsl, &csl};
-    for (const View* t : all) {
-        if (!t->h) continue;
-        if (t->device_type != want_type) fail("%s is not on a CUDA device; the kernels run on a CUDA device", t->name);
-        if (t->device != out.device)
-            fail("%s is on device %d, output on device %d; all tensors must be on one device", t->name, t->device,
-                 out.device);
-    }
-
-    // The kernel: the inputs' dtype and head size, the output kind, the options given.
-    if (prefix.dim != 3) {
-        char got[160] = "(";
-        for (int64_t k = 0; k < prefix.dim; ++k)
-            snprintf(got + strlen(got), sizeof got - strlen(got), k ? ", %lld" : "%lld", (long long)prefix.sizes[k]);
-        fail("prefix_output must have 3 dimensions, got shape %s%s)", got, prefix.dim == 1 ? "," : "");
-    }
-    const int64_t T = prefix.sizes[0], H = prefix.sizes[1], D = prefix.sizes[2];
-    const int dtype = prefix.dtype == c.f16 ? F16 : prefix.dtype == c.bf16 ? BF16 : prefix.dtype == c.f32 ? F32 : -1;
-    const int fp8 = scale_h != nullptr;
     const int64_t B = qsl_h && qsl.dim == 1 ? qsl.sizes[0] - 1 : (qsl_h ? 0 : -1);
-    const int i = dtype < 0 ? -1
-                            : chosen(dtype, dtype_name(prefix.dtype), T, H, D, fp8, out_lse_h != nullptr, thr, B);
-    if (i < 0)
-        fail("no generated merge_attn_states kernel for dtype=%s, head_size=%lld, output=%s, lse_layout=head_major%s "
-             "in %s; add it to the spec ([[merge_attn_states]]) and regenerate, or set MLA_GEN_KERNELS",
-             dtype_name(prefix.dtype), (long long)D, fp8 ? "fp8_e4m3" : "same",
-             qsl_h ? ", with the empty-context mask (query_start_loc, context_start_loc)" : "", kKernelsLabel);
-    const Entry& e = kEntries[i];
 
-    // What C cannot check (it has no element types) and what the shapes must say.
-    const int32_t want_out = fp8 ? c.e4m3 : prefix.dtype;
-    if (out.dtype != want_out) fail("%s: output is %s, the kernel takes %s", e.name, dtype_name(out.dtype), dtype_name(want_out));
-    if (suffix.dtype != prefix.dtype)
-        fail("%s: suffix_output is %s, the kernel takes %s", e.name, dtype_name(suffix.dtype), dtype_name(prefix.dtype));
-    for (const View* t : {&prefix_lse, &suffix_lse, &out_lse, &scale})
-        if (t->h && t->dtype != c.f32) fail("%s: %s is %s, the kernel takes f32", e.name, t->name, dtype_name(t->dtype));
-    for (const View* t : {&qsl, &csl})
-        if (t->h && t->dtype != c.i32) fail("%s: %s is %s, the kernel takes i32", e.name, t->name, dtype_name(t->dtype));
-    // In the kernel's parameter order, as the Python path: ranks, then sizes and strides.
-    const View* order[] = {&out, &out_lse, &prefix, &prefix_lse, &suffix, &suffix_lse};
-    for (const View* t : order) {
-        const bool rows = t == &out || t == &prefix || t == &suffix;  // [T, H, D], else lse [H, T]
-        rank(*t, rows ? 3 : 2, rows ? "THD" : "HT");
-    }
-    const int64_t sizes[3] = {T, H, D}, lse_sizes[2] = {H, T}, lse_strides[2] = {T, 1};
-    for (const View* t : order) {
-        if (!t->h) continue;
-        if (t->dim == 3) {
-            const int64_t st[3] = {t->stride(0), t->stride(1), 1};
-            expect(*t, sizes, st, 3, "THD");
-        } else {
-            expect(*t, lse_sizes, lse_strides, 2, "HT");
+    // The plan of the call's layout, else the op's checks and selection (which make one).
+    const View* const all[kTensors] = {&out, &out_lse, &prefix, &prefix_lse, &suffix, &suffix_lse, &scale, &qsl, &csl};
+    Plan* plan = find_plan(all, thr);
+    Plan fresh;
+    if (!plan) {
+        plan = &fresh;
+        prepare(all, thr, threshold, B, fresh);
+        mla_gen_ext_plans.fetch_add(1, std::memory_order_relaxed);
+        if (fresh.key.make(all, thr)) {  // kept for the next calls of this layout
+            fresh.used = 1;
+            plan = &plans[next_plan];
+            next_plan = (next_plan + 1) % kPlans;
+            *plan = fresh;
         }
     }
-    if (qsl_h) {
-        if (qsl.dim != 1) fail("query_start_loc must have 1 dimension [B + 1], got %lld", (long long)qsl.dim);
-        const int64_t s[1] = {B + 1}, st[1] = {1};
-        expect(qsl, s, st, 1, "B");
-        expect(csl, s, st, 1, "B");
-    }
-
-    mla_merge_attn_states_args a = MLA_MERGE_ATTN_STATES_ARGS_INIT;
-    a.output = (void*)(uintptr_t)out.addr;
-    a.output_numel = out.span;
-    if (out_lse_h) {
-        a.output_lse = (float*)(uintptr_t)out_lse.addr;
-        a.output_lse_numel = out_lse.span;
-    }
-    a.prefix_output = (const void*)(uintptr_t)prefix.addr;
-    a.prefix_output_numel = prefix.span;
-    a.prefix_lse = (const float*)(uintptr_t)prefix_lse.addr;
-    a.prefix_lse_numel = prefix_lse.span;
-    a.suffix_output = (const void*)(uintptr_t)suffix.addr;
-    a.suffix_output_numel = suffix.span;
-    a.suffix_lse = (const float*)(uintptr_t)suffix_lse.addr;
-    a.suffix_lse_numel = suffix_lse.span;
-    a.num_tokens = T;
-    a.num_heads = H;
-    a.output_token_stride = out.stride(0);
-    a.output_head_stride = out.stride(1);
-    a.prefix_token_stride = prefix.stride(0);
-    a.prefix_head_stride = prefix.stride(1);
-    a.suffix_token_stride = suffix.stride(0);
-    a.suffix_head_stride = suffix.stride(1);
+    mla_merge_attn_states_args a = plan->args;
+    set_buffers(a, out, out_lse, prefix, prefix_lse, suffix, suffix_lse, scale, qsl, csl, B);
     if (thr) a.prefill_tokens_with_context = threshold;
-    MLA_GEN_SET_OPTIONAL_FIELDS(a)  // mla_gen_table.h: the fields only some kernels of the folder have
 
-    if (mla_gen_driver_open() != 0) fail("%s: %s", e.name, mla_gen_driver_error());
-    CUstream stream = nullptr;
+    if (mla_gen_driver_open() != 0) fail("%s: %s", kEntries[plan->entry].name, mla_gen_driver_error());
     mla_status s;
-    if (want_type == c.cpu) {
-        s = e.launch(stream, &a);
+    if (plan->cpu) {
+        s = mla_launch_prepared(&plan->prepared, nullptr, &a);
     } else {
         Context ctx(out.device);
         void* st = nullptr;
         ok(aoti_torch_get_current_cuda_stream(out.device, &st), "aoti_torch_get_current_cuda_stream");
-        s = e.launch((CUstream)st, &a);
+        s = mla_launch_prepared(&plan->prepared, (CUstream)st, &a);
     }
     if (s != MLA_OK) throw std::runtime_error(mla_last_error());
     mla_gen_ext_launches.fetch_add(1, std::memory_order_relaxed);

@@ -51,9 +51,9 @@ def available_kernels() -> list:
 
 def stats() -> dict:
     """Counters: ``module_loads`` (images loaded through the driver: one per kernel and image,
-    ever), ``launches``, ``plans`` (full checks that built a per-layout plan), ``fallbacks``
-    (calls mla_gen.vllm handed back to vLLM). A new threshold value is an argument: it shows as a
-    launch, never as a load or a plan."""
+    ever), ``launches``, ``plans`` (full checks that built a per-layout plan, the compiled op's
+    too), ``fallbacks`` (calls mla_gen.vllm handed back to vLLM). A new threshold value is an
+    argument: it shows as a launch, never as a load or a plan."""
     from . import _cuda, _ext
     out = dict(_cuda.stats)
     out["launches"] += _ext.launches()  # the compiled op's
@@ -62,6 +62,7 @@ def stats() -> dict:
         out["plans"] = _plan.stats["plans"]
     except ImportError:
         out["plans"] = 0
+    out["plans"] += _ext.plans()
     from . import vllm as _vllm
     out["fallbacks"] = _vllm.stats["fallbacks"]
     return out

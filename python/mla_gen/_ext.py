@@ -23,6 +23,7 @@ MIN_TORCH = (2, 10)
 loaded: Path | None = None  # the library, once loaded
 reason = "not tried"  # why the Python implementation serves the op
 _counter = None
+_plans = None
 
 
 def _torch_version() -> tuple:
@@ -40,7 +41,7 @@ def load() -> bool:
     """Load the compiled op (once): its CUDA implementation of merge_attn_states registers as
     the library loads. Call after the schemas are defined. False with ``reason`` set where the
     Python implementation is to serve."""
-    global loaded, reason, _counter
+    global loaded, reason, _counter, _plans
     if loaded is not None:
         return True
     if os.environ.get("MLA_GEN_PURE_PYTHON", "") not in ("", "0"):
@@ -62,9 +63,11 @@ def load() -> bool:
         reason = f"the compiled op did not load: {e}"
         return False
     try:
-        _counter = ctypes.c_uint64.in_dll(ctypes.CDLL(str(path)), "mla_gen_ext_launches")
+        lib = ctypes.CDLL(str(path))
+        _counter = ctypes.c_uint64.in_dll(lib, "mla_gen_ext_launches")
+        _plans = ctypes.c_uint64.in_dll(lib, "mla_gen_ext_plans")
     except (OSError, ValueError):
-        _counter = None
+        _counter = _plans = None
     loaded, reason = path, None
     return True
 
@@ -72,3 +75,8 @@ def load() -> bool:
 def launches() -> int:
     """Calls of the compiled op that launched (or had nothing to launch)."""
     return 0 if _counter is None else int(_counter.value)
+
+
+def plans() -> int:
+    """Calls of the compiled op that prepared a plan (a layout not among its thread's last few)."""
+    return 0 if _plans is None else int(_plans.value)

@@ -16,10 +16,11 @@ plain merge_attn_states and its operator share one fast path (``_merge``), each 
 so that code calling both with different layouts does not make each call look its plan up again.
 
 Where the compiled op serves torch.ops.mla_gen.merge_attn_states (mla_gen._ext), the plain
-merge_attn_states still comes here: on the H200 its fast path costs less per call than the
-compiled op (GPU runs 74-75: 7.41 against 7.61 us, 10.70 against 12.11 us; docs/PERFORMANCE.md,
-session 9), which checks the whole contract on every call where this path checks only what a
-plan of the call's layouts leaves open.
+merge_attn_states still comes here: on the H200 its fast path cost less per call than the
+compiled op of session 9 (GPU runs 74-75: 7.41 against 7.61 us, 10.70 against 12.11 us;
+docs/PERFORMANCE.md), which checked the whole contract on every call. The compiled op now keeps a
+plan per layout too (session 10: on the CPU machine, sending the function's calls to it costs
+about what this path costs; not yet measured on the GPU).
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@
  *   launcher w/o launch the public launcher with its cuLaunchKernel made a no-op: everything the
  *                      launcher adds to the driver's call;
  *   cuLaunchKernel     the driver call alone, with the function, grid, block and parameter values
- *                      the launcher last passed it.
+ *                      the launcher last passed it;
+ *   prepared launch    mla_launch_prepared(&plan, stream, &args) on a plan mla_prepare made of the
+ *                      same call (the checks its layout leaves open, then cuLaunchKernel), with
+ *                      and without its cuLaunchKernel (the compiled torch op launches so).
  *
  * The generated header has no check-only entry, so this file includes mla_kernels.c (a unity
  * build) and calls its internal mla_gather_merge_attn_states and mla_check on the kernel's table
@@ -187,6 +190,19 @@ static cost time_launcher(const mla_merge_attn_states_args* a, CUstream stream, 
     return summarize(us, rounds);
 }
 
+/* mla_launch_prepared on a plan of the same call. */
+static cost time_prepared(const mla_prepared* plan, const mla_merge_attn_states_args* a, CUstream stream, int rounds,
+                          int calls, double* us) {
+    for (int r = 0; r < rounds; ++r) {
+        synchronize(stream);
+        const double start = now_us();
+        for (int i = 0; i < calls; ++i) expect_ok(mla_launch_prepared(plan, stream, a));
+        us[r] = (now_us() - start) / calls;
+    }
+    synchronize(stream);
+    return summarize(us, rounds);
+}
+
 /* Gather and check only; `a` is read through a volatile pointer so no call is left out. */
 static cost time_checks(const mla_merge_attn_states_args* a, int rounds, int calls, double* us) {
     const mla_merge_attn_states_args* volatile args = a;
@@ -278,7 +294,22 @@ int main(int argc, char** argv) {
     const cost checks = time_checks(&a, rounds, calls, us);
     hook = SKIP;
     const cost no_launch = time_launcher(&a, stream, rounds, calls, us);
+    /* The prepared launch is the launcher's: the same function, grid, block and values. */
+    mla_prepared plan;
+    expect_ok(mla_prepare(NAME, &a, &plan));
+    const __typeof__(last) checked = last;
+    hook = RECORD;
+    expect_ok(mla_launch_prepared(&plan, stream, &a));
+    if (checked.f != last.f || memcmp(checked.grid, last.grid, sizeof last.grid) != 0 ||
+        memcmp(checked.block, last.block, sizeof last.block) != 0 ||
+        memcmp(checked.values, last.values, sizeof last.values) != 0) {
+        fprintf(stderr, "check_cost: the prepared launch is not the launcher's\n");
+        ++failed;
+    }
+    hook = SKIP;
+    const cost prepared_no_launch = time_prepared(&plan, &a, stream, rounds, calls, us);
     hook = PASS;
+    const cost prepared = time_prepared(&plan, &a, stream, rounds, calls, us);
     const cost bare = time_bare(rounds, calls, us);
     free(us);
 
@@ -290,10 +321,11 @@ int main(int argc, char** argv) {
            "%.2f us; cuLaunchKernel alone (any launcher's floor here): %.2f us\n",
            launch.median, checks.median, bare.median);
     printf("| host: kernel called | checked launch | argument checks alone | launcher without cuLaunchKernel "
-           "| cuLaunchKernel alone | checked - bare |\n");
-    printf("| C launcher: %s | %.2f (%.2f) | %.3f (%.3f) | %.3f (%.3f) | %.2f (%.2f) | %.2f |\n", NAME, launch.median, launch.min,
-           checks.median, checks.min, no_launch.median, no_launch.min, bare.median, bare.min,
-           launch.median - bare.median);
+           "| cuLaunchKernel alone | checked - bare | prepared launch | prepared without cuLaunchKernel |\n");
+    printf("| C launcher: %s | %.2f (%.2f) | %.3f (%.3f) | %.3f (%.3f) | %.2f (%.2f) | %.2f | %.2f (%.2f) | %.3f (%.3f) |\n",
+           NAME, launch.median, launch.min, checks.median, checks.min, no_launch.median, no_launch.min, bare.median,
+           bare.min, launch.median - bare.median, prepared.median, prepared.min, prepared_no_launch.median,
+           prepared_no_launch.min);
     printf("%d passed, %d failed: C launcher host cost\n", failed ? 0 : 1, failed ? 1 : 0);
     return failed ? 1 : 0;
 }

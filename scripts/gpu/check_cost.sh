@@ -72,7 +72,7 @@ run)
         echo "== for docs: us per call, the median of 20 rounds of 500 calls (C: the minimum in brackets);"
         echo "   T=1 H=1 threshold 1, dense strides, buffers of >= 4096x16 rows; $(grep -h '^device:' "$work"/c-*-1.log | head -n 1)"
         grep -h '^| host' "$work"/c-*-1.log | head -n 1
-        echo "| --- | --- | --- | --- | --- | --- |"
+        echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
         for round in 1 2; do
             for k in $kernels; do
                 sed -n "s/^| C launcher: \([^ |]*\) |/| C launcher: \1, round $round |/p" "$work/c-$k-$round.log"
@@ -81,7 +81,7 @@ run)
 r = json.load(open(sys.argv[1]))
 launch, checks, bare = r["host_us_per_launch"], r["host_us_validation_only"], r["host_us_bare_cu_launch_kernel"]
 kernel = r["rows"][-1]["kernel"]  # host_cost times the last kernel bench timed
-print(f"| Rust runtime: {kernel}, round {sys.argv[2]} | {launch:.2f} | {checks:.3f} | - | {bare:.2f} | {launch - bare:.2f} |")' \
+print(f"| Rust runtime: {kernel}, round {sys.argv[2]} | {launch:.2f} | {checks:.3f} | - | {bare:.2f} | {launch - bare:.2f} | - | - |")' \
                 "$work/rust-$round.json" "$round"
         done
     } | tee -a "$OUT/report.txt"

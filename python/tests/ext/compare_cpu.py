@@ -2,7 +2,10 @@
 naming a build of stub_driver.c: the compiled op (CPU tensors, the stand-in driver recording
 each launch) and the Python path (CPU tensors, launches recorded as conftest's cpu_launch does)
 take the same calls; each must launch the same kernel with the same grid and parameters, or
-refuse with the same text. Exits non-zero naming every difference."""
+refuse with the same text. Then the compiled op's plans (one per layout, kept per thread): calls
+after a call of the same layout (other pointers, another threshold, a misaligned or overlapping
+buffer) and after one of another layout still agree, and a layout seen again makes no new plan.
+Exits non-zero naming every difference."""
 
 from __future__ import annotations
 
@@ -54,7 +57,13 @@ _torch._stream = lambda device: 0
 _cuda.launch = _record
 
 
-def python_call(args):
+def python_call(args, full=False):
+    """The Python path's launch; `full`: through its full check (no plan kept), which launches
+    by the rule itself: the Python plans may launch a kernel the rule ranks below (_dense for a
+    threshold of T after a plan made with a smaller one, where the rule picks _dense_nothr)."""
+    if full:
+        _torch._plans.clear()
+        _torch._last_pair_op[:] = [None, None, None, None]
     before = len(python_launches)
     try:
         _torch.merge_attn_states_op(*args)
@@ -119,8 +128,10 @@ cases = {
 
 NO_KERNEL = "no generated merge_attn_states kernel for "
 failures = []
-for name, args in cases.items():
-    c, p = compiled_call(args), python_call(args)
+
+
+def compare(name, args, full=False):
+    c, p = compiled_call(args), python_call(args, full)
     if c[0] == "error" and p[0] == "error":
         # The same text, but where no kernel serves: each names its own folder.
         if c[1] != p[1] and not (c[1].startswith(NO_KERNEL) and p[1].startswith(NO_KERNEL)):
@@ -128,7 +139,70 @@ for name, args in cases.items():
     elif c != p:
         failures.append(f"{name}: compiled {c}, Python {p}")
     print(f"{name}: {c[0]} {c[1] if len(c) > 1 else ''}")
+    return c
+
+
+for name, args in cases.items():
+    compare(name, args)
+    compare(f"{name}, again", args)  # its layout's plan, where the first call made one
+
+
+def same_layout(args, **changes):
+    """The call with some arguments replaced (by position name), its layout otherwise the same."""
+    names = ["output", "output_lse", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse",
+             "prefill_tokens_with_context", "output_scale", "query_start_loc", "context_start_loc"]
+    out = list(args)
+    for k, v in changes.items():
+        out[names.index(k)] = v
+    return out
+
+
+def shifted(t, elements):
+    """A tensor of t's sizes and strides `elements` further into a buffer of its own."""
+    buf = torch.zeros(t.numel() + 64, dtype=t.dtype)
+    return buf.as_strided(t.shape, t.stride(), elements)
+
+
+base = case(8, 4, 128, torch.bfloat16, n=3)
+plans = _ext.plans()
+sequence = {
+    "plan: the prepared call": base,
+    "plan: other buffers": same_layout(base, output=shifted(base[0], 8), prefix_lse=shifted(base[3], 1)),
+    "plan: threshold T (the _nothr twin)": same_layout(base, prefill_tokens_with_context=8),
+    "plan: threshold 0": same_layout(base, prefill_tokens_with_context=0),
+    "plan: threshold above T": same_layout(base, prefill_tokens_with_context=9),
+    "plan: negative threshold": same_layout(base, prefill_tokens_with_context=-1),
+    "plan: misaligned output": same_layout(base, output=shifted(base[0], 1)),
+    "plan: output is the prefix": same_layout(base, output=base[2]),
+    "plan: output_lse is prefix_lse": same_layout(base, output_lse=base[3]),
+    "plan: the prepared call again": base,
+}
+for name, args in sequence.items():
+    compare(name, args, full=True)
+if _ext.plans() != plans + 1:
+    failures.append(f"calls of one layout made {_ext.plans() - plans} plans, not 1")
+# Other layouts in between, then each again: the thread keeps its last few.
+others = {
+    "layouts: threshold left out": same_layout(base, prefill_tokens_with_context=None),
+    "layouts: no output_lse": same_layout(base, output_lse=None),
+    "layouts: f16": case(8, 4, 128, torch.float16, n=3),
+}
+plans = _ext.plans()
+for round_ in range(2):
+    for name, args in others.items():
+        compare(f"{name} ({round_})", args)
+    compare(f"plan: the prepared call ({round_})", base)
+if _ext.plans() != plans + len(others):
+    failures.append(f"four layouts called twice made {_ext.plans() - plans} plans, not {len(others)}")
+# A bad call of a layout never planned makes none; the next good one does.
+bad = case(6, 2, 128, torch.bfloat16, n=7)
+plans = _ext.plans()
+compare("new layout: refused", bad)
+compare("new layout: refused again", bad)
+compare("new layout: its good call", same_layout(bad, prefill_tokens_with_context=6))
+if _ext.plans() != plans + 1:
+    failures.append(f"a refused layout, then a good call, made {_ext.plans() - plans} plans, not 1")
 
 if failures:
     sys.exit("\n".join(failures))
-print(f"{len(cases)} cases agree")
+print(f"{2 * len(cases) + len(sequence) + 2 * (len(others) + 1) + 3} cases agree")
