@@ -199,14 +199,23 @@ int main(void) {
     int cases = 0, failures = 0;
 "#;
 
-/// The artifact rule's table (`artifacts` of select.json) through the C launcher: one stub
+/// The artifact rule's tables (`artifacts` of select.json) through the C launcher: one stub
 /// device a case, of the case's compute capability; the image its launch loads.
 #[test]
 fn the_c_launcher_loads_the_artifact_of_the_shared_table_on_every_device() {
     let table = select_table();
-    let t = &table["artifacts"];
+    for t in table["artifacts"]["tables"].as_array().unwrap() {
+        artifact_table(t);
+    }
+}
+
+fn artifact_table(t: &Value) {
     // The table's archs are TOML strings as they are JSON ones.
-    let spec = format!("arch = {}\n[[mask_empty_context_lse]]\n", t["archs"]);
+    let ptx = t.get("ptx").and_then(Value::as_str).unwrap_or("every");
+    let spec = format!(
+        "arch = {}\nptx = \"{ptx}\"\n[[mask_empty_context_lse]]\n",
+        t["archs"]
+    );
     let tmp = tempfile::tempdir().unwrap();
     let c = common::generate_c(tmp.path(), &spec, None);
     let cases = t["cases"].as_array().unwrap();

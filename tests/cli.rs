@@ -32,34 +32,60 @@ fn write_spec(dir: &Path, name: &str, text: &str) -> String {
 const SMALL: &str = "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = [64, 128]\nsize_rule = false\ndense = false\n";
 
 #[test]
-fn generate_then_check_then_detect_every_kind_of_drift() {
+fn the_default_spec_generates_cubins_the_newest_ptx_and_no_sources() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("gen");
-    let out_s = out.display().to_string();
-    let o = mla_gen(&["generate", "--out", &out_s], &[]);
+    let o = mla_gen(&["generate", "--out", &out.display().to_string()], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let tree = read_tree(&out).unwrap();
-    // 27 kernels engines call, their size rules' kernels and the dense specialization of each,
-    // each source + 4 PTX + 4 CUBIN (sm_80, sm_90, sm_100, sm_120), + manifest.
+    // 108 kernels engines call, their size rules' kernels and the dense specializations of each,
+    // each 4 CUBIN (sm_80, sm_90, sm_100, sm_120) + the PTX of sm_120 (`ptx = "newest"`; no .cu:
+    // `sources = false`), + manifest.
     let manifest: serde_json::Value = serde_json::from_slice(&tree["manifest.json"]).unwrap();
     let kernels = manifest["kernels"].as_array().unwrap();
     let called = kernels
         .iter()
         .filter(|k| k["variant"]["rows_below"].is_null() && k["variant"]["dense"].is_null())
         .count();
-    assert_eq!(called, 27);
-    assert_eq!(tree.len(), kernels.len() * 9 + 1);
+    assert_eq!(called, 108);
+    assert_eq!(tree.len(), kernels.len() * 5 + 1);
     assert!(tree.contains_key("kernels/merge_attn_states_bf16_d128_thr_lse.sm_100.cubin"));
     assert!(tree.contains_key("kernels/merge_attn_states_bf16_d128_thr_lse.sm_120.cubin"));
     assert!(tree.contains_key("kernels/merge_attn_states_bf16_d576_thr_lse.sm_90.cubin"));
+    assert!(tree.contains_key("kernels/merge_attn_states_bf16_d128_thr_lse.sm_120.ptx"));
+    assert!(!tree.contains_key("kernels/merge_attn_states_bf16_d128_thr_lse.sm_90.ptx"));
+    assert!(!tree.keys().any(|f| f.ends_with(".cu")));
+    for k in kernels {
+        assert!(k.get("source").is_none(), "{}", k["name"]);
+        for a in k["archs"].as_array().unwrap() {
+            let newest = a["arch"] == "sm_120";
+            assert_eq!(
+                a.get("ptx").is_some(),
+                newest,
+                "{} {}",
+                k["name"],
+                a["arch"]
+            );
+            assert!(a.get("cubin").is_some());
+        }
+    }
+}
 
-    let o = mla_gen(&["check", "--out", &out_s], &[]);
+#[test]
+fn generate_then_check_then_detect_every_kind_of_drift() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "s.toml", SMALL);
+    let out = tmp.path().join("gen");
+    let out_s = out.display().to_string();
+    let o = mla_gen(&["generate", &spec, "--out", &out_s], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = mla_gen(&["check", &spec, "--out", &out_s], &[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 
     // A second generate with nothing changed writes nothing.
-    let cu = out.join("kernels/merge_attn_states_f16_d64_thr_lse.cu");
+    let cu = out.join("kernels/merge_attn_states_bf16_d64_thr_lse.cu");
     let before = std::fs::metadata(&cu).unwrap().modified().unwrap();
-    let o = mla_gen(&["generate", "--out", &out_s], &[]);
+    let o = mla_gen(&["generate", &spec, "--out", &out_s], &[]);
     assert!(
         stderr(&o).contains("up to date, nothing written"),
         "{}",
@@ -68,28 +94,30 @@ fn generate_then_check_then_detect_every_kind_of_drift() {
     assert_eq!(std::fs::metadata(&cu).unwrap().modified().unwrap(), before);
 
     std::fs::write(&cu, "// edited by hand\n").unwrap();
-    std::fs::remove_file(out.join("kernels/merge_attn_states_f32_d80_thr_lse.sm_80.ptx")).unwrap();
+    std::fs::remove_file(out.join("kernels/merge_attn_states_f32_d128_thr_lse.sm_90.ptx")).unwrap();
     std::fs::write(out.join("kernels/stray.txt"), "x").unwrap();
-    let o = mla_gen(&["check", "--out", &out_s], &[]);
+    let o = mla_gen(&["check", &spec, "--out", &out_s], &[]);
     assert_eq!(o.status.code(), Some(1));
     let e = stderr(&o);
     assert!(
-        e.contains("stale") && e.contains("merge_attn_states_f16_d64_thr_lse.cu"),
+        e.contains("stale") && e.contains("merge_attn_states_bf16_d64_thr_lse.cu"),
         "{e}"
     );
     assert!(
-        e.contains("missing") && e.contains("merge_attn_states_f32_d80_thr_lse.sm_80.ptx"),
+        e.contains("missing") && e.contains("merge_attn_states_f32_d128_thr_lse.sm_90.ptx"),
         "{e}"
     );
     assert!(e.contains("extra") && e.contains("stray.txt"), "{e}");
 
     // Regenerating repairs all three; an unchanged file keeps its timestamp.
-    let kept = out.join("kernels/merge_attn_states_bf16_d64_thr_lse.cu");
+    let kept = out.join("kernels/merge_attn_states_f32_d64_thr_lse.cu");
     let kept_before = std::fs::metadata(&kept).unwrap().modified().unwrap();
-    let o = mla_gen(&["generate", "--out", &out_s], &[]);
+    let o = mla_gen(&["generate", &spec, "--out", &out_s], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(
-        mla_gen(&["check", "--out", &out_s], &[]).status.code(),
+        mla_gen(&["check", &spec, "--out", &out_s], &[])
+            .status
+            .code(),
         Some(0)
     );
     assert_eq!(
@@ -294,7 +322,7 @@ fn list_render_inspect_doctor() {
     let called = names
         .iter()
         .filter(|n| !n.contains("_below") && !n.contains("_dense"));
-    assert_eq!(called.count(), 27);
+    assert_eq!(called.count(), 108);
     assert!(names.contains(&"merge_attn_states_bf16_d576_thr_lse".to_string()));
 
     let o = mla_gen(
@@ -404,7 +432,7 @@ fn schema_json_is_fresh_and_machine_outputs_parse() {
         rows.iter()
             .filter(|r| r["variant"]["rows_below"].is_null() && r["variant"]["dense"].is_null())
             .count(),
-        27
+        108
     );
     assert!(rows[0]["params"][0]["tensor"]["dims"].is_array());
     let completions = mla_gen(&["completions", "bash"], &[]);
@@ -414,17 +442,18 @@ fn schema_json_is_fresh_and_machine_outputs_parse() {
 #[test]
 fn check_exits_1_when_stale_and_2_when_it_cannot_run() {
     let dir = tempfile::tempdir().unwrap();
+    let spec = write_spec(dir.path(), "s.toml", SMALL);
     let out = dir.path().join("out");
     let out_s = out.to_str().unwrap();
-    assert!(mla_gen(&["generate", "--out", out_s, "-q"], &[])
+    assert!(mla_gen(&["generate", &spec, "--out", out_s, "-q"], &[])
         .status
         .success());
-    let fresh = mla_gen(&["check", "--out", out_s, "--json"], &[]);
+    let fresh = mla_gen(&["check", &spec, "--out", out_s, "--json"], &[]);
     assert_eq!(fresh.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_str(&stdout(&fresh)).unwrap();
     assert_eq!(v["fresh"], true);
     std::fs::write(out.join("kernels/extra.txt"), "x").unwrap();
-    let stale = mla_gen(&["check", "--out", out_s, "--json"], &[]);
+    let stale = mla_gen(&["check", &spec, "--out", out_s, "--json"], &[]);
     assert_eq!(stale.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_str(&stdout(&stale)).unwrap();
     assert_eq!(v["extra"][0], "kernels/extra.txt");
@@ -436,7 +465,7 @@ fn check_exits_1_when_stale_and_2_when_it_cannot_run() {
         stderr(&missing_spec)
     );
     let no_nvrtc = mla_gen(
-        &["check", "--out", out_s],
+        &["check", &spec, "--out", out_s],
         &[("MLA_GEN_NVRTC", "/nonexistent")],
     );
     assert_eq!(no_nvrtc.status.code(), Some(2), "{}", stderr(&no_nvrtc));
@@ -445,8 +474,11 @@ fn check_exits_1_when_stale_and_2_when_it_cannot_run() {
 #[test]
 fn out_dot_says_why_it_cannot_replace_the_current_folder() {
     let dir = tempfile::tempdir().unwrap();
+    // A small spec beside the folder (the default one would compile 363 kernels first).
+    let specs = tempfile::tempdir().unwrap();
+    let spec = write_spec(specs.path(), "s.toml", SMALL);
     let o = Command::new(env!("CARGO_BIN_EXE_mla-gen"))
-        .args(["generate", "--out", "."])
+        .args(["generate", &spec, "--out", "."])
         .current_dir(dir.path())
         .output()
         .unwrap();

@@ -1,4 +1,4 @@
-//! The default spec compiles with NVRTC for sm_80 and sm_90; each artifact is what it claims.
+//! The default spec compiles with NVRTC for each of its archs; each artifact is what it claims.
 
 use mla_gen::abi::Launch;
 use mla_gen::render::Templates;
@@ -6,13 +6,15 @@ use mla_gen::spec;
 
 #[test]
 fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
-    let spec = spec::default_spec().unwrap();
-    // The 27 kernels engines call, their size rules' kernels and each one's dense specialization.
+    let mut spec = spec::default_spec().unwrap();
+    // The 108 kernels engines call, their size rules' kernels and each one's dense specializations.
     let called = spec
         .variants
         .iter()
         .filter(|v| v.rows_below.is_none() && !v.dense);
-    assert_eq!(called.count(), 27);
+    assert_eq!(called.count(), 108);
+    // The default spec keeps the PTX of sm_120 alone; this test reads every arch's.
+    spec.ptx = spec::PtxTargets::Every;
     let templates = Templates::embedded().unwrap();
     let (kernels, _) = mla_gen::compile::compile(&templates, &spec, 0, false)
         .unwrap_or_else(|e| panic!("NVRTC is needed for this test:\n{e}"));
@@ -22,7 +24,7 @@ fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
         assert_eq!(names, ["sm_80", "sm_90", "sm_100", "sm_120"], "{}", k.name);
         let launch = Launch::for_variant(&k.variant);
         for a in &k.archs {
-            let ptx = String::from_utf8(a.ptx.clone()).expect("PTX is text");
+            let ptx = String::from_utf8(a.ptx.clone().expect("PTX")).expect("PTX is text");
             let entries: Vec<&str> = ptx
                 .lines()
                 .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
@@ -37,15 +39,20 @@ fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
                 "{} PTX targets the wrong arch",
                 k.name
             );
-            // Every row access is one vector of vec_bytes: no split loads or stores.
-            let (ld, st) = match launch.vec_bytes {
-                16 => ("ld.global.nc.v4.b32", "st.global.v4.b32"),
-                8 => ("ld.global.nc.v2.b32", "st.global.v2.b32"),
-                4 => ("ld.global.nc.b32", "st.global.b32"),
-                _ => ("ld.global.nc.b16", "st.global.b16"),
+            // Every row access is one vector: vec_bytes in, out_vec_bytes out (less with FP8
+            // output); no split loads or stores.
+            let access = |bytes| match bytes {
+                16 => "global.v4.b32",
+                8 => "global.v2.b32",
+                4 => "global.b32",
+                2 => "global.b16",
+                _ => "global.b8",
             };
+            let ld =
+                format!("ld.{}", access(launch.vec_bytes)).replace("ld.global", "ld.global.nc");
+            let st = format!("st.{}", access(launch.out_vec_bytes));
             assert!(
-                ptx.contains(ld) && ptx.contains(st),
+                ptx.contains(&ld) && ptx.contains(&st),
                 "{} {}: no {} access",
                 k.name,
                 a.arch,
@@ -74,15 +81,13 @@ fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
             }
             let cubin = a.cubin.as_ref().expect("sm_ arch has a CUBIN");
             assert_eq!(&cubin[..4], b"\x7fELF", "{}: CUBIN is an ELF image", k.name);
-            let r = a.resources.as_ref().expect("ptxas report parsed");
-            assert!(r.registers > 0);
-            assert_eq!(
-                (r.spill_store_bytes, r.spill_load_bytes),
-                (0, 0),
-                "{} {} spills",
-                k.name,
-                a.arch
-            );
+            assert!(a.resources.as_ref().expect("ptxas report parsed").registers > 0);
+            // The fused mask's 16-bit kernels ask for full occupancy (spec/expand.rs), which
+            // caps them at 32 registers: ptxas spills a few words there (4-20 bytes with NVRTC
+            // 13.0), a trade measured faster on the H200 at D = 128 and 512
+            // (docs/PERFORMANCE.md). More than that would be a new problem.
+            let capped = k.variant.mask_empty_context && k.variant.dtype.size_bytes() <= 2;
+            assert_spills_at_most(&k.name, a, if capped { 32 } else { 0 });
         }
     }
 }
@@ -98,7 +103,7 @@ fn pinned_nvrtc_emits_ptx_isa_the_h200_driver_can_jit() {
         mla_gen::compile::compile(&Templates::embedded().unwrap(), &spec, 1, false).unwrap();
     let a = &kernels[0].archs[0];
     assert!(a.cubin.is_none(), "compute_ arch is PTX only");
-    let isa = mla_gen::nvrtc::ptx_isa(&a.ptx).unwrap();
+    let isa = mla_gen::nvrtc::ptx_isa(a.ptx.as_deref().expect("PTX")).unwrap();
     // Driver 580 (CUDA 13.0) JITs up to ISA 9.0; the pinned NVRTC 13.0 emits exactly that.
     if nvrtc.major == 13 && nvrtc.minor == 0 {
         assert_eq!(isa, "9.0");
@@ -159,7 +164,7 @@ fn fp8_kernels_compile_without_spills_and_store_whole_vectors() {
             _ => "st.global.b8",
         };
         for a in &k.archs {
-            let ptx = String::from_utf8_lossy(&a.ptx);
+            let ptx = String::from_utf8_lossy(a.ptx.as_deref().expect("PTX"));
             assert!(ptx.contains(store), "{} {}: no {store}", k.name, a.arch);
             // PTX names parameters by position: the last one is the 16th (the scale added one).
             let count = mla_gen::abi::params(&k.variant).len();
@@ -174,16 +179,19 @@ fn fp8_kernels_compile_without_spills_and_store_whole_vectors() {
                 "{}",
                 k.name
             );
-            let r = a.resources.as_ref().unwrap();
-            assert_eq!(
-                (r.spill_store_bytes, r.spill_load_bytes),
-                (0, 0),
-                "{} {} spills",
-                k.name,
-                a.arch
-            );
+            assert_spills_at_most(&k.name, a, 0);
         }
     }
+}
+
+/// ptxas spilled at most `bytes` each way for kernel `name` on `a`'s arch.
+fn assert_spills_at_most(name: &str, a: &mla_gen::compile::ArchOutput, bytes: u32) {
+    let r = a.resources.as_ref().expect("ptxas report parsed");
+    assert!(
+        r.spill_store_bytes <= bytes && r.spill_load_bytes <= bytes,
+        "{name} {} spills {r:?}",
+        a.arch
+    );
 }
 
 /// A pdl kernel's sm_90 PTX waits (griddepcontrol.wait) before its first global load or store,
@@ -206,7 +214,7 @@ fn pdl_kernels_wait_before_any_global_access_on_sm_90_only() {
     for k in &kernels {
         assert!(k.name.ends_with("_pdl"), "{}", k.name);
         for a in &k.archs {
-            let ptx = String::from_utf8(a.ptx.clone()).expect("PTX is text");
+            let ptx = String::from_utf8(a.ptx.clone().expect("PTX")).expect("PTX is text");
             // In the kernel's own body: the wait comes before any global access and any call (a
             // general kernel's 64-bit body is a function it calls).
             let entry = functions(&ptx)

@@ -293,38 +293,64 @@ fn launched(
         .to_string()
 }
 
-/// The artifact rule's table (`artifacts` of select.json): the image a device loads.
+/// The artifact rule's tables (`artifacts` of select.json): the image a device loads.
 #[test]
 fn every_device_of_the_shared_table_gets_its_artifact() {
     let table = select_table();
-    let t = &table["artifacts"];
-    let archs: Vec<Value> = t["archs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| {
-            let a = a.as_str().unwrap();
-            let mut entry = serde_json::json!({"arch": a, "ptx": {"file": format!("{a}.ptx")}});
-            if a.starts_with("sm_") {
-                entry["cubin"] = serde_json::json!({"file": format!("{a}.cubin")});
-            }
-            entry
-        })
-        .collect();
-    let mut k = derived_kernels()["kernels"][0].clone();
-    k["archs"] = Value::Array(archs);
-    let k: KernelView = serde_json::from_value(k).unwrap();
-    for case in t["cases"].as_array().unwrap() {
-        let cc = case["cc"].as_i64().unwrap() as i32;
-        let want = case["expect"].as_object().map(|e| {
-            let arch = e["arch"].as_str().unwrap();
-            let cubin = e["cubin"].as_bool().unwrap();
-            (
-                format!("{arch}.{}", if cubin { "cubin" } else { "ptx" }),
-                cubin,
-            )
-        });
-        let got = k.artifact((cc / 10, cc % 10)).map(|a| (a.file, a.cubin));
-        assert_eq!(got, want, "cc {cc}");
+    for t in table["artifacts"]["tables"].as_array().unwrap() {
+        let names: Vec<&str> = t["archs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let without_ptx: Vec<&str> = t
+            .get("without_ptx")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(|a| a.as_str().unwrap()).collect())
+            .unwrap_or_default();
+        // The table's `without_ptx` is what the spec's `ptx` leaves out.
+        let ptx = t.get("ptx").and_then(Value::as_str).unwrap_or("every");
+        let spec_text = format!(
+            "arch = {}\nptx = \"{ptx}\"\n[[mask_empty_context_lse]]\n",
+            t["archs"]
+        );
+        let spec = mla_gen::spec::parse("artifacts.toml", &spec_text).unwrap();
+        let left_out: Vec<String> = spec
+            .archs
+            .iter()
+            .filter(|a| !spec.carries_ptx(a))
+            .map(|a| a.name())
+            .collect();
+        assert_eq!(left_out, without_ptx, "{spec_text}");
+        let archs: Vec<Value> = names
+            .iter()
+            .map(|a| {
+                let mut entry = serde_json::json!({"arch": a});
+                if !without_ptx.contains(a) {
+                    entry["ptx"] = serde_json::json!({"file": format!("{a}.ptx")});
+                }
+                if a.starts_with("sm_") {
+                    entry["cubin"] = serde_json::json!({"file": format!("{a}.cubin")});
+                }
+                entry
+            })
+            .collect();
+        let mut k = derived_kernels()["kernels"][0].clone();
+        k["archs"] = Value::Array(archs);
+        let k: KernelView = serde_json::from_value(k).unwrap();
+        for case in t["cases"].as_array().unwrap() {
+            let cc = case["cc"].as_i64().unwrap() as i32;
+            let want = case["expect"].as_object().map(|e| {
+                let arch = e["arch"].as_str().unwrap();
+                let cubin = e["cubin"].as_bool().unwrap();
+                (
+                    format!("{arch}.{}", if cubin { "cubin" } else { "ptx" }),
+                    cubin,
+                )
+            });
+            let got = k.artifact((cc / 10, cc % 10)).map(|a| (a.file, a.cubin));
+            assert_eq!(got, want, "cc {cc}, archs {names:?}, ptx {ptx}");
+        }
     }
 }

@@ -12,6 +12,13 @@ access cannot take)::
     import mla_gen.vllm
     mla_gen.vllm.patch()          # before the model runs; returns a handle with .undo()
 
+The patched dispatcher takes vLLM's arguments (``output_scale``: FP8 e4m3 output with a
+per-tensor scale) and two more keywords, ``query_start_loc`` and ``context_start_loc``: the
+empty-context mask fused into the merge, in place of masking ``prefix_lse`` before the call
+(docs/PYTHON.md). A fused call handed back to vLLM runs that mask first, on a copy of
+``prefix_lse``, with torch ops. The default kernels serve every f32/f16/bf16 call of the default
+head sizes, with the inputs' dtype or FP8 output, fused or not.
+
 The patch also rebinds modules that imported the dispatcher by name (``from ... import
 merge_attn_states``). Counters: ``mla_gen.stats()["fallbacks"]``.
 """
@@ -23,7 +30,7 @@ import sys
 
 from .manifest import env_value, supports
 
-__all__ = ["patch", "route", "MODULES", "stats"]
+__all__ = ["patch", "route", "mask_empty_context", "MODULES", "stats"]
 
 MODULES = ("vllm.v1.attention.ops.merge_attn_states", "vllm.attention.ops.merge_attn_states")
 stats = {"fallbacks": 0, "routed": 0}
@@ -42,11 +49,16 @@ def _merge(*args, **kwargs):
 
 
 def route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
-          prefill_tokens_with_context=None, output_scale=None) -> bool:
+          prefill_tokens_with_context=None, output_scale=None, query_start_loc=None,
+          context_start_loc=None) -> bool:
     """Whether mla-gen takes this call: tensors on a CUDA device, f32/f16/bf16 inputs, an
-    output of the inputs' dtype (or e4m3 with output_scale), and a kernel in the folder."""
+    output of the inputs' dtype (or e4m3 with output_scale), and a kernel in the folder (with
+    the start locations: a ``_ctxmask`` kernel)."""
     try:
+        fused = query_start_loc is not None
         if not (_on_cuda(output) and _on_cuda(prefix_output) and _on_cuda(suffix_output)):
+            return False
+        if fused and not (_on_cuda(query_start_loc) and _on_cuda(context_start_loc)):
             return False
         dtype = str(prefix_output.dtype)
         if dtype not in _SAME or str(suffix_output.dtype) != dtype:
@@ -61,10 +73,11 @@ def route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_l
             kind = "fp8_e4m3"
         n = prefill_tokens_with_context
         key = (dtype, prefix_output.shape[-1], output_lse is not None, n is not None and n != output.shape[0], kind,
-               env_value())
+               fused, env_value())
         hit = _routes.get(key)
         if hit is None:
-            hit = _routes[key] = supports(dtype, key[1], output_lse=key[2], threshold=key[3], output=kind)
+            hit = _routes[key] = supports(dtype, key[1], output_lse=key[2], threshold=key[3], output=kind,
+                                          mask_empty_context=fused)
         return hit
     except (AttributeError, IndexError, TypeError, ValueError):
         return False
@@ -83,23 +96,52 @@ class Patch:
         self.places = []
 
 
+def mask_empty_context(lse, query_start_loc, context_start_loc):
+    """A copy of head-major ``lse`` ([H, T]) with -inf for every token of a request whose context
+    is empty, what ``mask_empty_context_lse`` computes (docs/SEMANTICS.md) for nondecreasing
+    ``query_start_loc``, in torch ops on the tensors' device (no host sync): the fallback of a
+    fused call vLLM's dispatcher cannot take."""
+    import torch
+
+    q, c = query_start_loc.long(), context_start_loc.long()
+    requests = q.numel() - 1
+    if requests < 1:
+        return lse
+    t = torch.arange(lse.shape[-1], device=lse.device)
+    b = torch.searchsorted(q, t, right=True) - 1  # q[b] <= t < q[b + 1] for a token of request b
+    inside = (b >= 0) & (b < requests)
+    empty = (c[1:] == c[:-1])[b.clamp(0, requests - 1)] & inside
+    return lse.masked_fill(empty, float("-inf"))
+
+
 def _make_wrapper(original, strict: bool):
+    from ._torch import both_or_neither
     from .contract import ArgumentError
 
     def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
-                          *args, **kwargs):
+                          *args, query_start_loc=None, context_start_loc=None, **kwargs):
         # vLLM's trailing arguments: prefill_tokens_with_context, output_scale (newer releases).
         n = args[0] if len(args) > 0 else kwargs.get("prefill_tokens_with_context")
         scale = args[1] if len(args) > 1 else kwargs.get("output_scale")
-        if route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale):
+        fused = query_start_loc is not None or context_start_loc is not None
+        if fused:
+            both_or_neither(query_start_loc, context_start_loc)
+        if route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale,
+                 query_start_loc, context_start_loc):
             try:
-                _merge(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale)
+                if fused:
+                    _merge(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale,
+                           query_start_loc=query_start_loc, context_start_loc=context_start_loc)
+                else:
+                    _merge(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale)
                 stats["routed"] += 1
                 return None
             except ArgumentError:
                 if strict:
                     raise
         stats["fallbacks"] += 1
+        if fused:  # vLLM's dispatcher has no start locations: the mask first, as vLLM runs it
+            prefix_lse = mask_empty_context(prefix_lse, query_start_loc, context_start_loc)
         return original(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, *args, **kwargs)
 
     merge_attn_states.__wrapped__ = original

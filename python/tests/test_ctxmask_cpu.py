@@ -109,12 +109,18 @@ def test_supports_knows_the_fused_mask(contract_kernels):
     assert not mla_gen.supports(BF16, 128, output="fp8_e4m3", mask_empty_context=True)
 
 
-def test_supports_without_ctxmask_kernels():
-    """The default kernels (generated/) have no _ctxmask kernel."""
-    if any(k["variant"].get("mask_empty_context") for k in manifest.load()["kernels"]):
-        pytest.skip("this kernel folder has _ctxmask kernels")
-    assert mla_gen.supports(BF16, 128, output_lse=True, threshold=True)
-    assert not mla_gen.supports(BF16, 128, output_lse=True, threshold=True, mask_empty_context=True)
+def test_the_default_kernels_have_the_fused_mask():
+    """The default kernels (generated/) carry a _ctxmask kernel of every default dtype and head
+    size, with the inputs' dtype and with per-tensor FP8 output, as they carry the plain ones."""
+    if manifest.load()["spec"]["source"] != "<embedded default spec>":
+        pytest.skip("this kernel folder is not the default spec's")
+    for dtype in (torch.float16, BF16, torch.float32):
+        for d in (64, 80, 96, 112, 128, 192, 256, 512, 576):
+            for output in ("same", "fp8_e4m3"):
+                for mask in (False, True):
+                    assert mla_gen.supports(dtype, d, output_lse=True, threshold=True, output=output,
+                                            mask_empty_context=mask), (dtype, d, output, mask)
+    assert not mla_gen.supports(BF16, 100, mask_empty_context=True)
 
 
 def test_the_start_locations_pick_the_ctxmask_kernel(cpu_launch, contract_kernels):
@@ -220,13 +226,13 @@ def test_no_ctxmask_kernel_for_the_call(cpu_launch, contract_kernels):
     assert not cpu_launch.launches
 
 
-def test_the_default_kernels_have_no_ctxmask_kernel(cpu_launch):
-    if any(k["variant"].get("mask_empty_context") for k in manifest.load()["kernels"]):
-        pytest.skip("this kernel folder has _ctxmask kernels")
+def test_the_default_kernels_run_the_fused_call(cpu_launch):
+    if manifest.load()["spec"]["source"] != "<embedded default spec>":
+        pytest.skip("this kernel folder is not the default spec's")
     out, p, pl, s, sl = pair()
     q, c = locs(0, 8, ctx=[0, 0])
-    with pytest.raises(ValueError, match="bfloat16, head_size=128, .* with the empty-context mask"):
-        mla_gen.merge_attn_states(out, p, pl, s, sl, torch.empty(H, T), 3, query_start_loc=q, context_start_loc=c)
+    mla_gen.merge_attn_states(out, p, pl, s, sl, torch.empty(H, T), 3, query_start_loc=q, context_start_loc=c)
+    assert cpu_launch.last()[0] == launched(CTX, T, H, threshold=3)
     mla_gen.merge_attn_states(out, p, pl, s, sl, torch.empty(H, T), 3)  # the plain call is unaffected
     assert cpu_launch.last()[0] == launched(PLAIN, T, H, threshold=3)
 

@@ -22,7 +22,7 @@ def standin(monkeypatch):
 
     def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
                           prefill_tokens_with_context=None, output_scale=None):
-        calls["vllm"].append((output, output_lse, prefill_tokens_with_context, output_scale))
+        calls["vllm"].append((output, output_lse, prefill_tokens_with_context, output_scale, prefix_lse))
 
     names = ["vllm", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.ops", MODULE, "vllm_backend_standin"]
     mods = {n: types.ModuleType(n) for n in names}
@@ -31,8 +31,8 @@ def standin(monkeypatch):
     for n, m in mods.items():
         monkeypatch.setitem(sys.modules, n, m)
 
-    def fake_merge(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale):
-        calls["mla_gen"].append((output, output_lse, n, scale))
+    def fake_merge(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale, **locations):
+        calls["mla_gen"].append((output, output_lse, n, scale, locations))
 
     monkeypatch.setattr(mv, "_merge", fake_merge)
     monkeypatch.setattr(mv, "_on_cuda", lambda t: t.device.type == "cpu")  # CPU stands for CUDA here
@@ -59,8 +59,8 @@ def test_patch_routes_supported_calls_and_falls_back(standin):
 
     o2, p2, pl2, s2, sl2 = tensors(D=100)                       # no kernel for d100: vLLM's own
     dispatch(o2, p2, pl2, s2, sl2, None, 4)
-    fp8 = torch.empty(8, 4, 128, dtype=torch.float8_e4m3fn)     # no FP8 kernels in the default folder
-    dispatch(fp8, p, pl, s, sl, None, None, torch.ones(1))
+    fp8 = torch.empty(8, 4, 100, dtype=torch.float8_e4m3fn)     # FP8 output, but no kernel for d100
+    dispatch(fp8, p2, pl2, s2, sl2, None, None, torch.ones(1))
     dispatch(out.half(), p, pl, s, sl)                          # output dtype differs from the inputs'
     meta = [t.to("meta") for t in (out, p, pl, s, sl)]          # not on the (stand-in) CUDA device
     dispatch(*meta)
@@ -91,3 +91,91 @@ def test_a_refused_call_falls_back_unless_strict(standin, monkeypatch):
 def test_route_follows_supports():
     out, p, pl, s, sl = tensors()
     assert not mv.route(out, p, pl, s, sl), "CPU tensors are not routed"
+
+
+# ---- the default kernels serve vLLM's FP8 and fused calls (generated/, launches recorded) ----
+
+REAL_MERGE = mv._merge
+DEFAULT_HEADS = (64, 80, 96, 112, 128, 192, 256, 512, 576)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_the_default_kernels_take_fp8_and_fused_calls_with_no_fallback(standin, cpu_launch, monkeypatch, dtype):
+    """Every default (dtype, head size) through the patched dispatcher against generated/: plain,
+    FP8 per-tensor (output_scale), fused mask (start locations), and both; none handed back, each
+    launched by the FP8 / `_ctxmask` kernel it names."""
+    from conftest import ROOT, launched
+
+    calls, mods, original = standin
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(ROOT / "generated"))
+    monkeypatch.setattr(mv, "_merge", REAL_MERGE)
+    monkeypatch.setitem(mv.stats, "fallbacks", 0)
+    handle = mv.patch()
+    dispatch = mods[MODULE].merge_attn_states
+    T, H, n = 8, 4, 6
+    q = torch.tensor([0, 3, 5, 8], dtype=torch.int32)
+    c = torch.tensor([0, 0, 4, 4], dtype=torch.int32)  # requests 0 and 2 without context
+    scale = torch.ones(1)
+    dt = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}[dtype]
+    for d in DEFAULT_HEADS:
+        out, p, pl, s, sl = tensors(dtype, D=d, T=T, H=H)
+        fp8 = torch.empty(T, H, d, dtype=torch.float8_e4m3fn)
+        out_lse = torch.empty(H, T)
+        base = f"merge_attn_states_{dt}_d{d}_thr_lse"
+        for name, call in [
+            (base, lambda: dispatch(out, p, pl, s, sl, out_lse, n)),
+            (base + "_fp8", lambda: dispatch(fp8, p, pl, s, sl, out_lse, n, scale)),
+            (base + "_fp8", lambda: dispatch(fp8, p, pl, s, sl, None, prefill_tokens_with_context=n,
+                                             output_scale=scale)),
+            (base + "_ctxmask", lambda: dispatch(out, p, pl, s, sl, out_lse, n, query_start_loc=q,
+                                                 context_start_loc=c)),
+            (base + "_ctxmask_fp8", lambda: dispatch(fp8, p, pl, s, sl, out_lse, n, scale, query_start_loc=q,
+                                                     context_start_loc=c)),
+        ]:
+            call()
+            got, values, _ = cpu_launch.last()
+            assert got == launched(name, T, H, threshold=n), (name, got)
+            if "_ctxmask" in name:
+                assert (values["query_start_loc"], values["context_start_loc"]) == (q.data_ptr(), c.data_ptr())
+                assert values["num_requests"] == 3
+            if "_fp8" in name:
+                assert values["output"] == fp8.data_ptr() and values["output_scale"] == scale.data_ptr()
+    assert not calls["vllm"]
+    assert mv.stats["fallbacks"] == 0 and mla_gen.stats()["fallbacks"] == 0
+    assert len(cpu_launch.launches) == 5 * len(DEFAULT_HEADS)
+    handle.undo()
+
+
+def test_a_fused_call_handed_back_masks_the_prefix_lse_first(standin):
+    calls, mods, original = standin
+    handle = mv.patch()
+    dispatch = mods[MODULE].merge_attn_states
+    out, p, pl, s, sl = tensors(D=100)  # no d100 kernel: vLLM's own, the mask on a copy first
+    pl.copy_(torch.arange(32.0).view(4, 8))
+    q = torch.tensor([0, 3, 5, 8], dtype=torch.int32)
+    c = torch.tensor([0, 0, 4, 4], dtype=torch.int32)
+    before = pl.clone()
+    dispatch(out, p, pl, s, sl, None, 6, query_start_loc=q, context_start_loc=c)
+    masked = calls["vllm"][-1][4]
+    assert torch.equal(pl, before), "the caller's prefix_lse is not written"
+    want = before.clone()
+    want[:, 0:3] = float("-inf")  # request 0: tokens 0-2; request 2: tokens 5-7
+    want[:, 5:8] = float("-inf")
+    assert torch.equal(masked, want)
+    with pytest.raises(ValueError, match="query_start_loc given without context_start_loc"):
+        dispatch(out, p, pl, s, sl, None, 6, query_start_loc=q)
+    handle.undo()
+
+
+def test_the_torch_mask_matches_the_semantics():
+    """mask_empty_context against a loop over SEMANTICS.md's rule: tokens outside every request
+    keep their lse, empty requests (equal query starts) hold no token, B = 0 masks nothing."""
+    g = torch.Generator().manual_seed(3)
+    for qsl, csl in [([0, 2, 2, 7], [0, 5, 5, 5]), ([1, 4, 6], [3, 3, 9]), ([0], [0]), ([2, 9], [1, 1])]:
+        lse = torch.randn(3, 9, generator=g)
+        got = mv.mask_empty_context(lse, torch.tensor(qsl, dtype=torch.int32), torch.tensor(csl, dtype=torch.int32))
+        want = lse.clone()
+        for b in range(len(qsl) - 1):
+            if csl[b + 1] == csl[b]:
+                want[:, qsl[b]:qsl[b + 1]] = float("-inf")
+        assert torch.equal(got, want), (qsl, csl)

@@ -33,8 +33,10 @@ fp8_e4m3_group), [[merge_states]] (K states in one pass), [[merge_state_in_place
 per-token mask) and [[mask_empty_context_lse]]. Every key is documented in the README's spec
 reference; `mla-gen list SPEC` shows what a spec expands to.
 
-Without a SPEC argument, the embedded default spec is used: the 27 kernels vLLM needs
-(f16/bf16/f32 x head sizes 64..576) for sm_80, sm_90, sm_100 and sm_120.";
+Without a SPEC argument, the embedded default spec is used: the 108 kernels vLLM calls
+(f16/bf16/f32 x head sizes 64..576, output in the inputs' dtype or FP8, with and without the fused
+empty-context mask; 363 with their size rules' and dense specializations) as CUBIN for sm_80,
+sm_90, sm_100 and sm_120, and PTX for sm_120.";
 
 const AFTER_HELP: &str = "Examples:
   mla-gen generate                      # embedded default spec -> generated/

@@ -1,4 +1,5 @@
-//! Compile: rendered sources -> PTX (every arch) and CUBIN (every `sm_` arch) through NVRTC, with
+//! Compile: rendered sources -> PTX (every arch the spec's `ptx` keeps it for) and CUBIN (every
+//! `sm_` arch) through NVRTC, with
 //! ptxas' resource report. Variants compile in parallel; results keep the spec's order, so the
 //! output never depends on the thread count.
 
@@ -31,7 +32,8 @@ pub struct Resources {
 pub struct ArchOutput {
     pub arch: Arch,
     pub options: Vec<String>,
-    pub ptx: Vec<u8>,
+    /// Absent where the spec's `ptx = "newest"` leaves it out.
+    pub ptx: Option<Vec<u8>>,
     pub cubin: Option<Vec<u8>>,
     pub resources: Option<Resources>,
 }
@@ -153,15 +155,15 @@ fn compile_one(
     templates: &Templates,
     origin: &str,
     variant: &MergeVariant,
-    archs: &[Arch],
+    archs: &[(Arch, bool)],
 ) -> Result<CompiledKernel, CompileError> {
     let name = variant.kernel_name();
     let source = templates.render(origin, variant)?;
     let program_name = format!("{name}.cu");
     let mut outs = Vec::with_capacity(archs.len());
-    for arch in archs {
+    for (arch, want_ptx) in archs {
         let options = options_for(arch);
-        let compiled = nvrtc.compile(&program_name, &source, &options, true, arch.real)?;
+        let compiled = nvrtc.compile(&program_name, &source, &options, *want_ptx, arch.real)?;
         let compiled = compiled.map_err(|f| {
             CompileError::Failed(Box::new(FailedCompile {
                 kernel: name.clone(),
@@ -180,7 +182,7 @@ fn compile_one(
         outs.push(ArchOutput {
             arch: arch.clone(),
             options,
-            ptx: compiled.ptx.unwrap_or_default(),
+            ptx: compiled.ptx,
             cubin: compiled.cubin,
             resources,
         });
@@ -205,6 +207,11 @@ pub fn compile_spec(
         nvrtc.check_arch(arch.major_minor, &arch.name())?;
     }
     let origin = spec.source_name();
+    let targets: Vec<(Arch, bool)> = spec
+        .archs
+        .iter()
+        .map(|a| (a.clone(), spec.carries_ptx(a)))
+        .collect();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(jobs)
         .build()
@@ -227,7 +234,7 @@ pub fn compile_spec(
         spec.variants
             .par_iter()
             .map(|v| {
-                let r = compile_one(nvrtc, templates, &origin, v, &spec.archs);
+                let r = compile_one(nvrtc, templates, &origin, v, &targets);
                 if let Some(b) = &bar {
                     b.inc(1);
                 }

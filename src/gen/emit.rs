@@ -107,7 +107,9 @@ pub struct FileRef {
 pub struct ArchEntry {
     pub arch: String,
     pub nvrtc_options: Vec<String>,
-    pub ptx: FileRef,
+    /// Absent where the spec's `ptx = "newest"` left it out (then `cubin` is present).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ptx: Option<FileRef>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cubin: Option<FileRef>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -136,7 +138,9 @@ pub struct KernelEntry {
     /// What selects the kernel beyond its parameters (docs/MANIFEST.md, "Selection").
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub select: BTreeMap<String, String>,
-    pub source: FileRef,
+    /// The `.cu` file; absent where the spec says `sources = false`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<FileRef>,
     pub archs: Vec<ArchEntry>,
 }
 
@@ -164,9 +168,8 @@ pub fn plan(
     let templates_sha256 = templates.sha256();
     let first_ptx = kernels
         .iter()
-        .flat_map(|k| k.archs.first())
-        .map(|a| a.ptx.as_slice())
-        .next()
+        .flat_map(|k| &k.archs)
+        .find_map(|a| a.ptx.as_deref())
         .unwrap_or(&[]);
     let release = nvrtc::ptx_toolkit_release(first_ptx).unwrap_or_else(|| nvrtc.version());
     let ptx_isa = nvrtc::ptx_isa(first_ptx).unwrap_or_default();
@@ -174,30 +177,39 @@ pub fn plan(
 
     let mut entries = Vec::with_capacity(kernels.len());
     for k in kernels {
-        let inputs = serde_json::json!({
+        let mut inputs = serde_json::json!({
             "variant": &k.variant,
             "templates_sha256": &templates_sha256,
             "tool_version": TOOL_VERSION,
             "nvrtc_release": &release,
             "archs": k.archs.iter().map(|a| (a.arch.name(), &a.options)).collect::<Vec<_>>(),
         });
+        // Only where some PTX is left out, so the hashes of every `ptx = "every"` spec stay.
+        if k.archs.iter().any(|a| a.ptx.is_none()) {
+            inputs["ptx_archs"] = k
+                .archs
+                .iter()
+                .filter(|a| a.ptx.is_some())
+                .map(|a| a.arch.name())
+                .collect();
+        }
         let inputs_sha256 = sha256_hex(serde_json::to_string(&inputs)?.as_bytes());
-        let source = file_ref(
-            &mut files,
-            format!("{KERNEL_DIR}/{}.cu", k.name),
-            k.source.clone().into_bytes(),
-        );
+        let source = spec.sources.then(|| {
+            file_ref(
+                &mut files,
+                format!("{KERNEL_DIR}/{}.cu", k.name),
+                k.source.clone().into_bytes(),
+            )
+        });
         let archs = k
             .archs
             .iter()
             .map(|a| {
                 let arch = a.arch.name();
                 ArchEntry {
-                    ptx: file_ref(
-                        &mut files,
-                        format!("{KERNEL_DIR}/{}.{arch}.ptx", k.name),
-                        a.ptx.clone(),
-                    ),
+                    ptx: a.ptx.clone().map(|p| {
+                        file_ref(&mut files, format!("{KERNEL_DIR}/{}.{arch}.ptx", k.name), p)
+                    }),
                     cubin: a.cubin.clone().map(|c| {
                         file_ref(
                             &mut files,

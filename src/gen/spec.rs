@@ -28,7 +28,33 @@ pub struct Spec {
     /// sha256 of the spec's text.
     pub text_sha256: String,
     pub archs: Vec<Arch>,
+    /// Which of `archs` carry PTX beside their CUBIN (spec key `ptx`).
+    pub ptx: PtxTargets,
+    /// Whether generation writes each kernel's `.cu` (spec key `sources`, default true).
+    pub sources: bool,
     pub variants: Vec<MergeVariant>,
+}
+
+/// Which targets carry PTX (the spec's top-level `ptx`). PTX is what a GPU without a CUBIN of its
+/// own runs (the driver compiles it, docs/MANIFEST.md "Artifact rule"); a CUBIN serves its own
+/// major's devices from its minor on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PtxTargets {
+    /// Every target: `sm_XY` is CUBIN + PTX, `compute_XY` PTX (the default).
+    #[default]
+    Every,
+    /// PTX only where a GPU newer than every CUBIN needs it: the newest target that is not
+    /// arch-specific keeps its PTX, every other `sm_XY` is CUBIN only; `compute_XY` targets are
+    /// PTX as always (that is all they are).
+    Newest,
+}
+
+impl PtxTargets {
+    /// The spec's spelling of each choice.
+    pub const NAMES: [(&'static str, PtxTargets); 2] =
+        [("every", PtxTargets::Every), ("newest", PtxTargets::Newest)];
 }
 
 impl Spec {
@@ -57,6 +83,21 @@ impl Spec {
         self.variants
             .iter()
             .find(|v| v.kernel_name() == kernel_name)
+    }
+    /// Whether `arch` (one of `archs`) carries PTX under the spec's `ptx`.
+    pub fn carries_ptx(&self, arch: &Arch) -> bool {
+        match self.ptx {
+            PtxTargets::Every => true,
+            PtxTargets::Newest => {
+                let newest = self
+                    .archs
+                    .iter()
+                    .filter(|a| !a.arch_specific)
+                    .map(|a| a.major_minor)
+                    .max();
+                !arch.real || (!arch.arch_specific && Some(arch.major_minor) == newest)
+            }
+        }
     }
 }
 
@@ -103,6 +144,16 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                 message,
             })?,
     };
+    let ptx = match &raw.ptx {
+        Some(v) => one_of(&PtxTargets::NAMES, v.get_ref())
+            .map_err(|why| ctx.at(v.span().start, format!("`ptx`: {why}")))?,
+        None => PtxTargets::Every,
+    };
+    let sources = match &raw.sources {
+        Some(v) => boolean(v.get_ref())
+            .map_err(|why| ctx.at(v.span().start, format!("`sources`: {why}")))?,
+        None => true,
+    };
     let tables = raw.tables();
     if tables.is_empty() {
         return Err(SpecError::Whole {
@@ -131,6 +182,8 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         origin: origin.to_string(),
         text_sha256: crate::gen::sha256_hex(text.as_bytes()),
         archs,
+        ptx,
+        sources,
         variants: unique.variants,
     })
 }

@@ -72,7 +72,9 @@ pub struct FileView {
 #[non_exhaustive]
 pub struct ArchView {
     pub arch: String,
-    pub ptx: FileView,
+    /// Absent where the spec's `ptx = "newest"` left it out.
+    #[serde(default)]
+    pub ptx: Option<FileView>,
     pub cubin: Option<FileView>,
 }
 
@@ -201,8 +203,8 @@ impl KernelView {
 
     /// The artifact rule (docs/MANIFEST.md): for compute capability `cc`, the CUBIN of an
     /// `sm_XY` entry of the same major with the largest `XY <= cc` (an arch-specific `sm_XYa`
-    /// only when `XY == cc`); else the PTX of the entry with the largest `XY <= cc` that is not
-    /// arch-specific; else none.
+    /// only when `XY == cc`); else the PTX of the entry with the largest `XY <= cc` among those
+    /// that carry PTX and are not arch-specific; else none.
     pub fn artifact(&self, cc: (i32, i32)) -> Option<Artifact> {
         let dev = u32::try_from(cc.0 * 10 + cc.1).ok()?;
         let mut best_cubin: Option<(u32, &str)> = None;
@@ -222,8 +224,10 @@ impl KernelView {
                     best_cubin = Some((n, c.file.as_str()));
                 }
             }
-            if !arch.arch_specific && n <= dev && best_ptx.is_none_or(|(b, _)| n > b) {
-                best_ptx = Some((n, a.ptx.file.as_str()));
+            if let Some(p) = a.ptx.as_ref().filter(|_| !arch.arch_specific && n <= dev) {
+                if best_ptx.is_none_or(|(b, _)| n > b) {
+                    best_ptx = Some((n, p.file.as_str()));
+                }
             }
         }
         let pick = |(_, f): (u32, &str), cubin| Artifact {
@@ -254,7 +258,7 @@ impl KernelView {
     pub fn images(&self) -> impl Iterator<Item = &FileView> {
         self.archs
             .iter()
-            .flat_map(|a| std::iter::once(&a.ptx).chain(a.cubin.as_ref()))
+            .flat_map(|a| a.ptx.iter().chain(a.cubin.as_ref()))
     }
 }
 
@@ -262,11 +266,15 @@ impl KernelView {
 mod tests {
     use super::*;
 
-    fn kernel(archs: &[(&str, bool)]) -> KernelView {
+    /// A kernel with `archs`: (arch, has a CUBIN, has a PTX).
+    fn kernel_with(archs: &[(&str, bool, bool)]) -> KernelView {
         let archs: Vec<serde_json::Value> = archs
             .iter()
-            .map(|(a, cubin)| {
-                let mut v = serde_json::json!({"arch": a, "ptx": {"file": format!("{a}.ptx")}});
+            .map(|(a, cubin, ptx)| {
+                let mut v = serde_json::json!({"arch": a});
+                if *ptx {
+                    v["ptx"] = serde_json::json!({"file": format!("{a}.ptx")});
+                }
                 if *cubin {
                     v["cubin"] = serde_json::json!({"file": format!("{a}.cubin")});
                 }
@@ -289,6 +297,29 @@ mod tests {
             "archs": archs,
         }))
         .unwrap()
+    }
+
+    fn kernel(archs: &[(&str, bool)]) -> KernelView {
+        let all: Vec<(&str, bool, bool)> = archs.iter().map(|&(a, c)| (a, c, true)).collect();
+        kernel_with(&all)
+    }
+
+    #[test]
+    fn a_missing_ptx_is_never_picked() {
+        // ptx = "newest": CUBIN for each, PTX for sm_120 alone.
+        let k = kernel_with(&[
+            ("sm_80", true, false),
+            ("sm_90", true, false),
+            ("sm_120", true, true),
+        ]);
+        let pick = |cc| k.artifact(cc).map(|a| a.file);
+        assert_eq!(pick((8, 6)).as_deref(), Some("sm_80.cubin"));
+        assert_eq!(pick((9, 0)).as_deref(), Some("sm_90.cubin"));
+        // No CUBIN of major 10, no PTX at or below 10.0.
+        assert_eq!(pick((10, 0)), None);
+        assert_eq!(pick((12, 1)).as_deref(), Some("sm_120.cubin"));
+        assert_eq!(pick((13, 0)).as_deref(), Some("sm_120.ptx"));
+        assert_eq!(k.images().count(), 4);
     }
 
     #[test]

@@ -178,3 +178,28 @@ pub fn dense_layouts(d: usize, h: usize) -> Layouts {
     let dense = Layout::contiguous(h, d);
     (dense, dense, dense)
 }
+
+/// Start locations of `requests` requests (docs/SEMANTICS.md, the empty-context mask): over the
+/// first ~90% of `t` tokens (some requests with no tokens), the rest of the tokens in none; ~40%
+/// of the requests with an empty context. (query_start_loc, context_start_loc), B + 1 each.
+pub fn start_locations(t: usize, requests: usize, seed: u64) -> (Vec<i32>, Vec<i32>) {
+    let mut rng = Rng(seed | 1);
+    let covered = t - t / 10;
+    let mut cuts: Vec<i32> = (0..requests.saturating_sub(1))
+        .map(|_| (rng.unit() * covered as f64) as i32)
+        .collect();
+    cuts.sort_unstable();
+    let mut qsl = vec![0i32];
+    qsl.extend(cuts);
+    qsl.push(covered as i32);
+    let mut csl = vec![0i32];
+    for _ in 0..requests {
+        let len = if rng.unit() < 0.4 {
+            0
+        } else {
+            1 + (rng.unit() * 100.0) as i32
+        };
+        csl.push(csl.last().unwrap() + len);
+    }
+    (qsl, csl)
+}

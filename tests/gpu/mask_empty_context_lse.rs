@@ -21,24 +21,7 @@ fn run_mask_lse_case(
     (t, h, requests): (usize, usize, usize),
     seed: u64,
 ) -> Result<u64, String> {
-    let mut rng = Rng(seed | 1);
-    let covered = t - t / 10;
-    let mut cuts: Vec<i32> = (0..requests.saturating_sub(1))
-        .map(|_| (rng.unit() * covered as f64) as i32)
-        .collect();
-    cuts.sort_unstable();
-    let mut qsl = vec![0i32];
-    qsl.extend(cuts);
-    qsl.push(covered as i32);
-    let mut csl = vec![0i32];
-    for _ in 0..requests {
-        let len = if rng.unit() < 0.4 {
-            0
-        } else {
-            1 + (rng.unit() * 100.0) as i32
-        };
-        csl.push(csl.last().unwrap() + len);
-    }
+    let (qsl, csl) = start_locations(t, requests, seed);
     let (lse, _) = random_lse(t * h, seed ^ 0x77);
     let lse_dev: CudaSlice<f32> = stream.clone_htod(&lse).unwrap();
     let qsl_dev: CudaSlice<i32> = stream.clone_htod(&qsl).unwrap();

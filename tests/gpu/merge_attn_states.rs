@@ -66,10 +66,24 @@ pub fn run_case(
         .clone_htod(&vec![LSE_POISON; scales_len.max(1)])
         .unwrap();
 
+    // The fused empty-context mask: up to 5 requests (at least one) over the first ~90% of the
+    // tokens, ~40% of them without context; the reference merges with the prefix lse masked
+    // first (docs/SEMANTICS.md: the mask, then the plain merge, bit for bit).
+    let (qsl, csl) = if k.meta.variant.mask_empty_context {
+        start_locations(t, t.clamp(1, 5), seed ^ 0x4444)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let mut plse = plse;
+    let pl_dev: CudaSlice<f32> = stream.clone_htod(&plse).unwrap();
+    if k.meta.variant.mask_empty_context {
+        reference::mask_empty_context(&mut plse, k.meta.head_major(), (t, h), &qsl, &csl);
+    }
+    let qsl_dev: CudaSlice<i32> = stream.clone_htod(&at_least_one(&qsl)).unwrap();
+    let csl_dev: CudaSlice<i32> = stream.clone_htod(&at_least_one(&csl)).unwrap();
     let (p_hold, p_buf) = upload_bits(stream, dtype, &prefix);
     let (s_hold, s_buf) = upload_bits(stream, dtype, &suffix);
     let (o_hold, o_buf) = upload_bits(stream, out_dtype, &out_init);
-    let pl_dev: CudaSlice<f32> = stream.clone_htod(&plse).unwrap();
     let sl_dev: CudaSlice<f32> = stream.clone_htod(&slse).unwrap();
     let ol_dev: CudaSlice<u32> = stream.clone_htod(&vec![LSE_POISON; t * h]).unwrap();
     let f32buf = |p: u64| DeviceBuffer {
@@ -105,9 +119,27 @@ pub fn run_case(
         suffix_layout: sl,
         prefill_tokens_with_context: threshold,
     };
+    let mut named = args.args();
+    if k.meta.variant.mask_empty_context {
+        let i32buf = |p: u64, len: usize| DeviceBuffer {
+            ptr: p,
+            len,
+            dtype: Dtype::I32,
+        };
+        named
+            .buffer(
+                "query_start_loc",
+                Some(i32buf(raw(&qsl_dev, stream), qsl.len())),
+            )
+            .buffer(
+                "context_start_loc",
+                Some(i32buf(raw(&csl_dev, stream), csl.len())),
+            )
+            .int("num_requests", qsl.len() - 1);
+    }
     // SAFETY: every buffer is one of this case's allocations above, with its length; they live
     // until after the synchronize below.
-    unsafe { k.launch(stream, &args.args()) }.map_err(|e| e.to_string())?;
+    unsafe { k.launch(stream, &named) }.map_err(|e| e.to_string())?;
     stream.synchronize().map_err(|e| format!("{e:?}"))?;
     let out = download_bits(stream, out_dtype, o_hold.as_ref());
     let out_lse: Vec<u32> = stream.clone_dtoh(&ol_dev).unwrap();
@@ -234,4 +266,13 @@ pub fn suite_case(
         format!("threshold={th:?} lse={with_lse} dense={dense}"),
         run_case(k, stream, t, h, th, with_lse, seed, layouts),
     )
+}
+
+/// A device copy needs at least one element.
+fn at_least_one(v: &[i32]) -> Vec<i32> {
+    if v.is_empty() {
+        vec![0]
+    } else {
+        v.to_vec()
+    }
 }

@@ -10,6 +10,10 @@ use super::*;
 #[serde(deny_unknown_fields)]
 pub(super) struct RawSpec {
     pub(super) arch: Option<Spanned<toml::Value>>,
+    /// Which targets carry PTX: "every" (default) or "newest".
+    pub(super) ptx: Option<Spanned<toml::Value>>,
+    /// Whether each kernel's `.cu` is written beside its images (default true).
+    pub(super) sources: Option<Spanned<toml::Value>>,
     pub(super) merge_attn_states: Option<Vec<Spanned<RawMerge>>>,
     pub(super) merge_states: Option<Vec<Spanned<RawMerge>>>,
     pub(super) merge_state_in_place: Option<Vec<Spanned<RawMerge>>>,

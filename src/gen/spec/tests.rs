@@ -49,17 +49,34 @@ fn the_fused_context_mask_is_a_pairwise_key() {
 #[test]
 fn default_spec_is_the_vllm_set() {
     let s = default_spec().unwrap();
-    // 27 kernels engines call, and the kernels of their size rules (launched through them).
-    // Each of those has its two dense specializations right after it (every default kernel
-    // has the threshold): for calls where every token has context, then the dense one.
+    // 108 kernels engines call (27 dtype x head size, each with the inputs' dtype and per-tensor
+    // FP8 output, each plain and with the fused mask), and the kernels of their size rules
+    // (launched through them). Each of those has its two dense specializations right after it
+    // (every default kernel has the threshold): for calls where every token has context, then
+    // the dense one.
     let called: Vec<&MergeVariant> = s
         .variants
         .iter()
         .filter(|v| v.rows_below.is_none() && !v.dense)
         .collect();
-    assert_eq!(called.len(), 27);
+    assert_eq!(called.len(), 108);
+    for output in [OutputKind::Same, OutputKind::Fp8E4m3] {
+        for mask in [false, true] {
+            let n = called
+                .iter()
+                .filter(|v| v.output == output && v.mask_empty_context == mask)
+                .count();
+            assert_eq!(n, 27, "{output:?}, mask {mask}");
+        }
+    }
+    assert!(s.variants.iter().all(|v| !v.pdl));
+    assert_eq!(
+        s.variants.len(),
+        363,
+        "the count specs/default.toml's header states"
+    );
     let rule_kernels: usize = called.iter().map(|v| v.size_rule.len()).sum();
-    assert_eq!(s.variants.len(), 3 * (27 + rule_kernels));
+    assert_eq!(s.variants.len(), 3 * (108 + rule_kernels));
     for triple in s.variants.chunks(3) {
         let general = triple[0].kernel_name();
         assert!(
@@ -75,6 +92,15 @@ fn default_spec_is_the_vllm_set() {
         s.archs.iter().map(Arch::name).collect::<Vec<_>>(),
         ["sm_80", "sm_90", "sm_100", "sm_120"]
     );
+    // CUBIN for each, PTX for sm_120 alone; no .cu files.
+    let with_ptx: Vec<String> = s
+        .archs
+        .iter()
+        .filter(|a| s.carries_ptx(a))
+        .map(Arch::name)
+        .collect();
+    assert_eq!(with_ptx, ["sm_120"]);
+    assert!(!s.sources);
     assert!(s
         .variants
         .iter()
@@ -296,6 +322,16 @@ fn every_tuned_entry_reaches_the_variants() {
             .iter()
             .filter(|v| v.dtype == dtype && v.head_size == e.head_size && !ruled(v))
         {
+            // A fused mask's blocks are at most 256 threads, and may ask for more blocks per SM
+            // (fused_mask_schedule); the rest of its schedule is the tuned one.
+            let want = if v.mask_empty_context {
+                Schedule {
+                    min_blocks_per_sm: v.schedule.min_blocks_per_sm,
+                    ..fused_mask_schedule(want)
+                }
+            } else {
+                want
+            };
             assert_eq!(v.schedule, want, "{}", v.kernel_name());
             assert!(!v.explicit_schedule);
         }
@@ -367,6 +403,62 @@ fn pdl_without_an_sm_90_target_is_refused_with_the_fix() {
         &spec("[\"sm_80\"]").replace("pdl = true", "pdl = false")
     )
     .is_ok());
+}
+
+#[test]
+fn ptx_every_or_newest_decides_which_targets_carry_ptx() {
+    let table = "[[mask_empty_context_lse]]\n";
+    let carrying = |text: &str| {
+        let s = parse("t.toml", text).unwrap();
+        let names: Vec<String> = s
+            .archs
+            .iter()
+            .filter(|a| s.carries_ptx(a))
+            .map(Arch::name)
+            .collect();
+        names
+    };
+    let archs = "arch = [\"sm_80\", \"sm_90a\", \"sm_90\", \"compute_86\", \"sm_100a\"]\n";
+    // Absent = "every": today's behaviour.
+    assert_eq!(carrying(&format!("{archs}{table}")).len(), 5);
+    assert_eq!(
+        carrying(&format!("{archs}ptx = \"every\"\n{table}")).len(),
+        5
+    );
+    // "newest": the newest target that is not arch-specific (sm_90: sm_100a's PTX runs on
+    // 10.0 alone), and every compute_ target, which is nothing but PTX.
+    assert_eq!(
+        carrying(&format!("{archs}ptx = \"newest\"\n{table}")),
+        ["sm_90", "compute_86"]
+    );
+    // An arch override keeps the choice and finds the newest among the new targets.
+    let mut s = parse("t.toml", &format!("{archs}ptx = \"newest\"\n{table}")).unwrap();
+    override_archs(&mut s, &["sm_80".into(), "sm_120".into()]).unwrap();
+    assert!(!s.carries_ptx(&s.archs[0]) && s.carries_ptx(&s.archs[1]));
+
+    assert_eq!(
+        err(&format!("ptx = \"oldest\"\n{table}")),
+        "t.toml:1:7: `ptx`: \"oldest\" is not allowed; allowed: every, newest"
+    );
+    assert_eq!(
+        err(&format!("ptx = true\n{table}")),
+        "t.toml:1:7: `ptx`: expected a string, got true; allowed: every, newest"
+    );
+}
+
+#[test]
+fn sources_false_leaves_out_the_cu_files() {
+    let table = "[[mask_empty_context_lse]]\n";
+    assert!(parse("t.toml", table).unwrap().sources, "default: written");
+    assert!(
+        !parse("t.toml", &format!("sources = false\n{table}"))
+            .unwrap()
+            .sources
+    );
+    assert_eq!(
+        err(&format!("sources = \"no\"\n{table}")),
+        "t.toml:1:11: `sources`: expected true or false, got \"no\""
+    );
 }
 
 #[test]

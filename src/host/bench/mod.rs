@@ -83,10 +83,15 @@ pub fn parse_kernels(text: &str) -> Result<Vec<(String, u32)>, String> {
     Ok(out)
 }
 
-/// `bench` and `tune` time the pairwise merge; the K-way and in-place merges are timed by
-/// python/bench/bench.py.
+/// `bench` and `tune` time the pairwise merge that writes its inputs' dtype; the K-way and
+/// in-place merges are timed by python/bench/bench.py, FP8 outputs by
+/// python/bench/bench_families.py and the fused mask by python/bench/bench_ctxmask.py (a folder
+/// such as the default one holds them beside the plain merges).
 fn is_pairwise(k: &Kernel) -> bool {
-    k.meta.variant.family == crate::variant::Family::MergeAttnStates
+    let v = &k.meta.variant;
+    v.family == crate::variant::Family::MergeAttnStates
+        && v.output == crate::variant::OutputKind::Same
+        && !v.mask_empty_context
 }
 
 fn max_head_size(rt: &Runtime) -> usize {

@@ -327,8 +327,8 @@ pub(super) fn kernel(
             push("cubin", &c.file, true)?;
         }
         // The artifact rule never runs an arch-specific PTX: it is not embedded.
-        if !arch.arch_specific {
-            push("ptx", &a.ptx.file, false)?;
+        if let Some(p) = a.ptx.as_ref().filter(|_| !arch.arch_specific) {
+            push("ptx", &p.file, false)?;
         }
     }
     let archs = k
