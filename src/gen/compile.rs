@@ -1,7 +1,6 @@
 //! Compile: rendered sources -> PTX (every arch the spec's `ptx` keeps it for) and CUBIN (every
-//! `sm_` arch) through NVRTC, with
-//! ptxas' resource report. Variants compile in parallel; results keep the spec's order, so the
-//! output never depends on the thread count.
+//! `sm_` arch) through NVRTC, with ptxas' resource report. Variants compile in parallel; results
+//! keep the spec's order, so the output never depends on the thread count.
 
 use std::io::IsTerminal;
 
