@@ -158,7 +158,8 @@ def same_bits(name, a, b):
 
 
 def run_case(kern, T, H, n, with_lse, seed, pad=0):
-    """One case: the fused call against mask_empty_context_lse + the plain merge, bit for bit."""
+    """One case: the fused call against mask_empty_context_lse (or, in a folder without it, the same
+    rule in torch ops) + the plain merge, bit for bit."""
     rng = random.Random(seed)
     qsl_l, csl_l = requests(rng, T)
     qsl = torch.tensor(qsl_l, dtype=torch.int32, device="cuda")
@@ -174,7 +175,13 @@ def run_case(kern, T, H, n, with_lse, seed, pad=0):
     # (b) the pair: the mask on a copy of prefix_lse, then the plain merge
     out_b, lse_b, kw_b, written_b = outputs(kern, T, H, with_lse, 1, scale)
     masked = plse.clone()
-    mla_gen.mask_empty_context_lse(masked, qsl, csl, lse_layout=layout)
+    if mla_gen.supports(None, 0, family="mask_empty_context_lse", lse_layout=layout):
+        mla_gen.mask_empty_context_lse(masked, qsl, csl, lse_layout=layout)
+    else:  # a folder without the lse mask (the default one): the same rule in torch ops, [H, T]
+        from mla_gen.vllm import mask_empty_context
+        head_major = layout == "head_major"
+        masked = mask_empty_context(masked if head_major else masked.t(), qsl, csl)
+        masked = masked if head_major else masked.t().contiguous()
     mla_gen.merge_attn_states(out_b, prefix, masked, suffix, slse, lse_b, n, **kw_b)
     torch.cuda.synchronize()
     label = f"{kern['name']} T={T} H={H} n={n} output_lse={with_lse} B={len(qsl_l) - 1} seed={seed}"
