@@ -131,6 +131,8 @@ def main():
     vllm_op = build_vllm_op()
     if vllm_op is not None:
         impls[VLLM_OP_ROW] = lambda: vllm_op(out, None, p, pl, s, sl, 1)
+        vfloor = torch.ops.mla_gen_bench_vllm.nothing  # the bar's floor: its schema, unboxed, no work
+        impls["floor: TORCH_LIBRARY op doing nothing (C++)"] = lambda: vfloor(out, None, p, pl, s, sl, 1)
     impls |= {
         "floor: Python function doing nothing": lambda: nothing(out, None, p, pl, s, sl, 1),
     }

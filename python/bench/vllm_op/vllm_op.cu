@@ -52,11 +52,21 @@ void merge_attn_states(torch::Tensor& output, std::optional<torch::Tensor> outpu
     TORCH_CHECK(err == 0, "launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
+// The same schema doing nothing: the floor of a TORCH_LIBRARY op (unboxed, at::Tensor) beside the
+// stable ABI's (python/bench/stable_floor/), so that the bar's own work shows.
+void nothing(torch::Tensor&, std::optional<torch::Tensor>, const torch::Tensor&, const torch::Tensor&,
+             const torch::Tensor&, const torch::Tensor&, std::optional<int64_t>) {}
+
 }  // namespace
 
 TORCH_LIBRARY(mla_gen_bench_vllm, m) {
     m.def("merge_attn_states(Tensor! output, Tensor!? output_lse, Tensor prefix_output, Tensor prefix_lse, "
           "Tensor suffix_output, Tensor suffix_lse, int? prefill_tokens_with_context=None) -> ()");
+    m.def("nothing(Tensor! output, Tensor!? output_lse, Tensor prefix_output, Tensor prefix_lse, "
+          "Tensor suffix_output, Tensor suffix_lse, int? prefill_tokens_with_context=None) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(mla_gen_bench_vllm, CUDA, m) { m.impl("merge_attn_states", &merge_attn_states); }
+TORCH_LIBRARY_IMPL(mla_gen_bench_vllm, CUDA, m) {
+    m.impl("merge_attn_states", &merge_attn_states);
+    m.impl("nothing", &nothing);
+}
