@@ -8,7 +8,8 @@ Where a call finds its plan, fastest first:
 - its entry point's slot ``[options, go, plan, folder]``: the previous call's plan, where the
   call has the same options and kernel folder and the plan's generated ``go`` takes it (the same
   arguments given, the layout guard, the per-call checks; then it launches);
-- the plan cache, by the call's kind, options, folder and layouts (``_lookup``);
+- the plan cache, by the call's kind, options, folder and layouts (``_lookup``): a few plans per
+  layout, one per kernel the free integers' values launch (a threshold below T, equal to T);
 - the full check (_plan.prepare), which makes the plan, or raises the error that names the problem.
 
 Anything off on the way down reruns the full check, so every error is the full check's. The
@@ -66,50 +67,67 @@ def _launch(prep, values):
         _cuda.launch(prep.launcher, values, prep.gx, prep.gy, _stream(prep.device))
 
 
-def _go(prep, kind, options, tensors, free):
-    """A planned call: the per-call checks and the launch (prep.run), the full check where they
-    fail (it raises the error that names the problem, or launches)."""
-    if prep.launcher is not None and not prep.run(*tensors, *free):
-        _launch(*_prepare(kind, options, tensors, free))
+# Plans one layout keeps for different values of its free integers: a threshold below T plans the
+# `_dense` kernel, one equal to T its `_dense_nothr` twin, and each plan's fast path takes only
+# the values of its kernel (without a second plan, every call of the other kind took the full
+# check: a new plan per call after a first call with n = T).
+_MAX_PLANS_PER_LAYOUT = 4
+
+
+def _go(preps, kind, options, tensors, free):
+    """A planned call: the first of its layout's plans whose per-call checks take it launches
+    (prep.run); where none does, the full check (it raises the error that names the problem, or
+    makes the plan of these values, kept beside the others, and launches). Returns the plan that
+    served."""
+    for prep in preps:
+        if prep.launcher is None or prep.run(*tensors, *free):
+            return prep
+    prep, values = _prepare(kind, options, tensors, free)
+    _plan.set_guard(prep, tensors)
+    if len(preps) < _MAX_PLANS_PER_LAYOUT:
+        preps.append(prep)
+    _launch(prep, values)
+    return prep
 
 
 def _lookup(kind, options, tensors, free):
-    """The plan of the call's layouts from the cache; None after a call that had none (the full
-    check, the plan kept, the launch)."""
+    """The plans of the call's layouts from the cache (a list, one per kernel its free integers'
+    values launch); None after a call that had none (the full check, the plan kept, the launch)."""
     try:
         key = (kind, options, _m.env_value(), tuple([_plan.layout_key(t) for t in tensors]),
                tuple([v is None for v in free]))
-        prep = _plans.get(key)
+        preps = _plans.get(key)
     except (AttributeError, TypeError):
-        key = prep = None
-    if prep is not None:
-        return prep
+        key = preps = None
+    if preps is not None:
+        return preps
     prep, values = _prepare(kind, options, tensors, free)
     if key is not None:
         _plan.set_guard(prep, tensors)
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
-        _plans[key] = prep
+        _plans[key] = [prep]
     _launch(prep, values)
     return None
 
 
 def _call(kind, options, tensors, free):
-    """A call of an entry point without a slot: its plan by key, the per-call checks, the launch."""
-    prep = _lookup(kind, options, tensors, free)
-    if prep is not None:
-        _go(prep, kind, options, tensors, free)
+    """A call of an entry point without a slot: its plans by key, the per-call checks, the launch."""
+    preps = _lookup(kind, options, tensors, free)
+    if preps is not None:
+        _go(preps, kind, options, tensors, free)
 
 
 def _miss(slot, slot_options, kind, options, tensors, free):
-    """A call its slot's plan did not take: its plan by key goes into the slot, with its guard
-    renewed (the previous one may have been made under other dispatch keys); then the per-call
-    checks and the launch."""
-    prep = _lookup(kind, options, tensors, free)
-    if prep is not None:
-        _plan.set_guard(prep, tensors)
+    """A call its slot's plan did not take: its layout's plans by key, with their guards renewed
+    (the previous ones may have been made under other dispatch keys), the per-call checks and the
+    launch; the plan that served goes into the slot."""
+    preps = _lookup(kind, options, tensors, free)
+    if preps is not None:
+        for prep in preps:
+            _plan.set_guard(prep, tensors)
+        prep = _go(preps, kind, options, tensors, free)
         slot[:] = (slot_options, prep.go, prep, _env_get(_ENV_KEY))
-        _go(prep, kind, options, tensors, free)
 
 
 def _slotted(slot, kind, options, tensors, free):

@@ -77,6 +77,29 @@ def test_a_threshold_below_t_leaves_the_all_context_twin(cpu_launch):
     assert cpu_launch.launches[-1][0].endswith("_dense") and cpu_launch.last()[1]["prefill_tokens_with_context"] == 2
 
 
+def test_a_layout_keeps_a_plan_per_kernel_its_threshold_launches(cpu_launch):
+    """After a first call with n = T (its plan launches `_dense_nothr`, whose fast path takes n = T
+    only), calls with n < T get a second plan of the same layout, kept: no full check per call
+    (before, every such call made a plan anew), whichever kind of call comes first or next."""
+    out, p, pl, s, sl = pair()
+    main = "merge_attn_states_bf16_d128_thr_lse"
+    nothr, dense = launched(main, T, H), launched(main, T, H, threshold=0)
+    seen = []
+    for n in (T, 3, 5, 3, T, T, 2, None, 0):
+        before = mla_gen.stats()["plans"]
+        mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
+        seen.append((cpu_launch.last()[0], mla_gen.stats()["plans"] - before))
+        assert cpu_launch.last()[1]["prefill_tokens_with_context"] == (T if n is None else n)
+    # n = T after the dense plan: that plan still takes it (correct, not the fastest), as above.
+    assert seen == [(nothr, 1), (dense, 1), (dense, 0), (dense, 0), (dense, 0), (dense, 0), (dense, 0),
+                    (nothr, 1), (dense, 0)]
+    # Another entry point of the same kind and layouts (no slot of its own here): found by key.
+    before = mla_gen.stats()["plans"]
+    for n in (T, 1, T):
+        mla_gen._torch._call(mla_gen._plan.PAIR, ("head_major",), (out, None, p, pl, s, sl, None), (n,))
+    assert mla_gen.stats()["plans"] == before
+
+
 def test_per_head_padding_and_own_strides(cpu_launch):
     out, p, pl, s, sl = pair()
     padded = torch.zeros(T, H, D + 64, dtype=BF16)[..., :D]  # a V of 128 inside 192
