@@ -12,7 +12,8 @@ use crate::host::check::{Fit, Given, Plan};
 use crate::host::manifest::KernelView;
 
 /// A call as selection sees it: its family, the arguments it gives (a null buffer is not
-/// given), and the options the kernels' `select` blocks name (`lse_layout`, `ue8m0`).
+/// given), and the options the kernels' `select` blocks name (`lse_layout`, `ue8m0`,
+/// `lse_base`): each one the kernel names, and no other.
 #[derive(Debug, Clone, Copy)]
 pub struct Call<'a> {
     pub family: &'a str,
