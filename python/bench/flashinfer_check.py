@@ -75,7 +75,7 @@ def ref_pair(va, sa, vb, sb, base):
     return out, lse, mag, empty
 
 
-def close(name, got, ref, mag, dtype, empty):
+def close(got, ref, mag, dtype, empty):
     """got within the suite's tolerance of ref (tol x magnitude + 1 ulp); empty rows exactly 0
     (base 2) or as the reference gives them."""
     got64 = got.double()
@@ -91,6 +91,22 @@ def lse_close(got, ref):
     err = (got.double() - ref).abs()[finite]
     ok = same_inf and bool((err <= 2e-5 + 1e-6 * ref.abs()[finite]).all())
     return ok, float(err.max()) if err.numel() else 0.0
+
+
+def compared(who, v, s, ref, ref_lse, mag, dtype, empty):
+    """`who`'s v and lse against the float64 reference: ok_<who>_v, <who>_err_v, ok_<who>_s,
+    <who>_err_s."""
+    ok_v, err_v = close(v, ref, mag, dtype, empty)
+    ok_s, err_s = lse_close(s, ref_lse)
+    return {f"ok_{who}_v": ok_v, f"{who}_err_v": err_v, f"ok_{who}_s": ok_s, f"{who}_err_s": err_s}
+
+
+def flashinfer_side(rc, fv, fs, ours, ref, ref_lse, mag, dtype, empty):
+    """FlashInfer's result (its entry point returned `rc`) against the same reference and
+    bounds, and the share of its elements bit-equal to mla-gen's."""
+    torch.cuda.synchronize()
+    return {"ok_fi_rc": rc == 0, **compared("fi", fv, fs, ref, ref_lse, mag, dtype, empty),
+            "bit_equal": float((ours == fv).double().mean())}
 
 
 def record(case, **vals):
@@ -116,20 +132,13 @@ def check_merge_state(fi, dtype, T, H, D, g, kinds_a, kinds_b):
     sa, sb = lse_pattern(T, H, g, dev, kinds_a), lse_pattern(T, H, g, dev, kinds_b)
     v, s = mfi.merge_state(va, sa, vb, sb)
     ref, ref_lse, mag, empty = ref_pair(va, sa, vb, sb, "2")
-    ok_v, err_v = close("v", v, ref, mag, dtype, empty)
-    ok_s, err_s = lse_close(s, ref_lse)
-    vals = {"ok_ref_v": ok_v, "err_v": err_v, "ok_ref_s": ok_s, "err_s": err_s}
+    vals = compared("ref", v, s, ref, ref_lse, mag, dtype, empty)
     if fi is not None and dtype in NAMES:
         fv, fs = torch.empty_like(va), torch.empty(T, H, device=dev)
         rc = getattr(fi, f"fi_merge_state_{NAMES[dtype]}")(ptr(va), ptr(sa), ptr(vb), ptr(sb), ptr(fv), ptr(fs),
                                                          T, H, D, stream())
-        torch.cuda.synchronize()
-        vals["ok_fi_rc"] = rc == 0
-        # FlashInfer against the same reference and bounds: the two agree within rounding.
-        vals["ok_fi_v"], vals["fi_err_v"] = close("fi", fv, ref, mag, dtype, empty)
-        vals["ok_fi_s"], vals["fi_err_s"] = lse_close(fs, ref_lse)
+        vals |= flashinfer_side(rc, fv, fs, v, ref, ref_lse, mag, dtype, empty)
         vals["ok_empty_alike"] = bool(torch.equal(v[empty], fv[empty])) and bool(torch.equal(s[empty], fs[empty]))
-        vals["bit_equal"] = float((v == fv).double().mean())
     record(f"merge_state {dtype} T={T} H={H} D={D} a={kinds_a} b={kinds_b}", **vals)
 
 
@@ -146,19 +155,13 @@ def check_in_place(fi, dtype, T, H, D, g, masked):
         keep = ~mask
         ref[keep], ref_lse[keep] = v0[keep].double(), s0[keep].double()
         mag[keep] = 0
-    ok_v, err_v = close("v", v, ref, mag, dtype, empty)
-    ok_s, err_s = lse_close(s, ref_lse)
-    vals = {"ok_ref_v": ok_v, "err_v": err_v, "ok_ref_s": ok_s, "err_s": err_s}
+    vals = compared("ref", v, s, ref, ref_lse, mag, dtype, empty)
     if fi is not None and dtype in NAMES:
         fv, fs = v0.clone(), s0.clone()
         m8 = mask.to(torch.uint8) if mask is not None else None
         rc = getattr(fi, f"fi_merge_state_in_place_{NAMES[dtype]}")(
             ptr(fv), ptr(fs), ptr(vo), ptr(so), T, H, D, ptr(m8) if m8 is not None else None, stream())
-        torch.cuda.synchronize()
-        vals["ok_fi_rc"] = rc == 0
-        vals["ok_fi_v"], vals["fi_err_v"] = close("fi", fv, ref, mag, dtype, empty)
-        vals["ok_fi_s"], vals["fi_err_s"] = lse_close(fs, ref_lse)
-        vals["bit_equal"] = float((v == fv).double().mean())
+        vals |= flashinfer_side(rc, fv, fs, v, ref, ref_lse, mag, dtype, empty)
     record(f"merge_state_in_place {dtype} T={T} H={H} D={D} mask={masked}", **vals)
 
 
@@ -178,17 +181,11 @@ def check_merge_states(fi, dtype, T, K, H, D, g, all_empty_every):
     terms = v.double() * (w / tot[:, None, :])[..., None]
     ref, mag = terms.sum(1), terms.abs().sum(1)
     ref_lse = torch.where(empty, torch.full_like(m, -float("inf")), torch.log2(tot) + mm)
-    ok_v, err_v = close("v", out, ref, mag, dtype, empty)
-    ok_s, err_s = lse_close(lse, ref_lse)
-    vals = {"ok_ref_v": ok_v, "err_v": err_v, "ok_ref_s": ok_s, "err_s": err_s}
+    vals = compared("ref", out, lse, ref, ref_lse, mag, dtype, empty)
     if fi is not None and dtype in NAMES:
         fv, fs = torch.empty(T, H, D, dtype=dtype, device=dev), torch.empty(T, H, device=dev)
         rc = getattr(fi, f"fi_merge_states_{NAMES[dtype]}")(ptr(v), ptr(s), ptr(fv), ptr(fs), K, T, H, D, stream())
-        torch.cuda.synchronize()
-        vals["ok_fi_rc"] = rc == 0
-        vals["ok_fi_v"], vals["fi_err_v"] = close("fi", fv, ref, mag, dtype, empty)
-        vals["ok_fi_s"], vals["fi_err_s"] = lse_close(fs, ref_lse)
-        vals["bit_equal"] = float((out == fv).double().mean())
+        vals |= flashinfer_side(rc, fv, fs, out, ref, ref_lse, mag, dtype, empty)
     record(f"merge_states {dtype} T={T} K={K} H={H} D={D}", **vals)
 
 
@@ -199,14 +196,12 @@ def check_sglang(dtype, T, H, D, g):
     sa, sb = lse_pattern(T, H, g, dev, "xexe"), lse_pattern(T, H, g, dev, "xxeg")
     v, s = msg.merge_state_v2(va, sa, vb, sb)
     ref, ref_lse, mag, empty = ref_pair(va, sa, vb, sb, "e")
-    ok_v, err_v = close("v", v, ref, mag, dtype, empty)
-    ok_s, err_s = lse_close(s, ref_lse)
+    vals = compared("ref", v, s, ref, ref_lse, mag, dtype, empty)
     # Given outputs are written in place.
     v2, s2 = torch.empty_like(v), torch.empty_like(s)
     r = msg.merge_state_v2(va, sa, vb, sb, v2, s2)
-    ok_given = r[0] is v2 and r[1] is s2 and torch.equal(v2, v) and torch.equal(s2, s)
-    record(f"sglang.merge_state_v2 {dtype} T={T} H={H} D={D}", ok_ref_v=ok_v, err_v=err_v, ok_ref_s=ok_s,
-           err_s=err_s, ok_given=ok_given)
+    vals["ok_given"] = r[0] is v2 and r[1] is s2 and torch.equal(v2, v) and torch.equal(s2, s)
+    record(f"sglang.merge_state_v2 {dtype} T={T} H={H} D={D}", **vals)
 
 
 def main():
