@@ -24,7 +24,7 @@ const MAX_DIMS: usize = 8;
 /// does not make.
 const MAX_DEFAULT_SHARED_MEM: u32 = 48 * 1024;
 
-const TEMPLATES: [(&str, &str); 4] = [
+const TEMPLATES: [(&str, &str); 5] = [
     (
         "mla_kernels.h.tera",
         include_str!("../../templates/c/mla_kernels.h.tera"),
@@ -42,6 +42,11 @@ const TEMPLATES: [(&str, &str); 4] = [
     (
         "mla_select.c.tera",
         include_str!("../../templates/c/mla_select.c.tera"),
+    ),
+    // Section 7 of the .c, prepared launches, included by it.
+    (
+        "mla_prepared.c.tera",
+        include_str!("../../templates/c/mla_prepared.c.tera"),
     ),
 ];
 
