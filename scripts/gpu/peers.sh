@@ -6,12 +6,14 @@
 #                                        download, never committed) and the kernel folders into
 #                                        .device/peers/ (git-ignored; carry .device): `new` is the
 #                                        committed generated/ (the default spec), `base` BASE's
-#                                        committed generated/ (default HEAD),
+#                                        committed generated/ (default HEAD; BASE=none: no base),
 #                                        `new-tm` token-major twins for FlashInfer's layout, and one
-#                                        folder per LABEL=DIR of $PEERS_TEMPLATES (experiments), and
+#                                        folder per LABEL=DIR of $PEERS_TEMPLATES (experiments:
+#                                        the default spec, or $PEERS_SPEC's, rendered from DIR), and
 #                                        one per schedule b<threads>h<heads>v<vecs> of
 #                                        $PEERS_CANDIDATES (python/bench/peer_rules.py; give the
-#                                        same variable to `run`)
+#                                        same variable to `run`), rendered from
+#                                        $PEERS_CANDIDATE_TEMPLATES (default templates/)
 #   scripts/gpu/peers.sh run     (there) compiles python/bench/peers/peers.cu with nvcc, then
 #                                        python/bench/peers.py over the issue's table, cold and hot
 #                                        ($PEERS_SHAPES to narrow it), and Nsight Compute side by side
@@ -48,11 +50,14 @@ PY
     fi
     rm -rf "$P/kernels" && mkdir -p "$P/kernels"
     base="${BASE:-HEAD}"
-    # The base's committed generated/ (the default spec's kernels it shipped), without its .cu.
-    git archive "$base" generated | tar -x -C "$P/kernels" && mv "$P/kernels/generated" "$P/kernels/base"
+    # The base's committed generated/ (the default spec's kernels it shipped), without its .cu;
+    # BASE=none leaves it out (37 MB less to carry, for runs that compare candidates).
+    if [[ "$base" != none ]]; then
+        git archive "$base" generated | tar -x -C "$P/kernels" && mv "$P/kernels/generated" "$P/kernels/base"
+    fi
     "$M" generate python/bench/peers/token-major.toml --templates templates --out "$P/kernels/new-tm" --quiet
     for item in ${PEERS_TEMPLATES:-}; do
-        "$M" generate --templates "${item#*=}" --arch sm_90 --out "$P/kernels/${item%%=*}" --quiet
+        "$M" generate ${PEERS_SPEC:-} --templates "${item#*=}" --arch sm_90 --out "$P/kernels/${item%%=*}" --quiet
     done
     # Schedule candidates b<threads>h<heads>v<vecs> (python/bench/peer_rules.py reads their times):
     # the groups of the peer table with that schedule, their first dense specializations alone.
@@ -63,12 +68,12 @@ PY
             'head_size = [64, 128, 256, 512]' 'rows_per_thread = 1' 'min_blocks_per_sm = 1' \
             "block_threads = ${BASH_REMATCH[1]}" "heads_per_block = ${BASH_REMATCH[2]}" \
             "vecs_per_thread = ${BASH_REMATCH[3]}" > "$spec"
-        "$M" generate "$spec" --out "$P/kernels/all-$label" --quiet && rm -f "$spec"
+        "$M" generate "$spec" --templates "${PEERS_CANDIDATE_TEMPLATES:-templates}" --out "$P/kernels/all-$label" --quiet && rm -f "$spec"
         python3 scripts/gpu/dense_only.py "$P/kernels/all-$label" "$P/kernels/$label" >/dev/null
         rm -rf "$P/kernels/all-$label"
     done
     find "$P/kernels" -name '*.cu' -delete
-    { echo "base: $(git rev-parse --short "$base")"; echo "new: generated/ at $(git rev-parse --short HEAD)";
+    { echo "base: $([[ "$base" == none ]] && echo none || git rev-parse --short "$base")"; echo "new: generated/ at $(git rev-parse --short HEAD)";
       echo "experiments: ${PEERS_TEMPLATES:-none}"; echo "candidates: ${PEERS_CANDIDATES:-none}"; } > "$P/built.txt"
     echo "built $P ($(du -sh "$P" | cut -f1)); on the GPU machine: scripts/gpu/peers.sh run (carry .device)"
     ;;
@@ -80,19 +85,20 @@ run)
     nvcc -arch=sm_90 -O3 -std=c++17 -Xcompiler -fPIC -shared -o "$lib/libpeers_vllm.so" python/bench/peers/peers.cu
     nvcc -arch=sm_90 -O3 -std=c++17 -use_fast_math -DPEERS_FLASHINFER -I"$P/include" -Xcompiler -fPIC -shared \
         -o "$lib/libpeers_fi.so" python/bench/peers/peers.cu 2>&1 | grep -v -i warning || true
-    kernels=(--kernels "new=generated" --kernels "base=$P/kernels/base")
+    kernels=(--kernels "new=generated")
+    [[ -d "$P/kernels/base" ]] && kernels+=(--kernels "base=$P/kernels/base")
     for item in ${PEERS_TEMPLATES:-} ${PEERS_CANDIDATES:-}; do kernels+=(--kernels "${item%%=*}=$P/kernels/${item%%=*}"); done
     kernels+=(--tm-kernels "new-tm=$P/kernels/new-tm")
     shapes=()
     [[ -n "${PEERS_SHAPES:-}" ]] && shapes=(--shapes "$PEERS_SHAPES")
     status=0
     timeout "${PEERS_CAP:-400}" python3 python/bench/peers.py --peers "$lib" "${kernels[@]}" "${shapes[@]}" \
-        --l2 both --out "$OUT" 2>&1 | tee "$OUT/peers.log" || status=1
+        --l2 both --rounds "${PEERS_ROUNDS:-3}" --out "$OUT" 2>&1 | tee "$OUT/peers.log" || status=1
     if [[ "${PEERS_NCU:-1}" == 1 ]]; then
         # Hot: no cache flush between kernels (--cache-control none), each kernel right after its producer.
         ncu --clock-control none --cache-control none --kernel-name 'regex:merge_attn|MergeState|vllm_style' \
-            --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-            --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+            ${PEERS_NCU_SECTIONS:---section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+            --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis} \
             --csv --page details \
             python3 python/bench/peers.py --profile --peers "$lib" "${kernels[@]}" \
             --shapes "${PEERS_NCU_SHAPES:-bf16:1024x16x128,bf16:4096x16x64,bf16:4096x16x128}" > "$OUT/ncu.csv" 2> "$OUT/ncu.err" || status=1
