@@ -1,6 +1,7 @@
 //! A kernel's [`Plan`] from its contract: each name of a size, stride, bound or limit resolved
 //! to a parameter's index (a constant stands for its expression), once per kernel.
 
+use super::memo::Memo;
 use super::{Axis, Dim, ParamPlan, Plan, Resolved, TensorPlan, MAX_PARAMS};
 use crate::contract::{Contract, Expr};
 
@@ -67,7 +68,7 @@ impl Plan {
                         })
                         .collect::<Result<_, String>>()?,
                     align_bytes: u64::from(t.align_bytes.max(1)),
-                    stride_multiple: i64::from(t.stride_multiple.max(1)),
+                    stride_multiple: u64::from(t.stride_multiple.max(1)),
                     distinct: t.distinct,
                 }),
                 None => None,
@@ -116,9 +117,21 @@ impl Plan {
                 name,
             })
         };
+        let mut overlap_pairs = Vec::new();
+        for (i, a) in plans.iter().enumerate() {
+            for (j, b) in plans.iter().enumerate().skip(i + 1) {
+                let tensors = a.tensor.is_some() && b.tensor.is_some();
+                if tensors && (a.role.writes() || b.role.writes()) {
+                    overlap_pairs.push((i, j));
+                }
+            }
+        }
+        let constant_named_like_param = contract.constants.keys().any(|c| index(c).is_some());
         Ok(Plan {
             kernel: kernel.to_string(),
             params: plans,
+            constant_named_like_param,
+            overlap_pairs,
             constants,
             limits,
             axes: [
@@ -127,6 +140,7 @@ impl Plan {
             ],
             block_threads: contract.launch.block_threads,
             shared_mem_bytes: contract.launch.shared_mem_bytes,
+            memo: Memo::default(),
         })
     }
 }
