@@ -4,6 +4,8 @@
 //! API ([`crate::host::typed::Launch`]) takes beside its views. They name arguments; the check
 //! ([`crate::host::check`]) judges them.
 
+use std::mem::MaybeUninit;
+
 use crate::contract::strides_of::{OTHER, OUTPUT, PREFIX, STATE, SUFFIX};
 use crate::contract::Layout;
 use crate::dtype::Dtype;
@@ -15,17 +17,23 @@ pub const MAX_ARGS: usize = 2 * MAX_PARAMS;
 
 /// Arguments by name, on the stack (a launch allocates nothing). Derefs to the slice
 /// [`Kernel::check`](crate::host::kernel::Kernel::check) takes.
-#[derive(Debug, Clone, Copy)]
+///
+/// Only the first `len` slots are set: filling all of them in advance cost every launch a few
+/// kilobytes of writes. `repr(C)` keeps the count before the slots, so that starting a list
+/// writes only the count (the compiler merged a count after them with the unset slots into one
+/// memset of the whole).
+#[derive(Clone, Copy)]
+#[repr(C)]
 pub struct NamedArgs<'a> {
-    items: [(&'a str, Arg<'a>); MAX_ARGS],
     len: usize,
     overflow: bool,
+    items: [MaybeUninit<(&'a str, Arg<'a>)>; MAX_ARGS],
 }
 
 impl Default for NamedArgs<'_> {
     fn default() -> Self {
         NamedArgs {
-            items: [("", Arg::Null); MAX_ARGS],
+            items: [MaybeUninit::uninit(); MAX_ARGS],
             len: 0,
             overflow: false,
         }
@@ -41,7 +49,7 @@ impl<'a> NamedArgs<'a> {
     pub fn push(&mut self, name: &'a str, arg: Arg<'a>) -> &mut Self {
         match self.items.get_mut(self.len) {
             Some(slot) => {
-                *slot = (name, arg);
+                slot.write((name, arg));
                 self.len += 1;
             }
             None => self.overflow = true,
@@ -68,7 +76,18 @@ impl<'a> NamedArgs<'a> {
 impl<'a> std::ops::Deref for NamedArgs<'a> {
     type Target = [(&'a str, Arg<'a>)];
     fn deref(&self) -> &Self::Target {
-        &self.items[..self.len]
+        let set = &self.items[..self.len];
+        // SAFETY: `push` wrote each of the first `len` slots; MaybeUninit<T> has T's layout.
+        unsafe { std::slice::from_raw_parts(set.as_ptr().cast(), set.len()) }
+    }
+}
+
+impl std::fmt::Debug for NamedArgs<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamedArgs")
+            .field("items", &&**self)
+            .field("overflow", &self.overflow)
+            .finish()
     }
 }
 
@@ -407,5 +426,31 @@ impl Shape for ScaleLayout {
     fn push_to(&self, a: &mut NamedArgs<'_>) {
         a.int("scale_token_stride", self.token_stride)
             .int("scale_group_stride", self.group_stride);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slice holds what was pushed, in order, copies included; past `MAX_ARGS` a push is
+    /// dropped and flagged.
+    #[test]
+    fn named_args_hold_what_was_pushed() {
+        let mut a = NamedArgs::new();
+        assert!(a.is_empty());
+        a.int("num_tokens", 3).push("output_lse", Arg::Null);
+        let two = a;
+        assert_eq!(
+            &*two,
+            &[("num_tokens", Arg::Int(3)), ("output_lse", Arg::Null)]
+        );
+        for _ in 0..MAX_ARGS {
+            a.int("num_heads", 1);
+        }
+        assert!(a.overflowed() && !two.overflowed());
+        assert_eq!(a.len(), MAX_ARGS);
+        assert_eq!(a[MAX_ARGS - 1], ("num_heads", Arg::Int(1)));
+        assert!(format!("{two:?}").contains("\"output_lse\", Null"));
     }
 }

@@ -1,19 +1,25 @@
-//! The one argument check, driven by a kernel's [`Contract`] from the manifest. The C launcher
-//! and the Python package implement the same steps in the same order with the same messages
-//! (docs/MANIFEST.md, "The check"); `tests/contract/cases.json` holds the refusals all three must give.
+//! The one argument check, driven by a kernel's [`Contract`](crate::contract::Contract) from
+//! the manifest. The C launcher and the Python package implement the same steps in the same
+//! order with the same messages (docs/MANIFEST.md, "The check"); `tests/contract/cases.json`
+//! holds the refusals all three must give.
 //!
 //! Needs no GPU and no driver: a [`Plan`] is built once per kernel (names resolved to indexes),
 //! then [`Plan::check`] takes the arguments by name and returns the parameter values in
-//! signature order and the grid, or the first rule they break.
+//! signature order and the grid, or the first rule they break. A plan remembers the last call
+//! that passed, and a call that differs from it only in its buffers' addresses is checked for
+//! what addresses decide (`memo.rs`): the same verdict for a fraction of the work.
 
+mod build;
 mod fits;
+mod memo;
 mod tensor;
 
 pub(crate) use fits::Fit;
 pub use fits::Given;
 
-use crate::contract::{Contract, Expr, ParamKind, Role};
+use crate::contract::{ParamKind, Role};
 pub use crate::error::Refusal;
+use memo::{Key, Memo};
 
 /// The most parameters a kernel may have (the launch keeps its values on the stack).
 pub const MAX_PARAMS: usize = 32;
@@ -102,7 +108,7 @@ struct Dim {
 struct TensorPlan {
     dims: Vec<Dim>,
     align_bytes: u64,
-    stride_multiple: i64,
+    stride_multiple: u64,
     distinct: bool,
 }
 
@@ -145,136 +151,18 @@ pub struct Plan {
     /// The contract's limits: (expression, maximum, why).
     limits: Vec<(Resolved, i64, String)>,
     axes: [Axis; 2],
+    /// A constant has a parameter's name (an argument bound to the parameter is then also
+    /// held to the constant in step 5).
+    constant_named_like_param: bool,
+    /// Step 8's pairs (i < j, in that order): two tensors of which at least one is written.
+    overlap_pairs: Vec<(usize, usize)>,
     block_threads: u32,
     shared_mem_bytes: u32,
+    /// The last call that passed, to check a call of the same layout by its addresses alone.
+    memo: Memo,
 }
 
 impl Plan {
-    /// Resolve `contract`'s names; an error names what the manifest gets wrong.
-    pub fn new(kernel: &str, contract: &Contract) -> Result<Plan, String> {
-        let params = &contract.params;
-        if params.len() > MAX_PARAMS {
-            return Err(format!(
-                "{kernel}: {} parameters, at most {MAX_PARAMS} are supported",
-                params.len()
-            ));
-        }
-        let index = |name: &str| params.iter().position(|p| p.name == name);
-        // A name is a parameter or a constant; a constant stands for its expression.
-        let resolve = |text: &str| -> Result<Resolved, String> {
-            let e = Expr::parse(text).map_err(|e| format!("{kernel}: {e}"))?;
-            let mut r = Resolved {
-                text: text.to_string(),
-                mul: e.mul,
-                factors: Vec::new(),
-                add: e.add,
-            };
-            for f in &e.factors {
-                if let Some(i) = index(f) {
-                    r.factors.push(i);
-                    continue;
-                }
-                let c = contract
-                    .constants
-                    .get(f)
-                    .ok_or_else(|| format!("{kernel}: `{text}` names `{f}`, which is neither a parameter nor a constant"))?;
-                let c = Expr::parse(c).map_err(|e| format!("{kernel}: {e}"))?;
-                if c.add != 0 {
-                    return Err(format!(
-                        "{kernel}: constant `{f}` = `{c:?}` cannot be a factor"
-                    ));
-                }
-                r.mul = r.mul.checked_mul(c.mul).ok_or("constant overflows")?;
-                for g in &c.factors {
-                    r.factors.push(index(g).ok_or_else(|| {
-                        format!("{kernel}: constant `{f}` names `{g}`, which is not a parameter")
-                    })?);
-                }
-            }
-            Ok(r)
-        };
-        let mut plans = Vec::with_capacity(params.len());
-        for p in params {
-            if p.tensor.as_ref().is_some_and(|t| t.dims.len() > 8) {
-                return Err(format!("{kernel}: {} has more than 8 dimensions", p.name));
-            }
-            let tensor = match &p.tensor {
-                Some(t) => Some(TensorPlan {
-                    dims: t
-                        .dims
-                        .iter()
-                        .map(|d| {
-                            Ok(Dim {
-                                label: d.label.clone(),
-                                size: resolve(&d.size)?,
-                                stride: resolve(&d.stride)?,
-                            })
-                        })
-                        .collect::<Result<_, String>>()?,
-                    align_bytes: u64::from(t.align_bytes.max(1)),
-                    stride_multiple: i64::from(t.stride_multiple.max(1)),
-                    distinct: t.distinct,
-                }),
-                None => None,
-            };
-            let bound = |e: Option<&String>| e.map(|t| resolve(t)).transpose();
-            let b = p.bounds.as_ref();
-            plans.push(ParamPlan {
-                name: p.name.clone(),
-                kind: p.kind,
-                role: p.role,
-                elem: p.elem.clone(),
-                elem_bytes: u64::from(p.elem_bytes.max(1)),
-                nullable: p.nullable,
-                tensor,
-                min: bound(b.map(|b| &b.min))?,
-                max: bound(b.and_then(|b| b.max.as_ref()))?,
-                default: bound(b.and_then(|b| b.default.as_ref()))?,
-            });
-        }
-        let constants = contract
-            .constants
-            .iter()
-            .map(|(name, text)| Ok((name.clone(), resolve(text)?)))
-            .collect::<Result<_, String>>()?;
-        let limits = contract
-            .limits
-            .iter()
-            .map(|l| {
-                Ok((
-                    resolve(&l.expr)?,
-                    i64::try_from(l.max).unwrap_or(i64::MAX),
-                    l.why.clone(),
-                ))
-            })
-            .collect::<Result<_, String>>()?;
-        let axis = |a: &crate::contract::GridAxis, name| -> Result<Axis, String> {
-            Ok(Axis {
-                dim: index(&a.dim).ok_or_else(|| {
-                    format!(
-                        "{kernel}: the grid counts `{}`, which is not a parameter",
-                        a.dim
-                    )
-                })?,
-                per_block: u64::from(a.per_block.max(1)),
-                limit: u64::from(a.limit),
-                name,
-            })
-        };
-        Ok(Plan {
-            kernel: kernel.to_string(),
-            params: plans,
-            constants,
-            limits,
-            axes: [
-                axis(&contract.launch.grid_x, "x")?,
-                axis(&contract.launch.grid_y, "y")?,
-            ],
-            block_threads: contract.launch.block_threads,
-            shared_mem_bytes: contract.launch.shared_mem_bytes,
-        })
-    }
-
     pub fn kernel(&self) -> &str {
         &self.kernel
     }
@@ -359,12 +247,15 @@ impl Plan {
     /// check", steps 1-8).
     pub fn check(&self, args: &[(&str, Arg)]) -> Result<Checked, Refusal> {
         let n = self.params.len();
-        let mut given: [Option<Arg>; MAX_PARAMS] = [None; MAX_PARAMS];
+        // Each parameter's argument, as its index in `args` (NONE: not given).
+        const NONE: usize = usize::MAX;
+        let mut given = [NONE; MAX_PARAMS];
         // 1. Bind each argument to a parameter or a constant. Hosts pass them in signature order
         // (the argument structs do), so the parameter after the last one bound is tried first:
         // one name comparison per argument instead of a search.
         let mut next = 0;
-        for &(name, arg) in args {
+        let mut constant_given = false;
+        for (k, &(name, arg)) in args.iter().enumerate() {
             let at = match self.params.get(next) {
                 Some(p) if p.name == name => Some(next),
                 _ => self.params.iter().position(|p| p.name == name),
@@ -373,15 +264,16 @@ impl Plan {
                 next = i + 1;
             }
             match at {
-                Some(i) if given[i].is_some() => {
+                Some(i) if given[i] != NONE => {
                     return Err(self.refuse(format!("{name} is given twice")))
                 }
-                Some(i) => given[i] = Some(arg),
+                Some(i) => given[i] = k,
                 None if arg == Arg::Null => {}
                 None if self.constants.iter().any(|(c, _)| c == name) => {
                     if !matches!(arg, Arg::Int(_)) {
                         return Err(self.refuse(format!("{name} must be an integer")));
                     }
+                    constant_given = true;
                 }
                 None => {
                     return Err(
@@ -391,20 +283,20 @@ impl Plan {
             }
         }
         // 2. Every parameter present, of the right kind and element type.
-        let mut ints = [0i64; MAX_PARAMS];
+        let mut key = Key::default();
         let mut ptrs = [0u64; MAX_PARAMS];
-        let mut lens = [0u64; MAX_PARAMS];
-        let mut defaulted = [false; MAX_PARAMS];
         for (i, p) in self.params.iter().enumerate() {
-            match (p.kind, given[i]) {
-                (ParamKind::Pointer, None | Some(Arg::Null)) if p.nullable => {}
+            match (p.kind, args.get(given[i]).map(|a| a.1)) {
+                (ParamKind::Pointer, None | Some(Arg::Null)) if p.nullable => key.unset(i),
                 (ParamKind::Pointer, None) => {
                     return Err(self.refuse(format!("{} is required", p.name)))
                 }
                 (ParamKind::Pointer, Some(Arg::Null)) => {
                     return Err(self.refuse(format!("{} is a null pointer", p.name)))
                 }
-                (ParamKind::Pointer, Some(Arg::Buffer { ptr: 0, .. })) if p.nullable => {}
+                (ParamKind::Pointer, Some(Arg::Buffer { ptr: 0, .. })) if p.nullable => {
+                    key.unset(i)
+                }
                 (ParamKind::Pointer, Some(Arg::Buffer { ptr: 0, .. })) => {
                     return Err(self.refuse(format!("{} is a null pointer", p.name)))
                 }
@@ -416,13 +308,13 @@ impl Plan {
                         }
                     }
                     ptrs[i] = ptr;
-                    lens[i] = len;
+                    key.lens[i] = len;
                 }
                 (ParamKind::Pointer, Some(Arg::Int(_))) => {
                     return Err(self.refuse(format!("{} must be a buffer", p.name)))
                 }
-                (ParamKind::I64, Some(Arg::Int(v))) => ints[i] = v,
-                (ParamKind::I64, None) if p.default.is_some() => defaulted[i] = true,
+                (ParamKind::I64, Some(Arg::Int(v))) => key.ints[i] = v,
+                (ParamKind::I64, None) if p.default.is_some() => key.unset(i),
                 (ParamKind::I64, None) => {
                     return Err(self.refuse(format!("{} is required", p.name)))
                 }
@@ -431,9 +323,18 @@ impl Plan {
                 }
             }
         }
+        // Steps 3-7 but for the addresses depend on the key alone (and on the values of constants
+        // passed, which it leaves out): where the last call that passed had this key, only what
+        // the addresses decide is left to check. Anything else gets the full check below.
+        if !constant_given {
+            if let Some(checked) = self.memo.reuse(self, &key, &ptrs) {
+                return Ok(checked);
+            }
+        }
+        let mut ints = key.ints;
         // 3. Defaults, from the values given.
         for (i, p) in self.params.iter().enumerate() {
-            if defaulted[i] {
+            if p.kind == ParamKind::I64 && key.is_unset(i) {
                 let d = p.default.as_ref().and_then(|d| d.eval(&ints[..n]));
                 ints[i] =
                     d.ok_or_else(|| self.refuse(format!("{}: its default overflows", p.name)))?;
@@ -460,8 +361,10 @@ impl Plan {
                 }
             }));
         }
-        // 5. Constants passed must match the kernel's.
-        for &(name, arg) in args {
+        // 5. Constants passed must match the kernel's. (Only a name step 1 found to be a
+        // constant, or one a parameter shares, can be one: most calls pass none.)
+        let constants_passed = constant_given || self.constant_named_like_param;
+        for &(name, arg) in args.iter().filter(|_| constants_passed) {
             if let (Some((_, c)), Arg::Int(v)) =
                 (self.constants.iter().find(|(c, _)| c == name), arg)
             {
@@ -505,36 +408,42 @@ impl Plan {
             return Ok(checked); // nothing is read or written
         }
         // 7. Each tensor: alignment, strides, extent, distinct elements.
-        let mut hulls = [(0u64, 0u64); MAX_PARAMS];
+        let mut spans = [0u64; MAX_PARAMS];
         for (i, p) in self.params.iter().enumerate() {
             let Some(t) = &p.tensor else { continue };
             if ptrs[i] == 0 {
                 continue; // a nullable buffer left out
             }
-            let extent = self.check_tensor(p, t, ptrs[i], lens[i], ints)?;
-            hulls[i] = (
-                ptrs[i],
-                ptrs[i].saturating_add(extent.saturating_mul(p.elem_bytes)),
-            );
+            let extent = self.check_tensor(p, t, ptrs[i], key.lens[i], ints)?;
+            spans[i] = extent.saturating_mul(p.elem_bytes);
         }
         // 8. A buffer the kernel writes shares memory with no other argument.
-        for i in 0..n {
-            for j in i + 1..n {
-                let (a, b) = (&self.params[i], &self.params[j]);
-                if !(a.role.writes() || b.role.writes()) {
-                    continue;
-                }
-                let ((a0, a1), (b0, b1)) = (hulls[i], hulls[j]);
-                if a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1 {
-                    let writer = if a.role.writes() { &a.name } else { &b.name };
-                    return Err(self.refuse(format!(
-                        "{} overlaps {}: the kernel writes {writer}, which may share memory with no other argument",
-                        a.name, b.name
-                    )));
-                }
-            }
+        if let Some((i, j)) = self.overlap(&ptrs, &spans) {
+            let (a, b) = (&self.params[i], &self.params[j]);
+            let writer = if a.role.writes() { &a.name } else { &b.name };
+            return Err(self.refuse(format!(
+                "{} overlaps {}: the kernel writes {writer}, which may share memory with no other argument",
+                a.name, b.name
+            )));
+        }
+        if !constant_given {
+            self.memo.keep(key, checked, spans);
         }
         Ok(checked)
+    }
+
+    /// Step 8: the first two tensors that share memory where one is written, from each
+    /// tensor's address and the bytes it spans from there (0 for a null or empty tensor).
+    fn overlap(
+        &self,
+        ptrs: &[u64; MAX_PARAMS],
+        spans: &[u64; MAX_PARAMS],
+    ) -> Option<(usize, usize)> {
+        let hull = |i: usize| (ptrs[i], ptrs[i].saturating_add(spans[i]));
+        self.overlap_pairs.iter().copied().find(|&(i, j)| {
+            let ((a0, a1), (b0, b1)) = (hull(i), hull(j));
+            a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1
+        })
     }
 }
 

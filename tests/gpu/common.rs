@@ -104,6 +104,15 @@ pub fn upload_bits(
     )
 }
 
+/// A float32 buffer (an lse array, FP8 scales) of `len` elements at `ptr`.
+pub fn f32_buffer(ptr: u64, len: usize) -> DeviceBuffer {
+    DeviceBuffer {
+        ptr,
+        len,
+        dtype: Dtype::F32,
+    }
+}
+
 pub fn raw<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     use cudarc::driver::DevicePtr;
     let (p, _sync) = s.device_ptr(stream);

@@ -27,11 +27,7 @@ fn run_mask_lse_case(
     let qsl_dev: CudaSlice<i32> = stream.clone_htod(&qsl).unwrap();
     let csl_dev: CudaSlice<i32> = stream.clone_htod(&csl).unwrap();
     let args = MaskLseArgs {
-        lse: DeviceBuffer {
-            ptr: raw(&lse_dev, stream),
-            len: t * h,
-            dtype: Dtype::F32,
-        },
+        lse: f32_buffer(raw(&lse_dev, stream), t * h),
         query_start_loc: DeviceBuffer {
             ptr: raw(&qsl_dev, stream),
             len: qsl.len(),

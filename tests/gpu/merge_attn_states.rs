@@ -86,29 +86,17 @@ pub fn run_case(
     let (o_hold, o_buf) = upload_bits(stream, out_dtype, &out_init);
     let sl_dev: CudaSlice<f32> = stream.clone_htod(&slse).unwrap();
     let ol_dev: CudaSlice<u32> = stream.clone_htod(&vec![LSE_POISON; t * h]).unwrap();
-    let f32buf = |p: u64| DeviceBuffer {
-        ptr: p,
-        len: t * h,
-        dtype: Dtype::F32,
-    };
     let args = MergeArgs {
         output: o_buf,
-        output_lse: with_lse.then(|| f32buf(raw(&ol_dev, stream))),
+        output_lse: with_lse.then(|| f32_buffer(raw(&ol_dev, stream), t * h)),
         prefix: p_buf,
-        prefix_lse: f32buf(raw(&pl_dev, stream)),
+        prefix_lse: f32_buffer(raw(&pl_dev, stream), t * h),
         suffix: s_buf,
-        suffix_lse: f32buf(raw(&sl_dev, stream)),
-        output_scale: (out_dtype == Dtype::Fp8E4m3 && group.is_none()).then(|| DeviceBuffer {
-            ptr: raw(&scale_dev, stream),
-            len: 1,
-            dtype: Dtype::F32,
-        }),
+        suffix_lse: f32_buffer(raw(&sl_dev, stream), t * h),
+        output_scale: (out_dtype == Dtype::Fp8E4m3 && group.is_none())
+            .then(|| f32_buffer(raw(&scale_dev, stream), 1)),
         output_scales: group.map(|_| GroupScales {
-            buf: DeviceBuffer {
-                ptr: raw(&scales_dev, stream),
-                len: scales_len,
-                dtype: Dtype::F32,
-            },
+            buf: f32_buffer(raw(&scales_dev, stream), scales_len),
             token_stride: sts,
             group_stride: sgs,
         }),

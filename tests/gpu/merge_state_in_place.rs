@@ -36,16 +36,11 @@ fn run_in_place_case(
     let stl_dev: CudaSlice<f32> = stream.clone_htod(&state_lse).unwrap();
     let otl_dev: CudaSlice<f32> = stream.clone_htod(&other_lse).unwrap();
     let mask_dev: CudaSlice<u8> = stream.clone_htod(&mask).unwrap();
-    let f32buf = |p: u64| DeviceBuffer {
-        ptr: p,
-        len: t * h,
-        dtype: Dtype::F32,
-    };
     let args = InPlaceArgs {
         state: st_buf,
-        state_lse: f32buf(raw(&stl_dev, stream)),
+        state_lse: f32_buffer(raw(&stl_dev, stream), t * h),
         other: ot_buf,
-        other_lse: f32buf(raw(&otl_dev, stream)),
+        other_lse: f32_buffer(raw(&otl_dev, stream), t * h),
         mask: with_mask.then(|| DeviceBuffer {
             ptr: raw(&mask_dev, stream),
             len: t,

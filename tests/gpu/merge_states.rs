@@ -6,9 +6,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use rayon::prelude::*;
 
-use mla_gen::dtype::Dtype;
 use mla_gen::reference::{self, Layout, StatesMerge};
-use mla_gen::runtime::{DeviceBuffer, Kernel, StatesArgs, StatesLayout};
+use mla_gen::runtime::{Kernel, StatesArgs, StatesLayout};
 
 use crate::common::*;
 use crate::data::*;
@@ -88,17 +87,9 @@ fn run_states_case(
     let ol_dev: CudaSlice<u32> = stream.clone_htod(&vec![LSE_POISON; t * h]).unwrap();
     let args = StatesArgs {
         output: o_buf,
-        output_lse: with_lse.then(|| DeviceBuffer {
-            ptr: raw(&ol_dev, stream),
-            len: t * h,
-            dtype: Dtype::F32,
-        }),
+        output_lse: with_lse.then(|| f32_buffer(raw(&ol_dev, stream), t * h)),
         states: s_buf,
-        states_lse: DeviceBuffer {
-            ptr: raw(&sl_dev, stream),
-            len: lse.len(),
-            dtype: Dtype::F32,
-        },
+        states_lse: f32_buffer(raw(&sl_dev, stream), lse.len()),
         num_tokens: t,
         num_heads: h,
         num_states: kk,
