@@ -59,7 +59,7 @@ def _unpack(names, source: str) -> str:
 
 
 def build(kernel: str, tensors: tuple, free: tuple, present: tuple, aligned: list, overlaps: list,
-          extents: tuple, bounds, values: list, launch, device: int, stream):
+          extents: tuple, bounds, values: list, launch, device: int, stream, preferred=()):
     """``(run, go, set_guard)`` of one plan.
 
     tensors, free: the names of the call's tensors and free integers, in call order (the
@@ -72,6 +72,8 @@ def build(kernel: str, tensors: tuple, free: tuple, present: tuple, aligned: lis
     values: per kernel parameter, what the launch passes: ``("tensor", k)`` (its pointer),
       ``("free", k)``, or ``("plan", name, value)`` (this plan's value).
     launch: ``(launcher, gx, gy)``, or None: the plan launches nothing (run says True).
+    preferred: ``[[(free index, lo, hi), ...], ...]``: where every free integer of one list is in
+      its range, another kernel serves the call better (run says False: the full check plans it).
 
     ``run`` does the per-call checks and the launch and returns True; False where anything is off
     (nothing launched: the full check then names the problem). ``go`` is ``run`` where the call
@@ -109,6 +111,14 @@ def build(kernel: str, tensors: tuple, free: tuple, present: tuple, aligned: lis
             bound_names += [f"{f}_min", f"{f}_max"]
             bound_values += [lo, hi]
             checks.append(f"type({f}) is not int or {f} < {f}_min or {f}_max < {f}")
+        for j, ranges in enumerate(preferred):
+            inside = []
+            for k, lo, hi in ranges:
+                f = fargs[k]
+                bound_names += [f"{f}_preferred{j}_min", f"{f}_preferred{j}_max"]
+                bound_values += [lo, hi]
+                inside.append(f"{f}_preferred{j}_min <= {f} <= {f}_preferred{j}_max")
+            checks.append(" and ".join(inside))
         for c in checks:
             body += [f"if {c}:", "    return False"]
         exprs = []

@@ -51,7 +51,8 @@ def test_a_new_threshold_is_an_argument_not_a_plan(cpu_launch):
         mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
         assert cpu_launch.last()[1]["prefill_tokens_with_context"] == n
         assert cpu_launch.last()[1]["output_lse"] == 0, "no output lse: a null pointer"
-    assert mla_gen.stats()["plans"] == plans
+    # One plan more, at n = T: that value launches the all-context twin (the next test).
+    assert mla_gen.stats()["plans"] == plans + 1
     mla_gen.merge_attn_states(out, p, pl, s, sl)
     assert cpu_launch.last()[1]["prefill_tokens_with_context"] == T, "None: every token has context"
 
@@ -59,8 +60,9 @@ def test_a_new_threshold_is_an_argument_not_a_plan(cpu_launch):
 def test_a_threshold_below_t_leaves_the_all_context_twin(cpu_launch):
     """A plan made without a threshold launches `_dense_nothr` (its contract: n = T only). Calls
     that pass one get a plan of their own (its first n < T: the plain dense twin), which keeps
-    its kernel while n meets that kernel's bounds (n = T included: correct, not the fastest);
-    a plan's fast path never launches a kernel whose bounds the call's n breaks."""
+    its kernel while n meets that kernel's bounds, but for n = T, which it leaves to the twin
+    (faster, and tried first); a plan's fast path never launches a kernel whose bounds the
+    call's n breaks."""
     out, p, pl, s, sl = pair()
     main = "merge_attn_states_bf16_d128_thr_lse"
     nothr, dense = launched(main, T, H), launched(main, T, H, threshold=0)
@@ -68,7 +70,7 @@ def test_a_threshold_below_t_leaves_the_all_context_twin(cpu_launch):
     for n in (None, 3, T, 0, None):
         mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
         assert cpu_launch.last()[1]["prefill_tokens_with_context"] == (T if n is None else n)
-    assert [n for n, _, _ in cpu_launch.launches][-5:] == [nothr, dense, dense, dense, nothr]
+    assert [n for n, _, _ in cpu_launch.launches][-5:] == [nothr, dense, nothr, dense, nothr]
     out, p, pl, s, sl = pair(t=2 * T)  # new layouts: a plan made with n = 2T launches the twin,
     first = len(cpu_launch.launches)
     mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2 * T)
@@ -80,19 +82,24 @@ def test_a_threshold_below_t_leaves_the_all_context_twin(cpu_launch):
 def test_a_layout_keeps_a_plan_per_kernel_its_threshold_launches(cpu_launch):
     """After a first call with n = T (its plan launches `_dense_nothr`, whose fast path takes n = T
     only), calls with n < T get a second plan of the same layout, kept: no full check per call
-    (before, every such call made a plan anew), whichever kind of call comes first or next."""
+    (before, every such call made a plan anew), whichever kind of call comes first or next. And a
+    plan of `_dense` leaves n = T to the twin (before, it launched the slower `_dense` for it)."""
     out, p, pl, s, sl = pair()
     main = "merge_attn_states_bf16_d128_thr_lse"
     nothr, dense = launched(main, T, H), launched(main, T, H, threshold=0)
-    seen = []
-    for n in (T, 3, 5, 3, T, T, 2, None, 0):
-        before = mla_gen.stats()["plans"]
-        mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
-        seen.append((cpu_launch.last()[0], mla_gen.stats()["plans"] - before))
-        assert cpu_launch.last()[1]["prefill_tokens_with_context"] == (T if n is None else n)
-    # n = T after the dense plan: that plan still takes it (correct, not the fastest), as above.
-    assert seen == [(nothr, 1), (dense, 1), (dense, 0), (dense, 0), (dense, 0), (dense, 0), (dense, 0),
-                    (nothr, 1), (dense, 0)]
+    for first in (T, 3):
+        mla_gen._torch._plans.clear()
+        seen = []
+        for n in (first, 3, 5, 3, T, T, 2, None, 0, T):
+            before = mla_gen.stats()["plans"]
+            mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
+            seen.append((cpu_launch.last()[0], mla_gen.stats()["plans"] - before))
+            assert cpu_launch.last()[1]["prefill_tokens_with_context"] == (T if n is None else n)
+        # Each kernel planned once: the first n = T after a dense plan plans the twin (when the
+        # first call did not), every later one finds it.
+        twin_planned = 1 if first == 3 else 0
+        assert seen == [(nothr if first == T else dense, 1), (dense, 1 - twin_planned), (dense, 0), (dense, 0),
+                        (nothr, twin_planned), (nothr, 0), (dense, 0), (nothr, 1), (dense, 0), (nothr, 0)]
     # Another entry point of the same kind and layouts (no slot of its own here): found by key.
     before = mla_gen.stats()["plans"]
     for n in (T, 1, T):
