@@ -65,6 +65,7 @@ assert str(mla_gen.kernels_dir()) == str(kernels), mla_gen.kernels_dir()
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 assert not any(n.endswith(".cu") for n in names)
 assert "mla_gen/_C.abi3.so" in names, "the compiled op is missing from the wheel"
+assert "mla_gen/_launch.abi3.so" in names, "the C launch (python/csrc/launch.c) is missing from the wheel"
 assert not any("libtorch" in n for n in names), "torch's libraries were copied into the wheel"
 meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
 meta = zipfile.ZipFile(sys.argv[1]).read(meta).decode()

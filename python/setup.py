@@ -264,7 +264,9 @@ class BuildExt(build_ext):
             self.compiler._compile = original
 
     def get_export_symbols(self, ext):
-        return []  # a torch library, not a Python module: no PyInit_ to export
+        if ext.name.endswith("._C"):
+            return []  # a torch library, not a Python module: no PyInit_ to export
+        return super().get_export_symbols(ext)
 
 
 class Sdist(sdist):
@@ -295,7 +297,11 @@ options = {}
 if MODE != "0" and any(c in sys.argv for c in ("bdist_wheel", "build", "build_ext", "install", "editable_wheel")):
     ext, why = extension_plan()
     if ext is not None:
-        ext_modules = [ext]
+        # Beside the op, the launch of the plain function's planned calls in one C call (Python's
+        # limited API only: no torch, no driver library; mla_gen._cuda.use_c_launch).
+        launch = Extension(f"{PACKAGE}._launch", sources=[os.path.relpath(ROOT / "csrc" / "launch.c", ROOT)],
+                           extra_compile_args=["-O2", "-Wall"], py_limited_api=True)
+        ext_modules = [ext, launch]
         options["bdist_wheel"] = {"py_limited_api": "cp39"}
     elif MODE == "1":
         raise SystemExit(f"mla_gen build: MLA_GEN_EXTENSION=1 but the compiled op cannot be built: {why}")

@@ -142,6 +142,16 @@ def main():
         py_merge(py_slot, "head_major", out, None, p, pl, s, sl, None, 1)
     launcher = py_slot[2].launcher
     cuda = mla_gen._cuda
+    # The same path with its launch through mla_gen._launch (python/csrc/launch.c; opt-in until
+    # measured here): a slot of its own, planned while the C launch is on. Compare it with the
+    # pure-Python function path's row: the difference is the launch's.
+    c_slot = [None, None, None, None]
+    if cuda.use_c_launch(True):
+        mla_gen._torch._plans.clear()
+        py_merge(c_slot, "head_major", out, None, p, pl, s, sl, None, 1)
+        cuda.use_c_launch(False)
+        impls["pure-Python function path, C launch"] = (
+            lambda: py_merge(c_slot, "head_major", out, None, p, pl, s, sl, None, 1))
     if launcher.ex:
         impls["ctypes cuLaunchKernelEx alone (same launch)"] = (
             lambda: cuda._cu_launch_ex(launcher.config_ref, launcher.function, launcher.pointers, None))

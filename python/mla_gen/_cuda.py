@@ -10,6 +10,7 @@ cuCtxCreate), the primary context is pushed around the launch and popped after i
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import struct
 import sys
@@ -79,10 +80,31 @@ def _install(cuda):
 
     _cu_launch, _cu_launch_ex = raw("cuLaunchKernel"), raw("cuLaunchKernelEx")
     _cu_get_current, _cu_push, _cu_pop = raw("cuCtxGetCurrent"), raw("cuCtxPushCurrent_v2"), raw("cuCtxPopCurrent_v2")
+    use_c_launch(os.environ.get("MLA_GEN_C_LAUNCH", "") not in ("", "0"))
 
 
-# The launch path's handles (see _install); None until the driver is opened.
-_cu_launch = _cu_launch_ex = _cu_get_current = _cu_push = _cu_pop = None
+def use_c_launch(on: bool) -> bool:
+    """Launch through mla_gen._launch (python/csrc/launch.c: the values on the stack and both driver
+    calls in one C call, with the GIL held) instead of the struct and two ctypes calls, where the
+    package has that module (a platform wheel) and the driver has cuLaunchKernelEx; returns whether
+    it does. Opt-in (``MLA_GEN_C_LAUNCH=1`` when the driver is opened) until measured on a GPU.
+    Plans made before keep the path they were made with."""
+    global _c_launch
+    _c_launch = None
+    if on and _cu_launch_ex is not None and _cu_get_current is not None:
+        try:
+            from . import _launch
+        except ImportError:
+            return False
+        address = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+        _launch.init(address(_cu_get_current), address(_cu_launch_ex))
+        _c_launch = _launch.launch
+    return _c_launch is not None
+
+
+# The launch path's handles (see _install); None until the driver is opened. _c_launch:
+# mla_gen._launch.launch where use_c_launch turned it on.
+_cu_launch = _cu_launch_ex = _cu_get_current = _cu_push = _cu_pop = _c_launch = None
 
 
 def _check(cuda, err: int, what: str, nvrtc: dict | None = None):
@@ -353,6 +375,15 @@ def launch(launcher: Launcher, values, gx: int, gy: int, stream: int):
     """Launch with `values` (parameter values in signature order) on `stream`, in the primary
     context of the launcher's device (pushed around the launch when another one is current).
     The planned calls run this body inlined (launch_source, _fastpath)."""
+    if _c_launch is not None and launcher.ex:
+        err = _c_launch(launcher.function.value, gx, gy, launcher.block, launcher.shmem, stream, launcher.attrs,
+                        launcher.nattrs, launcher.ctx, *values)
+        if err == 0:
+            stats["launches"] += 1
+            return
+        if err != -1:
+            _failed(launcher, err)
+        # -1: another context is current; the path below pushes the launcher's around the launch.
     lock = _launch_lock
     lock.acquire()
     try:
@@ -397,6 +428,16 @@ _PACK_PLAIN = "L_pack(L_buf, %d, {values})" % (8 * _CONFIG_WORDS)
 _SUBMIT_PLAIN = "L_plain(L_fn, L_gx, L_gy, 1, L_block, 1, 1, L_shmem, L_vp(L_s), L_ptrs, None)"
 # Where launch() has been replaced (a test's recorder), the text calls the replacement.
 _INLINE_CALL = "L_launch(L_launcher, ({values},), L_gx, L_gy, {stream})\n"
+# The C launch (use_c_launch): one call; -1 (another context current) takes launch()'s path.
+_INLINE_C = """\
+L_err = L_c(L_fnv, L_gx, L_gy, L_block, L_shmem, {stream}, L_attrs, L_nattrs, L_ctx, {values})
+if L_err:
+    if L_err != -1:
+        L_failed(L_launcher, L_err)
+    L_launch(L_launcher, ({values},), L_gx, L_gy, {stream})
+else:
+    L_stats["launches"] += 1
+"""
 
 
 def launch_source(launcher: Launcher, gx: int, gy: int, stream: str, values: str) -> tuple:
@@ -405,6 +446,8 @@ def launch_source(launcher: Launcher, gx: int, gy: int, stream: str, values: str
     lists, as `launch` does; the text's free names are `names`, to be bound to `bindings`."""
     if launch is not _LAUNCH:
         text = _INLINE_CALL.format(stream=stream, values=values)
+    elif _c_launch is not None and launcher.ex:
+        text = _INLINE_C.format(stream=stream, values=values)
     else:
         pack, submit = (_PACK_EX, _SUBMIT_EX) if launcher.ex else (_PACK_PLAIN, _SUBMIT_PLAIN)
         text = _INLINE.format(stream=stream, pack=pack.format(values=values), submit=submit)
@@ -414,7 +457,8 @@ def launch_source(launcher: Launcher, gx: int, gy: int, stream: str, values: str
              "L_nattrs": launcher.nattrs, "L_get": _cu_get_current, "L_cur_ref": launcher.cur_ref,
              "L_cur": launcher.cur, "L_ctx": launcher.ctx, "L_ex": _cu_launch_ex, "L_plain": _cu_launch,
              "L_vp": _void_p, "L_cfg": launcher.config_ref, "L_fn": launcher.function, "L_ptrs": launcher.pointers,
-             "L_foreign": _foreign, "L_failed": _failed, "L_stats": stats, "L_launch": launch}
+             "L_foreign": _foreign, "L_failed": _failed, "L_stats": stats, "L_launch": launch, "L_c": _c_launch,
+             "L_fnv": launcher.function.value}
     used = set(re.findall(r"\bL_\w+", text)) - {"L_s", "L_err"}
     names = tuple(n for n in every if n in used)
     return text, names, tuple(every[n] for n in names)

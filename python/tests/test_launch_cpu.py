@@ -84,13 +84,25 @@ class FakeDriver:
         return self._record("cuLaunchKernelEx", cfg, ctypes.string_at(attrs, 72 * num), f, self._params(params), extra)
 
 
-@pytest.fixture
-def driver(monkeypatch, tmp_path):
+def _has_c_launch():
+    try:
+        from mla_gen import _launch  # noqa: F401  (built into a platform wheel: python/csrc/launch.c)
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(params=["python", "c"])
+def driver(request, monkeypatch, tmp_path):
     """The torch layer on CPU tensors with the real _cuda.launch into a FakeDriver; yields a
     function that installs a driver of a given compute capability over a manifest whose
-    KERNEL has the given launch.pdl (None: the field absent)."""
+    KERNEL has the given launch.pdl (None: the field absent). Each test runs twice: the launch
+    path of Python (the struct and ctypes calls) and mla_gen._launch's (use_c_launch), which the
+    driver must see alike; the second skips where the package has no _launch (a source tree)."""
+    if request.param == "c" and not _has_c_launch():
+        pytest.skip("no mla_gen._launch here (built into the platform wheel; .ci/python.sh tests that)")
     m = json.loads((ROOT / "generated/manifest.json").read_text())
-    for name in ("_lib", "_cu_launch", "_cu_launch_ex", "_cu_get_current", "_cu_push", "_cu_pop"):
+    for name in ("_lib", "_cu_launch", "_cu_launch_ex", "_cu_get_current", "_cu_push", "_cu_pop", "_c_launch"):
         monkeypatch.setattr(_cuda, name, getattr(_cuda, name))
     monkeypatch.setattr(_cuda, "_cc", {})
     monkeypatch.setattr(_torch, "_DEVICE_TYPE", "cpu")
@@ -122,6 +134,9 @@ def driver(monkeypatch, tmp_path):
         _cuda._install(fake)
         _cuda._lib = fake
         _cuda._cc.clear()
+        # The C launch where the driver has cuLaunchKernelEx (without it, the Python path's cuLaunchKernel).
+        fake.c_launch = request.param == "c" and ex
+        assert _cuda.use_c_launch(request.param == "c") == fake.c_launch
         return fake
 
     return install
@@ -170,6 +185,9 @@ def test_pdl_kernel_on_sm90_goes_through_cuLaunchKernelEx(driver):
 def test_otherwise_cuLaunchKernelEx_without_attributes(driver, cc, pdl):
     fake = driver(cc, pdl)
     out, ol, T, H = call()
+    # The planned calls' text launches through the C launch exactly where it is on.
+    preps = [p for ps in _torch._plans.values() for p in ps]
+    assert preps and all(("L_c" in p.run.__code__.co_freevars) == fake.c_launch for p in preps)
     launches = [c for c in fake.calls if c[0].startswith("cuLaunchKernel")]
     assert [c[0] for c in launches] == ["cuLaunchKernelEx"] * 3
     meta = manifest.folder().kernel(KERNEL)
