@@ -67,12 +67,16 @@ static PyObject* launch(PyObject* self, PyObject* args) {
         PyErr_SetString(PyExc_RuntimeError, "mla_gen._launch: init() has not been called");
         return NULL;
     }
-    for (i = 0; i < FIELDS; ++i) field[i] = PyLong_AsUnsignedLongLongMask(PyTuple_GetItem(args, i));
-    for (i = FIELDS; i < n; ++i) {
-        values[i - FIELDS] = PyLong_AsUnsignedLongLongMask(PyTuple_GetItem(args, i));
-        params[i - FIELDS] = &values[i - FIELDS];
+    for (i = 0; i < n; ++i) {
+        unsigned long long v = PyLong_AsUnsignedLongLongMask(PyTuple_GetItem(args, i));
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;  /* not an int */
+        if (i < FIELDS) {
+            field[i] = v;
+        } else {
+            values[i - FIELDS] = v;
+            params[i - FIELDS] = &values[i - FIELDS];
+        }
     }
-    if (PyErr_Occurred()) return NULL;  /* a value that is not an int */
     err = ctx_get_current(&current);
     if (err != 0) return PyLong_FromLong(err);
     if ((uintptr_t)current != (uintptr_t)field[CONTEXT]) return PyLong_FromLong(-1);
