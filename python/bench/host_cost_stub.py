@@ -17,6 +17,10 @@ parameter buffer, the context check, the ctypes call) into ``stub_libcuda.c``, c
 functions return at once: the package's whole host cost but the driver's. Works with any tree
 that opens "libcuda.so.1" (so it compares old and new trees alike).
 
+With ``MLA_GEN_C_LAUNCH=1`` and a package that has ``mla_gen._launch`` (a built wheel on
+PYTHONPATH: scripts/build-wheel.sh), the launch goes through that C call instead (docs/PYTHON.md,
+"The C launch").
+
 With ``--compiled`` (implies --driver-stub; an installed wheel with the compiled op on
 PYTHONPATH) the compiled op is registered for CPU tensors too ($MLA_GEN_EXT_CPU) and calls the
 C launcher into the same stub: rows for it as the op, and for the plain function's arguments sent
