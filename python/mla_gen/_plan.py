@@ -238,6 +238,9 @@ def _preferred_ranges(kf, meta, plan, run_meta, values, given_free, kind) -> lis
                 ranges = None
                 break
             lo, hi = p.min.eval(values), p.max.eval(values)
+            if lo is None or hi is None:  # a bound that overflows: no range of it
+                ranges = None
+                break
             ranges.append((kind.free.index(free_name), lo, hi))
             ends[0][i], ends[1][i] = lo, hi
         if ranges and all(kplan.accepts(v) for v in ends):
