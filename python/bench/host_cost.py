@@ -3,8 +3,10 @@
 merge_attn_states (vLLM's signature, a JIT launcher call per merge), and torch.Tensor.zero_() on
 one element (a floor: one torch op, one kernel launch), and three floors of the op: an op of the
 same schema whose implementation does nothing (in Python; and in C++ on the stable ABI, as the
-compiled op is: host_cost_stub.stable_floor), and a Python function doing nothing; then the
-function's launch alone, as ctypes calls of cuLaunchKernelEx (what the package calls) and of
+compiled op is: host_cost_stub.stable_floor), and a Python function doing nothing; the
+function's path with each launch (ctypes, and mla_gen._launch's one C call: the default where the
+package has it); then the launch alone, as ctypes calls of cuLaunchKernelEx with the values as one
+buffer (`extra`: what the package passes) and as a pointer per value (kernelParams), and of
 cuLaunchKernel, with the same kernel, parameters and stream.
 
 Method: a tiny shape (1 token, 1 head, D = 128, bf16) so the GPU never holds the host back;
@@ -53,6 +55,11 @@ VLLM_OP_ROW = "TORCH_LIBRARY op, vLLM's launcher (built here)"
 # The plain function runs its Python fast path whether or not the compiled op loaded (_torch.py).
 FUNCTION = "mla_gen.merge_attn_states (function, Python fast path)"
 PLAIN_VIA_OP = "the function's arguments sent to the compiled op"
+PY_LAUNCH_ROW = "pure-Python function path, ctypes launch"
+C_LAUNCH_ROW = "pure-Python function path, C launch"
+EXTRA_ROW = "ctypes cuLaunchKernelEx alone (same launch: extra, one buffer)"
+PARAMS_ROW = "ctypes cuLaunchKernelEx alone, kernelParams (a pointer per value)"
+PLAIN_ROW = "ctypes cuLaunchKernel alone (same launch values, extra)"
 
 
 def build_vllm_op():
@@ -117,7 +124,7 @@ def main():
         "torch.ops.mla_gen.merge_attn_states (op)" + suffix: lambda: op(out, None, p, pl, s, sl, 1),
         "torch.ops.mla_gen.merge_attn_states.default" + suffix: lambda: op_default(out, None, p, pl, s, sl, 1),
         "pure-Python op (same schema)": lambda: py_op(out, None, p, pl, s, sl, 1),
-        "pure-Python function path": lambda: py_merge(py_slot, "head_major", out, None, p, pl, s, sl, None, 1),
+        PY_LAUNCH_ROW: lambda: py_merge(py_slot, "head_major", out, None, p, pl, s, sl, None, 1),
         "triton, vLLM-style launcher": lambda: vllm_triton_merge_attn_states(out, p, pl, s, sl, None, 1),
         "torch.Tensor.zero_ (1 element)": lambda: one.zero_(),
         "floor: op of the same schema doing nothing": lambda: floor_op(out, None, p, pl, s, sl, 1),
@@ -136,31 +143,48 @@ def main():
     impls |= {
         "floor: Python function doing nothing": lambda: nothing(out, None, p, pl, s, sl, 1),
     }
+    # The function's path with each launch: the struct and two ctypes calls, and one call of
+    # mla_gen._launch (python/csrc/launch.c; the default where the package has it). Each slot is
+    # planned while its launch is the one in force (a plan keeps the path it was made with); the
+    # difference of the two rows is the launch's. The default is restored for every other row.
+    cuda = mla_gen._cuda
+    cuda.lib()  # the driver opened: its launch path is the default from here on
+    c_default = cuda._c_launch is not None
+    def plan(slot, c_launch):
+        """The slot holding a plan made with that launch (a layout's first call launches
+        unplanned; the second takes the plan into the slot)."""
+        cuda.use_c_launch(c_launch)
+        mla_gen._torch._plans.clear()
+        for _ in range(2):
+            py_merge(slot, "head_major", out, None, p, pl, s, sl, None, 1)
+        assert ("L_c" in slot[2].run.__code__.co_freevars) == c_launch, "the slot's plan launches as asked"
+
+    plan(py_slot, False)
+    c_slot = [None, None, None, None]
+    if cuda.use_c_launch(True):
+        plan(c_slot, True)
+        impls[C_LAUNCH_ROW] = lambda: py_merge(c_slot, "head_major", out, None, p, pl, s, sl, None, 1)
+    cuda.use_c_launch(c_default)
+    mla_gen._torch._plans.clear()
     # The driver call alone, on the function's plan (its buffer as the last launch packed it):
     # what ctypes and the driver cost for each entry point, the package's Python aside.
     for _ in range(3):
         py_merge(py_slot, "head_major", out, None, p, pl, s, sl, None, 1)
     launcher = py_slot[2].launcher
-    cuda = mla_gen._cuda
-    # The same path with its launch through mla_gen._launch (python/csrc/launch.c; opt-in until
-    # measured here): a slot of its own, planned while the C launch is on. Compare it with the
-    # pure-Python function path's row: the difference is the launch's.
-    c_slot = [None, None, None, None]
-    if cuda.use_c_launch(True):
-        mla_gen._torch._plans.clear()
-        py_merge(c_slot, "head_major", out, None, p, pl, s, sl, None, 1)
-        cuda.use_c_launch(False)
-        impls["pure-Python function path, C launch"] = (
-            lambda: py_merge(c_slot, "head_major", out, None, p, pl, s, sl, None, 1))
+    # The package passes the values as one buffer (`extra`); the same values through kernelParams
+    # (an array of a pointer per value, as cudarc and vLLM's launches pass them) beside it.
+    base = ctypes.addressof(launcher.buffer) + 8 * cuda._CONFIG_WORDS
+    count = launcher.size.value // 8
+    pointers = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
     if launcher.ex:
-        impls["ctypes cuLaunchKernelEx alone (same launch)"] = (
-            lambda: cuda._cu_launch_ex(launcher.config_ref, launcher.function, launcher.pointers, None))
+        impls[EXTRA_ROW] = lambda: cuda._cu_launch_ex(launcher.config_ref, launcher.function, None, launcher.extra)
+        impls[PARAMS_ROW] = lambda: cuda._cu_launch_ex(launcher.config_ref, launcher.function, pointers, None)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     gx, gy = py_slot[2].gx, py_slot[2].gy
-    impls["ctypes cuLaunchKernel alone (same launch)"] = (
+    impls[PLAIN_ROW] = (
         lambda: cuda._cu_launch(launcher.function, gx, gy, 1, launcher.block, 1, 1, launcher.shmem, stream,
-                                launcher.pointers, None))
-    for name in ("ctypes cuLaunchKernelEx alone (same launch)", "ctypes cuLaunchKernel alone (same launch)"):
+                                None, launcher.extra))
+    for name in (EXTRA_ROW, PARAMS_ROW, PLAIN_ROW):
         if name in impls:
             err = impls[name]()
             assert err == 0, f"{name}: CUresult {err}"
@@ -184,7 +208,8 @@ def main():
     prop = torch.cuda.get_device_properties(0)
     print(f"# host cost per call, {prop.name}, torch {torch.__version__}, {args.rounds} rounds x {args.calls} calls, "
           f"interleaved; mla_gen from {Path(mla_gen.__file__).parent}, compiled op: "
-          f"{'yes' if compiled else 'no (' + str(mla_gen._ext.reason) + ')'}")
+          f"{'yes' if compiled else 'no (' + str(mla_gen._ext.reason) + ')'}; the function's launch: "
+          f"{'C (mla_gen._launch)' if c_default else 'ctypes'}")
     measured = VLLM_OP_ROW in res
     bar = res[VLLM_OP_ROW]["min_us"] if measured else VLLM_OP_US
     print(f"# bar (issue 22): op and function <= {bar:.2f} us, a TORCH_LIBRARY op with vLLM's launcher "
@@ -199,7 +224,7 @@ def main():
         if target is not None:
             verdict = (f"<= {target}: min {'met' if r['x_triton'] <= target else 'MISSED'}, "
                        f"median {'met' if r['x_triton_median'] <= target else 'MISSED'}")
-        if name in (FUNCTION, PLAIN_VIA_OP) or name.startswith("torch.ops.mla_gen.merge_attn_states"):
+        if name in (FUNCTION, PLAIN_VIA_OP, PY_LAUNCH_ROW, C_LAUNCH_ROW) or name.startswith("torch.ops.mla_gen.merge_attn_states"):
             r["x_vllm_op"] = r["min_us"] / bar
             verdict += f"; {r['x_vllm_op']:.2f}x vLLM's op ({'met' if r['min_us'] <= bar else 'MISSED'})"
             if measured:
@@ -213,7 +238,7 @@ def main():
         import triton
         Path(out_dir, "host_cost.json").write_text(json.dumps(
             {"device": prop.name, "torch": torch.__version__, "triton": triton.__version__,
-             "mla_gen": mla_gen.__version__, "compiled_op": compiled, "vllm_op_us": bar, "vllm_op_measured": measured, "calls": args.calls, "rounds": args.rounds, "results": res}, indent=1))
+             "mla_gen": mla_gen.__version__, "compiled_op": compiled, "c_launch": c_default, "vllm_op_us": bar, "vllm_op_measured": measured, "calls": args.calls, "rounds": args.rounds, "results": res}, indent=1))
 
 
 if __name__ == "__main__":

@@ -80,15 +80,15 @@ def _install(cuda):
 
     _cu_launch, _cu_launch_ex = raw("cuLaunchKernel"), raw("cuLaunchKernelEx")
     _cu_get_current, _cu_push, _cu_pop = raw("cuCtxGetCurrent"), raw("cuCtxPushCurrent_v2"), raw("cuCtxPopCurrent_v2")
-    use_c_launch(os.environ.get("MLA_GEN_C_LAUNCH", "") not in ("", "0"))
+    use_c_launch(os.environ.get("MLA_GEN_C_LAUNCH", "1") != "0")
 
 
 def use_c_launch(on: bool) -> bool:
     """Launch through mla_gen._launch (python/csrc/launch.c: the values on the stack and both driver
     calls in one C call, with the GIL held) instead of the struct and two ctypes calls, where the
     package has that module (a platform wheel) and the driver has cuLaunchKernelEx; returns whether
-    it does. Opt-in (``MLA_GEN_C_LAUNCH=1`` when the driver is opened) until measured on a GPU.
-    Plans made before keep the path they were made with."""
+    it does. On by default where the module loads; ``MLA_GEN_C_LAUNCH=0`` when the driver is opened
+    keeps the Python launch. Plans made before keep the path they were made with."""
     global _c_launch
     _c_launch = None
     if on and _cu_launch_ex is not None and _cu_get_current is not None:
@@ -295,13 +295,17 @@ class Launcher:
     CUlaunchConfig (56 bytes) followed by the parameter values (8 bytes each: ``q`` for an i64,
     ``Q`` for a pointer); `launch` fills it under a lock (the values of two threads' launches must
     not mix) with one precompiled struct and passes it to cuLaunchKernelEx: four arguments for
-    ctypes to convert where cuLaunchKernel takes eleven. With ``pdl`` the configuration carries
+    ctypes to convert where cuLaunchKernel takes eleven. The values are the kernel's parameter
+    buffer as they stand (every parameter 8 bytes at an 8-byte offset), so they go whole through
+    `extra` (`extra`: BUFFER_POINTER, the values, BUFFER_SIZE, their size, END), not as an array of
+    a pointer per value: one copy in the driver instead of one per parameter (on an H200, 0.26 us
+    less per launch at best, within noise in other runs: docs/PYTHON.md). With ``pdl`` the configuration carries
     programmatic stream serialization (the kernel may start before the previous one on the stream
     ends; it waits for it with griddepcontrol.wait); without, no attribute, which is
     cuLaunchKernel's launch. A driver without cuLaunchKernelEx (before CUDA 12.0) gets
     cuLaunchKernel with the values at the same place."""
 
-    __slots__ = ("function", "ctx", "block", "shmem", "buffer", "pointers", "pack", "pack_params", "cur", "cur_ref",
+    __slots__ = ("function", "ctx", "block", "shmem", "buffer", "size", "extra", "pack", "pack_params", "cur", "cur_ref",
                  "popped_ref", "nvrtc", "name", "pdl", "ex", "config_ref", "attribute", "attrs", "nattrs")
 
     def __init__(self, function: int, ctx: int, count: int, block: int, shmem: int, nvrtc, name,
@@ -313,7 +317,8 @@ class Launcher:
         n = max(count, 1)
         self.buffer = (ctypes.c_uint64 * (_CONFIG_WORDS + n))()
         base = ctypes.addressof(self.buffer)
-        self.pointers = (ctypes.c_void_p * n)(*[base + 8 * (_CONFIG_WORDS + i) for i in range(n)])
+        self.size = ctypes.c_size_t(8 * count)
+        self.extra = (ctypes.c_void_p * 5)(1, base + 8 * _CONFIG_WORDS, 2, ctypes.addressof(self.size), None)
         kinds = kinds if kinds is not None else "q" * count
         self.pack = struct.Struct(_CONFIG_FORMAT + kinds).pack_into  # the configuration, then the values
         self.pack_params = struct.Struct("=" + kinds).pack_into  # the values alone, at 8 * _CONFIG_WORDS
@@ -351,9 +356,9 @@ _void_p = ctypes.c_void_p
 def _submit(launcher: Launcher, gx: int, gy: int, stream: int) -> int:
     """The driver call proper (the buffer packed, the launcher's context current)."""
     if launcher.ex:
-        return _cu_launch_ex(launcher.config_ref, launcher.function, launcher.pointers, None)
+        return _cu_launch_ex(launcher.config_ref, launcher.function, None, launcher.extra)
     return _cu_launch(launcher.function, gx, gy, 1, launcher.block, 1, 1, launcher.shmem, _void_p(stream),
-                      launcher.pointers, None)
+                      None, launcher.extra)
 
 
 def _foreign(launcher: Launcher, gx: int, gy: int, stream: int) -> int:
@@ -423,9 +428,9 @@ if L_err:
 L_stats["launches"] += 1
 """
 _PACK_EX = "L_pack(L_buf, 0, L_gx, L_gy, 1, L_block, 1, 1, L_shmem, L_s, L_attrs, L_nattrs, {values})"
-_SUBMIT_EX = "L_ex(L_cfg, L_fn, L_ptrs, None)"
+_SUBMIT_EX = "L_ex(L_cfg, L_fn, None, L_extra)"
 _PACK_PLAIN = "L_pack(L_buf, %d, {values})" % (8 * _CONFIG_WORDS)
-_SUBMIT_PLAIN = "L_plain(L_fn, L_gx, L_gy, 1, L_block, 1, 1, L_shmem, L_vp(L_s), L_ptrs, None)"
+_SUBMIT_PLAIN = "L_plain(L_fn, L_gx, L_gy, 1, L_block, 1, 1, L_shmem, L_vp(L_s), None, L_extra)"
 # Where launch() has been replaced (a test's recorder), the text calls the replacement.
 _INLINE_CALL = "L_launch(L_launcher, ({values},), L_gx, L_gy, {stream})\n"
 # The C launch (use_c_launch): one call; -1 (another context current) takes launch()'s path.
@@ -456,7 +461,7 @@ def launch_source(launcher: Launcher, gx: int, gy: int, stream: str, values: str
              "L_block": launcher.block, "L_shmem": launcher.shmem, "L_attrs": launcher.attrs,
              "L_nattrs": launcher.nattrs, "L_get": _cu_get_current, "L_cur_ref": launcher.cur_ref,
              "L_cur": launcher.cur, "L_ctx": launcher.ctx, "L_ex": _cu_launch_ex, "L_plain": _cu_launch,
-             "L_vp": _void_p, "L_cfg": launcher.config_ref, "L_fn": launcher.function, "L_ptrs": launcher.pointers,
+             "L_vp": _void_p, "L_cfg": launcher.config_ref, "L_fn": launcher.function, "L_extra": launcher.extra,
              "L_foreign": _foreign, "L_failed": _failed, "L_stats": stats, "L_launch": launch, "L_c": _c_launch,
              "L_fnv": launcher.function.value}
     used = set(re.findall(r"\bL_\w+", text)) - {"L_s", "L_err"}

@@ -4,7 +4,8 @@
  * It simulates STUB_DEVICES devices of the compute capabilities in stub_cc; the current context's
  * device is per thread (stub_device), as a real current context is. It counts libraries loaded
  * (CUBIN or PTX, and for which arch) and live, and launches, and keeps the last launch's kernel,
- * grid, block and parameters (each 8 bytes; the launcher ends the array with NULL), and whether it
+ * grid, block and parameters (each 8 bytes, through kernelParams ending with NULL or extra's one
+ * buffer, as the launcher passes them; anything else fails the launch), and whether it
  * came through cuLaunchKernelEx with programmatic stream serialization. Failures can be
  * injected: no current context, the Nth library load, the next launch. */
 #ifndef MLA_DRIVER_STUB_H
@@ -103,8 +104,15 @@ CUresult cuLibraryUnload(CUlibrary lib) {
 static int last_launch_ex, last_pss;
 static atomic_int launches_ex;
 static CUresult stub_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shmem,
-                            void** params, int ex, int pss) {
+                            void** params, void** extra, int ex, int pss) {
     if (!f || stub_no_context) return CUDA_ERROR_INVALID_CONTEXT;
+    /* The values come one way: kernelParams, or extra as the driver reads it (the buffer of
+     * 8-byte values and its size, each behind its key, then the end). */
+    if (params ? extra != NULL
+               : !extra || extra[0] != CU_LAUNCH_PARAM_BUFFER_POINTER || extra[2] != CU_LAUNCH_PARAM_BUFFER_SIZE ||
+                     extra[4] != CU_LAUNCH_PARAM_END || *(const size_t*)extra[3] % 8 != 0 ||
+                     *(const size_t*)extra[3] > sizeof last_params)
+        return CUDA_ERROR_INVALID_VALUE;
     if (stub_launch_result != CUDA_SUCCESS) {
         const CUresult r = stub_launch_result;
         stub_launch_result = CUDA_SUCCESS;
@@ -116,25 +124,30 @@ static CUresult stub_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     last_launch_ex = ex; last_pss = pss;
     last_kernel = (const char*)(uintptr_t)f;
     last_grid[0] = gx; last_grid[1] = gy; last_grid[2] = gz; last_block = bx; last_shared = shmem;
-    for (last_param_count = 0; last_param_count < 32 && params[last_param_count]; ++last_param_count)
-        last_params[last_param_count] = *(long long*)params[last_param_count];
+    if (params) {
+        for (last_param_count = 0; last_param_count < 32 && params[last_param_count]; ++last_param_count)
+            last_params[last_param_count] = *(long long*)params[last_param_count];
+    } else {
+        const size_t bytes = *(const size_t*)extra[3];
+        memcpy(last_params, extra[1], bytes);
+        last_param_count = (int)(bytes / 8);
+    }
     atomic_flag_clear(&stub_record);
     return CUDA_SUCCESS;
 }
 
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shmem, CUstream s, void** params, void** extra) {
-    (void)by; (void)bz; (void)s; (void)extra;
-    return stub_launch(f, gx, gy, gz, bx, shmem, params, 0, -1);
+    (void)by; (void)bz; (void)s;
+    return stub_launch(f, gx, gy, gz, bx, shmem, params, extra, 0, -1);
 }
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
-    (void)extra;
     int pss = -1;
     for (unsigned i = 0; i < c->numAttrs; ++i)
         if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
             pss = c->attrs[i].value.programmaticStreamSerializationAllowed;
-    return stub_launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->sharedMemBytes, params, 1, pss);
+    return stub_launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->sharedMemBytes, params, extra, 1, pss);
 }
 
 #endif /* MLA_DRIVER_STUB_H */

@@ -62,6 +62,11 @@ typedef struct CUlaunchConfig_st {
     unsigned int numAttrs;
 } CUlaunchConfig;
 
+/* cuLaunchKernel's `extra`: the parameters as one buffer, its size, the end of the list. */
+#define CU_LAUNCH_PARAM_END ((void*)0x00)
+#define CU_LAUNCH_PARAM_BUFFER_POINTER ((void*)0x01)
+#define CU_LAUNCH_PARAM_BUFFER_SIZE ((void*)0x02)
+
 /* Every driver function used, as (name, return, parameters): the pointers, their declarations
  * and driver.c's lookups all come from this one list. The names are libcuda's exported symbols
  * (the _v2 ones are what cuda.h's macros name). */

@@ -30,21 +30,31 @@ CUresult cuLibraryLoadData(void** lib, const void* code, void* a, void* b, unsig
 }
 CUresult cuLibraryGetKernel(void** k, void* lib, const char* name) { (void)lib; *k = (void*)name; return 0; }
 CUresult cuLibraryUnload(void* lib) { (void)lib; return 0; }
-static CUresult record(void* f, unsigned gx, unsigned gy, unsigned bx, void** params) {
+/* The values through kernelParams (ending with NULL) or through extra: {BUFFER_POINTER (1), the
+ * buffer, BUFFER_SIZE (2), &bytes, END (0)}, as the launcher passes them; else an error. */
+static CUresult record(void* f, unsigned gx, unsigned gy, unsigned bx, void** params, void** extra) {
+    if (params ? extra != NULL
+               : !extra || extra[0] != (void*)1 || extra[2] != (void*)2 || extra[4] != (void*)0 ||
+                     *(size_t*)extra[3] % 8 != 0 || *(size_t*)extra[3] > sizeof stub_params)
+        return 1; /* CUDA_ERROR_INVALID_VALUE */
     /* a handle below 64K is not a name (a test's fake function, e.g. the Python path's 0xF00) */
     strncpy(stub_kernel, (unsigned long)f < 0x10000 ? "?" : (const char*)f, sizeof stub_kernel - 1);
     stub_grid[0] = (int)gx; stub_grid[1] = (int)gy; stub_block = (int)bx;
-    for (stub_nparams = 0; stub_nparams < 32 && params[stub_nparams]; ++stub_nparams)
-        stub_params[stub_nparams] = *(long long*)params[stub_nparams];
+    if (params) {
+        for (stub_nparams = 0; stub_nparams < 32 && params[stub_nparams]; ++stub_nparams)
+            stub_params[stub_nparams] = *(long long*)params[stub_nparams];
+    } else {
+        memcpy(stub_params, extra[1], *(size_t*)extra[3]);
+        stub_nparams = (int)(*(size_t*)extra[3] / 8);
+    }
     stub_launches++;
     return 0;
 }
 CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shmem, void* s, void** params, void** extra) {
-    (void)gz; (void)by; (void)bz; (void)shmem; (void)s; (void)extra;
-    return record(f, gx, gy, bx, params);
+    (void)gz; (void)by; (void)bz; (void)shmem; (void)s;
+    return record(f, gx, gy, bx, params, extra);
 }
 CUresult cuLaunchKernelEx(const unsigned* config, void* f, void** params, void** extra) {
-    (void)extra;
-    return record(f, config[0], config[1], config[3], params);
+    return record(f, config[0], config[1], config[3], params, extra);
 }
