@@ -297,13 +297,13 @@ class Launcher:
     not mix) with one precompiled struct and passes it to cuLaunchKernelEx: four arguments for
     ctypes to convert where cuLaunchKernel takes eleven. The values are the kernel's parameter
     buffer as they stand (every parameter 8 bytes at an 8-byte offset), so they go whole through
-    `extra` (`extra`: BUFFER_POINTER, the values, BUFFER_SIZE, their size, END), not as an array of
-    a pointer per value: one copy in the driver instead of one per parameter (on an H200, 0.26 us
-    less per launch at best, within noise in other runs: docs/PYTHON.md). With ``pdl`` the configuration carries
-    programmatic stream serialization (the kernel may start before the previous one on the stream
-    ends; it waits for it with griddepcontrol.wait); without, no attribute, which is
-    cuLaunchKernel's launch. A driver without cuLaunchKernelEx (before CUDA 12.0) gets
-    cuLaunchKernel with the values at the same place."""
+    `extra` (BUFFER_POINTER, the values, BUFFER_SIZE, their size, END), not as an array of a
+    pointer per value: one copy in the driver instead of one per parameter (on an H200 0.26 us
+    less per launch at best, within noise in other runs: docs/PYTHON.md). With ``pdl`` the
+    configuration carries programmatic stream serialization (the kernel may start before the
+    previous one on the stream ends; it waits for it with griddepcontrol.wait); without, no
+    attribute, which is cuLaunchKernel's launch. A driver without cuLaunchKernelEx (before CUDA
+    12.0) gets cuLaunchKernel with the values at the same place."""
 
     __slots__ = ("function", "ctx", "block", "shmem", "buffer", "size", "extra", "pack", "pack_params", "cur", "cur_ref",
                  "popped_ref", "nvrtc", "name", "pdl", "ex", "config_ref", "attribute", "attrs", "nattrs")

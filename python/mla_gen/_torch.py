@@ -192,7 +192,7 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
                             prefill_tokens_with_context, output_scale, output_group_scales, ue8m0, lse_layout,
                             query_start_loc, context_start_loc)
     # _merge's body with the function's slot, inlined: one Python call less on the path engines
-    # call (0.2 us of the function's ~3 on the CPU machine, python/bench/host_cost_stub.py).
+    # call (0.1-0.2 us of the function's ~3 on the CPU machine, python/bench/host_cost_stub.py).
     last_layout, go, _, last_folder = _last_pair
     if (lse_layout != last_layout or _env_get(_ENV_KEY) != last_folder
             or not go(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
