@@ -274,8 +274,11 @@ def _fast_path(kind, plan, run_plan, checked, tensors, free, given_free, sources
         if name in plan.names:
             p = run_plan.params[plan.names.index(name)]
             deps = (p.min.factors if p.min else ()) + (p.max.factors if p.max else ())
-            lo = p.min.eval(values) if p.min else -(1 << 63)
-            hi = p.max.eval(values) if p.max else (1 << 63) - 1
+            lo = p.min.eval(values) if p.min else None
+            hi = p.max.eval(values) if p.max else None
+            # An unstated bound, or one that overflows 64 bits, binds nothing (as in the check).
+            lo = -(1 << 63) if lo is None else lo
+            hi = (1 << 63) - 1 if hi is None else hi
         else:  # a constant of the kernel: that value only
             c = plan.constants[name]
             deps = c.factors

@@ -2,6 +2,7 @@
 `cpu_launch`). Tensors become the contract's arguments, the one checker decides, and the launch
 gets the parameter values in signature order."""
 
+import json
 import re
 
 import pytest
@@ -386,3 +387,20 @@ def test_the_fast_path_source_prints_once_with_the_switch(cpu_launch, monkeypatc
     monkeypatch.delenv("MLA_GEN_SHOW_FASTPATH")
     mla_gen.merge_attn_states(*pair(t=T - 2), None, 2)
     assert capfd.readouterr().err == ""
+
+
+def test_a_free_integers_bound_that_overflows_binds_nothing_on_the_fast_path(cpu_launch, tmp_path, monkeypatch):
+    # The full check lets a bound that overflows 64 bits bind nothing (contract.py); the planned
+    # calls after it must do the same, not compare with a missing value.
+    m = {k: v for k, v in manifest.load().items() if not k.startswith("_")}
+    entry = json.loads(json.dumps(next(k for k in m["kernels"] if k["name"] == "merge_attn_states_bf16_d128_thr_lse")))
+    entry["launch"] = {k: v for k, v in entry["launch"].items() if k not in ("specializations", "size_rule")}
+    threshold = next(p for p in entry["params"] if p["name"] == "prefill_tokens_with_context")
+    threshold["bounds"] = dict(threshold["bounds"], max="num_tokens*4611686018427387904")  # 8 * 2^62
+    m["kernels"] = [entry]
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(tmp_path))
+    out, p, pl, s, sl = pair()
+    for n in (5, 6, 7):  # the full check, the plan looked up, the slot's plan
+        mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
+    assert [values["prefill_tokens_with_context"] for _, values, _ in cpu_launch.launches] == [5, 6, 7]
