@@ -78,7 +78,8 @@ static struct {
     unsigned grid[3], block[3], shmem;
     CUstream stream;
     uint64_t values[MLA_MAX_PARAMS];
-    void* params[MLA_MAX_PARAMS + 1];
+    size_t bytes;
+    void* extra[5];  /* the values as the launcher passes them: one buffer through `extra` */
 } last;
 
 static CUresult check_cost_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
@@ -91,12 +92,20 @@ static CUresult check_cost_launch(CUfunction f, unsigned gx, unsigned gy, unsign
         last.block[0] = bx; last.block[1] = by; last.block[2] = bz;
         last.shmem = shmem;
         last.stream = stream;
-        /* Every parameter is 8 bytes; the launcher ends the array with NULL. */
-        for (; n < MLA_MAX_PARAMS && params[n]; ++n) {
-            memcpy(&last.values[n], params[n], sizeof last.values[0]);
-            last.params[n] = &last.values[n];
+        /* Every parameter is 8 bytes, in one buffer through extra (BUFFER_POINTER, the buffer,
+         * BUFFER_SIZE, &its size, END), or through kernelParams ending with NULL. */
+        if (params) {
+            for (; n < MLA_MAX_PARAMS && params[n]; ++n) memcpy(&last.values[n], params[n], sizeof last.values[0]);
+            last.bytes = (size_t)n * sizeof last.values[0];
+        } else {
+            last.bytes = *(const size_t*)extra[3];
+            memcpy(last.values, extra[1], last.bytes);
         }
-        last.params[n] = NULL;
+        last.extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+        last.extra[1] = last.values;
+        last.extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+        last.extra[3] = &last.bytes;
+        last.extra[4] = CU_LAUNCH_PARAM_END;
     }
     return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
 }
@@ -230,7 +239,7 @@ static cost time_bare(int rounds, int calls, double* us) {
         const double start = now_us();
         for (int i = 0; i < calls; ++i) {
             const CUresult res = cuLaunchKernel(last.f, last.grid[0], last.grid[1], last.grid[2], last.block[0],
-                                                last.block[1], last.block[2], last.shmem, last.stream, last.params, NULL);
+                                                last.block[1], last.block[2], last.shmem, last.stream, NULL, last.extra);
             if (res != CUDA_SUCCESS) die("cuLaunchKernel", res);
         }
         us[r] = (now_us() - start) / calls;
