@@ -232,13 +232,8 @@ def _preferred_ranges(kf, meta, plan, run_meta, values, given_free, kind) -> lis
                 ranges = None
                 break
             i = plan.names.index(free_name)
-            p = kplan.params[i]
-            deps = (p.min.factors if p.min else ()) + (p.max.factors if p.max else ())
-            if p.min is None or p.max is None or any(plan.names[d] in given_free for d in deps):
-                ranges = None
-                break
-            lo, hi = p.min.eval(values), p.max.eval(values)
-            if lo is None or hi is None:  # a bound that overflows: no range of it
+            lo, hi = _free_bounds(kplan.params[i], values, plan, given_free) or (None, None)
+            if lo is None or hi is None:  # unstated, over another free integer or overflowing: no range
                 ranges = None
                 break
             ranges.append((kind.free.index(free_name), lo, hi))
@@ -246,6 +241,16 @@ def _preferred_ranges(kf, meta, plan, run_meta, values, given_free, kind) -> lis
         if ranges and all(kplan.accepts(v) for v in ends):
             out.append(ranges)
     return out
+
+
+def _free_bounds(p, values, plan, given_free):
+    """A free integer's (min, max) in parameter `p`'s bounds over the plan's values, each None
+    where unstated or overflowing 64 bits; None where a bound reads another free integer (it
+    changes from call to call)."""
+    deps = (p.min.factors if p.min else ()) + (p.max.factors if p.max else ())
+    if any(plan.names[d] in given_free for d in deps):
+        return None
+    return (p.min.eval(values) if p.min else None, p.max.eval(values) if p.max else None)
 
 
 def _fast_path(kind, plan, run_plan, checked, tensors, free, given_free, sources, prep, stream, per_call,
@@ -272,20 +277,19 @@ def _fast_path(kind, plan, run_plan, checked, tensors, free, given_free, sources
     bounds = []
     for name in given_free:
         if name in plan.names:
-            p = run_plan.params[plan.names.index(name)]
-            deps = (p.min.factors if p.min else ()) + (p.max.factors if p.max else ())
-            lo = p.min.eval(values) if p.min else None
-            hi = p.max.eval(values) if p.max else None
+            found = _free_bounds(run_plan.params[plan.names.index(name)], values, plan, given_free)
+            if found is None:
+                bounds = None  # a bound over another free integer: every call gets the full check
+                break
             # An unstated bound, or one that overflows 64 bits, binds nothing (as in the check).
-            lo = -(1 << 63) if lo is None else lo
-            hi = (1 << 63) - 1 if hi is None else hi
+            lo = -(1 << 63) if found[0] is None else found[0]
+            hi = (1 << 63) - 1 if found[1] is None else found[1]
         else:  # a constant of the kernel: that value only
             c = plan.constants[name]
-            deps = c.factors
+            if any(plan.names[d] in given_free for d in c.factors):
+                bounds = None
+                break
             lo = hi = c.eval(values)
-        if any(plan.names[d] in given_free for d in deps):
-            bounds = None  # a bound over another free integer: every call gets the full check
-            break
         bounds.append((kind.free.index(name), lo, hi))
     if per_call:
         bounds = None
