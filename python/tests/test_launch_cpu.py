@@ -152,15 +152,15 @@ def driver(request, monkeypatch, tmp_path):
         assert _cuda.use_c_launch(request.param == "c") == fake.c_launch
         return fake
 
-    real = (_cuda._c_launch, _cuda._cu_get_current, _cuda._cu_launch_ex)
+    c_launch_was_on = _cuda._c_launch is not None
     yield install
     # monkeypatch puts _cuda's names back, but _launch keeps the driver addresses init() gave it
     # last, the fake's, whose callbacks die with it: a real driver's C launch would call into
-    # them (the GPU suite runs these tests before the launches of test_merge.py).
-    if real[0] is not None:
-        from mla_gen import _launch
-        address = lambda f: ctypes.cast(f, c_vp).value  # noqa: E731
-        _launch.init(address(real[1]), address(real[2]))
+    # them (the GPU suite runs these tests before the launches of test_merge.py). So the names
+    # first, then use_c_launch gives _launch the real driver again.
+    if c_launch_was_on:
+        monkeypatch.undo()
+        assert _cuda.use_c_launch(True)
 
 
 def call():
