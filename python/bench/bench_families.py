@@ -15,6 +15,7 @@ Usage: MLA_GEN_KERNELS=DIR python3 python/bench/bench_families.py [--out DIR] [-
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import sys
 from pathlib import Path
@@ -96,10 +97,11 @@ def bench_mask_lse(T, H, B, reps):
     return row
 
 
-def bench_fp8(T, H, G, reps, D=128):
+def bench_fp8(T, H, G, reps, D=128, floor=None):
     """FP8 outputs from bf16 inputs: per-tensor scale, per-token-group scales (UE8M0 and plain
     float32), and the same merge writing bf16; each as a percent of the copy bandwidth measured
-    in the same call (bytes read + written, its own byte count)."""
+    in the same call (bytes read + written, its own byte count). With `floor` (libpeers_vllm.so,
+    ctypes), also the access floors of both outputs' traffic: no merge, the same bytes moved."""
     g = torch.Generator(device="cuda").manual_seed(T + G)
     prefix = torch.empty(T, H, D, device="cuda", dtype=torch.bfloat16).uniform_(-4, 4, generator=g)
     suffix = torch.empty(T, H, D, device="cuda", dtype=torch.bfloat16).uniform_(-4, 4, generator=g)
@@ -124,13 +126,26 @@ def bench_fp8(T, H, G, reps, D=128):
         "bf16": (rows_bytes + T * H * D * 2,
                  lambda: mla_gen.merge_attn_states(out16, prefix, plse, suffix, slse, out_lse, T)),
     }
+    if floor is not None:
+        def access_floor(fn, out):
+            # The fastest of peers.cu's three schedules, the scales' bytes left out.
+            def call(schedule):
+                p = ctypes.c_void_p
+                rc = fn(p(out.data_ptr()), p(out_lse.data_ptr()), p(prefix.data_ptr()), p(plse.data_ptr()),
+                        p(suffix.data_ptr()), p(slse.data_ptr()), ctypes.c_uint(T * H), ctypes.c_uint(D * 2),
+                        ctypes.c_uint(schedule), p(torch.cuda.current_stream().cuda_stream))
+                if rc != 0:
+                    raise RuntimeError(f"access floor: cudaError {rc}")
+            return lambda: min(time_ms(lambda: call(s), reps) for s in range(3))
+        kinds["floor_fp8"] = (rows_bytes + T * H * D, access_floor(floor.access_floor_fp8, out8))
+        kinds["floor_bf16"] = (rows_bytes + T * H * D * 2, access_floor(floor.access_floor, out16))
     src = torch.empty(rows_bytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     copy_us = time_ms(lambda: dst.copy_(src), reps) * 1e3
     copy_gbs = 2 * src.numel() / copy_us / 1e3
     row = {"T": T, "H": H, "D": D, "G": G, "copy_us": copy_us, "copy_gbs": copy_gbs}
     for name, (nbytes, fn) in kinds.items():
-        us = time_ms(fn, reps) * 1e3
+        us = (fn() if name.startswith("floor") else time_ms(fn, reps)) * 1e3
         row[name] = {"bytes": nbytes, "us": us, "pct_copy": 100 * nbytes / us / 1e3 / copy_gbs}
     return row
 
@@ -177,6 +192,9 @@ def main():
                     help="the FP8 table's shapes (default: 8192x32 32768x128)")
     ap.add_argument("--fp8-groups", nargs="+", type=int, default=[16, 128], metavar="G",
                     help="the FP8 table's group sizes (default: 16 128)")
+    ap.add_argument("--floor-lib", metavar="SO",
+                    help="libpeers_vllm.so (scripts/gpu/peers.sh run builds it): the FP8 table adds the "
+                         "access floors of the FP8 and bf16 outputs' traffic (no merge, the same bytes)")
     args = ap.parse_args()
     only = set(args.only or ("kway", "mask", "fp8"))
     if args.candidates:
@@ -201,13 +219,14 @@ def main():
         mask_rows.append(r)
         print(f"{T:>6} {H:>4} {B:>5} | {r['mla-gen_us']:>10.1f} | {r['torch_us']:>9.1f}", flush=True)
     print("\nFP8 outputs (bf16 in, per-tensor scale / per-token-group scales) vs the same merge writing bf16")
-    names = ("fp8_tensor", "fp8_group_ue8m0", "fp8_group", "bf16")
+    floor = ctypes.CDLL(args.floor_lib) if args.floor_lib else None
+    names = ("fp8_tensor", "fp8_group_ue8m0", "fp8_group", "bf16") + (("floor_fp8", "floor_bf16") if floor else ())
     print(f"{'T':>6} {'H':>4} {'G':>4} | " + " | ".join(f"{n + ' us':>20} {'%copy':>6}" for n in names))
     group_rows = []
     fp8_shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.fp8_shapes]
     for T, H in fp8_shapes if "fp8" in only else ():
         for G in args.fp8_groups:
-            r = bench_fp8(T, H, G, args.reps)
+            r = bench_fp8(T, H, G, args.reps, floor=floor)
             group_rows.append(r)
             print(f"{T:>6} {H:>4} {G:>4} | " + " | ".join(f"{r[n]['us']:>20.1f} {r[n]['pct_copy']:>5.1f}%"
                                                           for n in names), flush=True)

@@ -9,6 +9,9 @@
                1024 threads, f16 and bf16
   vllm-style   a baseline built the way vLLM's CUDA op works (peers.cu)
   copy         a device-to-device copy of the same byte count: the limit
+  floor        no merge: the merge's bytes read and written with no arithmetic (peers.cu's
+               access_floor, the fastest of its three schedules): the time any merge kernel of
+               this traffic stands on, so `faster peer / floor` bounds every merge's `x peer`
 
 Cold: L2 flushed (512 MB memset) before each launch, median of --reps launches timed with CUDA
 events. Hot: hot_l2.hot_us, a CUDA graph of R x [producer, merge] minus R x [producer], where the
@@ -18,7 +21,9 @@ Every implementation's output is checked once per shape against a float64 refere
 timed (a peer wired wrongly shows as `check failed`, not as a fast time).
 
 Per shape and mode: each time (us), `x peer` = the faster peer's time / the default's time (> 1:
-mla-gen faster), and a verdict: faster (>= 1.02), par (within 2%), SLOWER (< 0.98).
+mla-gen faster), and a verdict: faster (>= 1.02), par (within 2%), SLOWER (< 0.98). The summary
+adds, per mode and size class, the median of `x peer` that a merge running at the floor would
+reach: where that bound is under a target, no kernel body can meet the target.
 
 Usage (on the GPU machine; scripts/gpu/peers.sh builds and runs it):
   python3 python/bench/peers.py --peers DIR --kernels new=generated [--kernels base=DIR ...]
@@ -46,6 +51,7 @@ from bench_table import iterations, parse_shapes  # noqa: E402
 from hot_l2 import Arena, hot_us  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+FLOOR_SCHEDULES = ("floor-256x1", "floor-128x2", "floor-512x1")  # peers.cu's access_floor 0, 1, 2
 LOG2E = 1.4426950408889634
 HEADS = (64, 128, 192, 256, 512, 576)
 TOKENS_HEADS = ((64, 16), (256, 8), (512, 32), (1024, 16), (2048, 64), (4096, 16), (8192, 32),
@@ -87,6 +93,19 @@ class Peers:
         self._call(fn, p(v_a.data_ptr()), p(s_a.data_ptr()), p(v_b.data_ptr()), p(s_b.data_ptr()),
                    p(v_out.data_ptr()), p(s_out.data_ptr()), ctypes.c_uint(T), ctypes.c_uint(H),
                    ctypes.c_uint(D), p(torch.cuda.current_stream().cuda_stream))
+
+    @staticmethod
+    def floor_fits(sh):
+        row_bytes = sh.D * sh.prefix.element_size()
+        return row_bytes % 32 == 0 and sh.T * sh.H * row_bytes // 16 < 2**32
+
+    def access_floor(self, sh, schedule):
+        p = ctypes.c_void_p
+        self._call(self.vllm.access_floor, p(sh.out.data_ptr()), p(sh.out_lse_tm.data_ptr()),
+                   p(sh.prefix.data_ptr()), p(sh.plse_tm.data_ptr()), p(sh.suffix.data_ptr()),
+                   p(sh.slse_tm.data_ptr()), ctypes.c_uint(sh.T * sh.H),
+                   ctypes.c_uint(sh.D * sh.prefix.element_size()), ctypes.c_uint(schedule),
+                   p(torch.cuda.current_stream().cuda_stream))
 
     def vllm_style(self, out, out_lse, prefix, plse, suffix, slse, n):
         T, H, D = out.shape
@@ -223,6 +242,9 @@ def bench_shape(T, H, D, dt, args, peers):
     copy_src.seal()
     copy_dst = torch.empty(sh.nbytes // 2, dtype=torch.uint8, device="cuda")
     impls["copy"] = (lambda: copy_dst.copy_(copy_src.views[0]), None)
+    if peers.floor_fits(sh):
+        for schedule, label in enumerate(FLOOR_SCHEDULES):
+            impls[label] = (lambda schedule=schedule: peers.access_floor(sh, schedule), None)
     R = iterations(sh.nbytes)
     # Interleaved rounds, each in another order, and the median of each implementation's rounds:
     # one pass in a fixed order put the first implementation 5% behind the same kernels measured
@@ -243,12 +265,20 @@ def bench_shape(T, H, D, dt, args, peers):
                 times.setdefault(f"hot_{name}_us", []).append(hot_us(producer, call, R, args.graph_reps)[0])
     row.update({key: statistics.median(ts) for key, ts in times.items()})
     for mode in ("cold", "hot"):
+        floors = [row[f"{mode}_{label}_us"] for label in FLOOR_SCHEDULES if f"{mode}_{label}_us" in row]
+        if floors:
+            row[f"{mode}_floor_us"] = min(floors)
         default = row.get(f"{mode}_{args.kernels[0][0]}_us")
         peer_times = [row[k] for k in (f"{mode}_flashinfer_us", f"{mode}_vllm-style_us") if k in row]
         if default and peer_times:
             row[f"{mode}_x_peer"] = min(peer_times) / default
         if default and f"{mode}_copy_us" in row:
             row[f"{mode}_pct_copy"] = 100 * row[f"{mode}_copy_us"] / default
+        if peer_times and f"{mode}_floor_us" in row:
+            # The x peer of a merge that took no longer than the floor: the most any kernel reaches.
+            row[f"{mode}_x_peer_bound"] = min(peer_times) / row[f"{mode}_floor_us"]
+            if f"{mode}_copy_us" in row:
+                row[f"{mode}_floor_pct_copy"] = 100 * row[f"{mode}_copy_us"] / row[f"{mode}_floor_us"]
     del sh, copy_src, copy_dst
     torch.cuda.empty_cache()
     return row
@@ -281,9 +311,17 @@ def summary(rows, l2):
                 slower = sum(x < 0.98 for x in xs)
                 lines.append(f"{mode}, {label}: x peer median {statistics.median(xs):.3f}, min {min(xs):.3f}, "
                              f"{slower} of {len(xs)} shapes SLOWER than a peer")
+            bound = [r[f"{mode}_x_peer_bound"] for r in rows if f"{mode}_x_peer_bound" in r and keep(r)]
+            if bound:
+                lines.append(f"{mode}, {label}: a merge at the floor would be x peer median "
+                             f"{statistics.median(bound):.3f}, min {min(bound):.3f}")
         big = [r[f"{mode}_pct_copy"] for r in rows if f"{mode}_pct_copy" in r and r["bytes"] > 64e6]
         if big:
             lines.append(f"{mode}, > 64 MB: % of copy min {min(big):.1f}, median {statistics.median(big):.1f}")
+        floor = [r[f"{mode}_floor_pct_copy"] for r in rows if f"{mode}_floor_pct_copy" in r and r["bytes"] > 64e6]
+        if floor:
+            lines.append(f"{mode}, > 64 MB: the floor at % of copy min {min(floor):.1f}, median "
+                         f"{statistics.median(floor):.1f}")
     return lines
 
 
@@ -323,7 +361,7 @@ def main():
     except ValueError as e:
         sys.exit(f"peers.py: {e}")
     peers = Peers(args.peers)
-    names = [k for k, _ in args.kernels] + [k for k, _ in args.tm_kernels] + ["flashinfer", "vllm-style", "copy"]
+    names = [k for k, _ in args.kernels] + [k for k, _ in args.tm_kernels] + ["flashinfer", "vllm-style", "copy", "floor"]
     prop = torch.cuda.get_device_properties(0)
     print(f"# {prop.name}, {prop.multi_processor_count} SMs, torch {torch.__version__}; default = "
           f"{args.kernels[0][0]}; FlashInfer {'built' if peers.fi else 'MISSING'}")

@@ -13,6 +13,8 @@
 //             expf/logf/IEEE division, the threshold copies the suffix, +-inf lse read as -inf and
 //             both sides empty copying the prefix. Built without fast math, as torch extensions
 //             build by default.
+//   access_floor  no merge: the same bytes read and written with no arithmetic (the floor any
+//             merge kernel of this traffic stands on), in three schedules.
 //
 // One source, two libraries (scripts/gpu/peers.sh): -DPEERS_FLASHINFER with fast math gives
 // libpeers_fi.so (FlashInfer only), without it libpeers_vllm.so (the baseline only). Every entry
@@ -114,6 +116,71 @@ cudaError_t vllm_style(void* out, float* out_lse, const void* prefix, const floa
 VLLM_ENTRY(vllm_merge_f32, float)
 VLLM_ENTRY(vllm_merge_f16, __half)
 VLLM_ENTRY(vllm_merge_bf16, __nv_bfloat16)
+
+// ---- the access floor: a merge's bytes with no merge ----
+// Reads both outputs and both lse and writes one output and one lse, as a merge of contiguous
+// tensors does, with only an XOR between loads and stores (so that no load can be dropped): the
+// time any kernel of that traffic pays, whatever its arithmetic. Not a merge: its output is never
+// checked. VECS 16-byte vectors per thread, THREADS per block, rows of `vecs_per_row` vectors
+// (a multiple of VECS), 32-bit indices. NARROW: 8 bytes written per 16 read from each input, the
+// traffic of an FP8 output from 16-bit inputs (without group scales).
+namespace {
+template <unsigned THREADS, unsigned VECS, bool NARROW>
+__global__ void __launch_bounds__(THREADS)
+    floor_kernel(void* out, float* out_lse, const uint4* a, const float* a_lse, const uint4* b,
+                 const float* b_lse, unsigned vecs, unsigned vecs_per_row) {
+    const unsigned first = (blockIdx.x * THREADS + threadIdx.x) * VECS;
+    if (first >= vecs) return;
+    uint4 va[VECS], vb[VECS];
+    const bool row_start = first % vecs_per_row == 0;
+    float la = 0.f, lb = 0.f;
+    if (row_start) la = a_lse[first / vecs_per_row], lb = b_lse[first / vecs_per_row];
+#pragma unroll
+    for (unsigned i = 0; i < VECS; ++i) va[i] = a[first + i], vb[i] = b[first + i];
+#pragma unroll
+    for (unsigned i = 0; i < VECS; ++i) {
+        if (NARROW)
+            static_cast<uint2*>(out)[first + i] =
+                make_uint2(va[i].x ^ vb[i].x ^ va[i].z ^ vb[i].z, va[i].y ^ vb[i].y ^ va[i].w ^ vb[i].w);
+        else
+            static_cast<uint4*>(out)[first + i] = make_uint4(
+                va[i].x ^ vb[i].x, va[i].y ^ vb[i].y, va[i].z ^ vb[i].z, va[i].w ^ vb[i].w);
+    }
+    if (row_start && out_lse != nullptr) out_lse[first / vecs_per_row] = la + lb;
+}
+
+template <unsigned THREADS, unsigned VECS, bool NARROW>
+cudaError_t launch_floor(void* out, float* out_lse, const void* a, const float* a_lse,
+                         const void* b, const float* b_lse, unsigned rows, unsigned row_bytes,
+                         cudaStream_t stream) {
+    const unsigned vecs_per_row = row_bytes / 16;
+    const unsigned long long vecs = 1ull * rows * vecs_per_row;
+    if (row_bytes % (16 * VECS) != 0 || vecs > 0xffffffffull) return cudaErrorInvalidValue;
+    if (vecs == 0) return cudaSuccess;
+    const unsigned blocks = static_cast<unsigned>((vecs / VECS + THREADS - 1) / THREADS);
+    floor_kernel<THREADS, VECS, NARROW><<<blocks, THREADS, 0, stream>>>(
+        out, out_lse, static_cast<const uint4*>(a), a_lse,
+        static_cast<const uint4*>(b), b_lse, static_cast<unsigned>(vecs), vecs_per_row);
+    return cudaGetLastError();
+}
+}  // namespace
+
+// schedule 0: 256 threads x 1 vector (FlashInfer's and vLLM's mapping), 1: 128 x 2 (mla-gen's
+// shipped bf16 schedules), 2: 512 x 1. row_bytes: one input row's bytes.
+#define FLOOR_ENTRY(NAME, NARROW)                                                                  \
+    extern "C" int NAME(void* out, float* out_lse, const void* a, const float* a_lse,             \
+                        const void* b, const float* b_lse, unsigned rows, unsigned row_bytes,     \
+                        unsigned schedule, void* stream) {                                        \
+        auto s = static_cast<cudaStream_t>(stream);                                                \
+        switch (schedule) {                                                                        \
+            case 0: return launch_floor<256, 1, NARROW>(out, out_lse, a, a_lse, b, b_lse, rows, row_bytes, s); \
+            case 1: return launch_floor<128, 2, NARROW>(out, out_lse, a, a_lse, b, b_lse, rows, row_bytes, s); \
+            case 2: return launch_floor<512, 1, NARROW>(out, out_lse, a, a_lse, b, b_lse, rows, row_bytes, s); \
+            default: return cudaErrorInvalidValue;                                                 \
+        }                                                                                          \
+    }
+FLOOR_ENTRY(access_floor, false)
+FLOOR_ENTRY(access_floor_fp8, true)
 #else
 // ---- FlashInfer (its host functions; head sizes 64, 128, 256, 512) ----
 #define FI_ENTRIES(SUFFIX, T)                                                                      \
