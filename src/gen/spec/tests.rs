@@ -180,6 +180,37 @@ fn fp8_is_an_output_kind_not_an_input_dtype() {
 }
 
 #[test]
+fn fp8_outputs_cover_eight_heads_per_block_unless_the_spec_says() {
+    // bf16 d128's tuned schedule has one head per block; its FP8 outputs take 8, the bf16 output
+    // keeps 1, a spec's heads_per_block wins, and a block with fewer rows gets what divides them.
+    let heads = |spec: &str| -> Vec<(String, u32)> {
+        let s = parse("t.toml", spec).unwrap();
+        s.variants
+            .iter()
+            .map(|v| {
+                (
+                    v.kernel_name(),
+                    crate::gen::launch::Launch::for_variant(v).heads_per_block,
+                )
+            })
+            .collect()
+    };
+    let table = "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nsize_rule = false\ndense = false\n";
+    let outputs = "output = [\"same\", \"fp8_e4m3\", \"fp8_e4m3_group\"]\ngroup_size = 128\n";
+    let got = heads(&format!("{table}{outputs}"));
+    assert_eq!(
+        got.iter().map(|(_, h)| *h).collect::<Vec<_>>(),
+        [1, 8, 8],
+        "{got:?}"
+    );
+    let got = heads(&format!("{table}{outputs}heads_per_block = 2\n"));
+    assert!(got.iter().all(|(_, h)| *h == 2), "{got:?}");
+    // f32 d576: 72 threads per row, 4 rows in its block (288 threads): 4 heads per block.
+    let got = heads("[[merge_attn_states]]\ndtype = \"f32\"\nhead_size = 576\noutput = \"fp8_e4m3\"\nsize_rule = false\ndense = false\n");
+    assert_eq!(got[0].1, 4, "{got:?}");
+}
+
+#[test]
 fn k_way_and_in_place_tables() {
     let s = parse(
         "t.toml",
