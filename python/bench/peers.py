@@ -10,8 +10,9 @@
   vllm-style   a baseline built the way vLLM's CUDA op works (peers.cu)
   copy         a device-to-device copy of the same byte count: the limit
   floor        no merge: the merge's bytes read and written with no arithmetic (peers.cu's
-               access_floor, the fastest of its three schedules): the time any merge kernel of
-               this traffic stands on, so `faster peer / floor` bounds every merge's `x peer`
+               access_floor, the fastest of its three schedules): what moving those bytes costs,
+               so `faster peer / floor` estimates the most `x peer` a merge kernel could reach
+               (to within a few percent: another schedule can move them faster)
 
 Cold: L2 flushed (512 MB memset) before each launch, median of --reps launches timed with CUDA
 events. Hot: hot_l2.hot_us, a CUDA graph of R x [producer, merge] minus R x [producer], where the
@@ -23,7 +24,8 @@ timed (a peer wired wrongly shows as `check failed`, not as a fast time).
 Per shape and mode: each time (us), `x peer` = the faster peer's time / the default's time (> 1:
 mla-gen faster), and a verdict: faster (>= 1.02), par (within 2%), SLOWER (< 0.98). The summary
 adds, per mode and size class, the median of `x peer` that a merge running at the floor would
-reach: where that bound is under a target, no kernel body can meet the target.
+reach: where that estimate is under a target, a kernel body would have to beat the floor to
+meet it.
 
 Usage (on the GPU machine; scripts/gpu/peers.sh builds and runs it):
   python3 python/bench/peers.py --peers DIR --kernels new=generated [--kernels base=DIR ...]
@@ -275,7 +277,8 @@ def bench_shape(T, H, D, dt, args, peers):
         if default and f"{mode}_copy_us" in row:
             row[f"{mode}_pct_copy"] = 100 * row[f"{mode}_copy_us"] / default
         if peer_times and f"{mode}_floor_us" in row:
-            # The x peer of a merge that took no longer than the floor: the most any kernel reaches.
+            # The x peer of a merge that took no longer than the floor (an estimate of the most any
+            # kernel reaches: a schedule outside the floor's three can be faster).
             row[f"{mode}_x_peer_bound"] = min(peer_times) / row[f"{mode}_floor_us"]
             if f"{mode}_copy_us" in row:
                 row[f"{mode}_floor_pct_copy"] = 100 * row[f"{mode}_copy_us"] / row[f"{mode}_floor_us"]

@@ -13,8 +13,9 @@
 //             expf/logf/IEEE division, the threshold copies the suffix, +-inf lse read as -inf and
 //             both sides empty copying the prefix. Built without fast math, as torch extensions
 //             build by default.
-//   access_floor  no merge: the same bytes read and written with no arithmetic (the floor any
-//             merge kernel of this traffic stands on), in three schedules.
+//   access_floor  no merge: the same bytes read and written with no arithmetic (what moving a
+//             merge's bytes costs, to within what another schedule would save), in three
+//             schedules.
 //
 // One source, two libraries (scripts/gpu/peers.sh): -DPEERS_FLASHINFER with fast math gives
 // libpeers_fi.so (FlashInfer only), without it libpeers_vllm.so (the baseline only). Every entry
@@ -119,11 +120,11 @@ VLLM_ENTRY(vllm_merge_bf16, __nv_bfloat16)
 
 // ---- the access floor: a merge's bytes with no merge ----
 // Reads both outputs and both lse and writes one output and one lse, as a merge of contiguous
-// tensors does, with only an XOR between loads and stores (so that no load can be dropped): the
-// time any kernel of that traffic pays, whatever its arithmetic. Not a merge: its output is never
-// checked. VECS 16-byte vectors per thread, THREADS per block, rows of `vecs_per_row` vectors
-// (a multiple of VECS), 32-bit indices. NARROW: 8 bytes written per 16 read from each input, the
-// traffic of an FP8 output from 16-bit inputs (without group scales).
+// tensors does, with only an XOR between loads and stores (so that no load can be dropped): what
+// the traffic alone costs in these schedules, before any merge arithmetic. Not a merge: its
+// output is never checked. VECS 16-byte vectors per thread, THREADS per block, rows of
+// `vecs_per_row` vectors (a multiple of VECS), 32-bit indices. NARROW: 8 bytes written per 16
+// read from each input, the traffic of an FP8 output from 16-bit inputs (no group scales).
 namespace {
 template <unsigned THREADS, unsigned VECS, bool NARROW>
 __global__ void __launch_bounds__(THREADS)
