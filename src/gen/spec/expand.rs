@@ -216,10 +216,10 @@ impl<'t> Lists<'t> {
     ) -> Result<MergeVariant, SpecError> {
         if v.output != OutputKind::Same && self.raw.heads_per_block.is_none() {
             // FP8 outputs keep launch order (no block renumbering: it costs them a division per
-            // warp), so a block of one head walked the tensors 1 row in H: with 8 adjacent heads
-            // per block the same kernels run at 95-98% of copy instead of 89-95% (bf16 d128,
-            // 16K-32K tokens x 32-128 heads, run 109). Launch halves it where a block has fewer
-            // rows.
+            // warp), so with one head per block the grid walked the tensors a head at a time,
+            // one row in every H. With 8 adjacent heads per block the same kernels run at 95-100%
+            // of copy instead of 89-97% (bf16 d128, 16K-32K tokens x 32-128 heads, run 109).
+            // Launch halves it where a block has fewer rows.
             v.schedule.heads_per_block = v.schedule.heads_per_block.max(FP8_HEADS_PER_BLOCK);
         }
         // The threads a block really has (whole rows); min_blocks_per_sm does not change it.
