@@ -11,11 +11,13 @@
 #                                        folder per LABEL=DIR of $PEERS_TEMPLATES (experiments:
 #                                        the default spec, or $PEERS_SPEC's, rendered from DIR), and
 #                                        one per schedule b<threads>h<heads>v<vecs> of
-#                                        $PEERS_CANDIDATES (python/bench/peer_rules.py; give the
-#                                        same variable to `run`), rendered from
-#                                        $PEERS_CANDIDATE_TEMPLATES (default templates/)
+#                                        $PEERS_CANDIDATES (python/bench/peer_rules.py), rendered
+#                                        from $PEERS_CANDIDATE_TEMPLATES (default templates/);
+#                                        built.txt records both lists for `run`
 #   scripts/gpu/peers.sh run     (there) compiles python/bench/peers/peers.cu with nvcc, then
-#                                        python/bench/peers.py over the table, cold and hot
+#                                        python/bench/peers.py over the table, cold and hot,
+#                                        with every folder `build` made (built.txt; PEERS_TEMPLATES
+#                                        or PEERS_CANDIDATES set here, even empty, replace its list)
 #                                        ($PEERS_SHAPES to narrow it), and Nsight Compute side by side
 #                                        at three shapes (~13, 25 and 50 MB). Results in $OUT/peers/.
 #
@@ -87,7 +89,13 @@ run)
         -o "$lib/libpeers_fi.so" python/bench/peers/peers.cu 2>&1 | grep -v -i warning || true
     kernels=(--kernels "new=generated")
     [[ -d "$P/kernels/base" ]] && kernels+=(--kernels "base=$P/kernels/base")
-    for item in ${PEERS_TEMPLATES:-} ${PEERS_CANDIDATES:-}; do kernels+=(--kernels "${item%%=*}=$P/kernels/${item%%=*}"); done
+    # The experiments and candidates `build` made, as built.txt lists them (a session once ran
+    # the table without its experiment when `run` read only the variables).
+    built_list() { sed -n "s/^$1: //p" "$P/built.txt" | grep -vx none || true; }
+    for item in ${PEERS_TEMPLATES-$(built_list experiments)} ${PEERS_CANDIDATES-$(built_list candidates)}; do
+        [[ -d "$P/kernels/${item%%=*}" ]] || { echo "peers.sh run: no folder $P/kernels/${item%%=*} (run build with it)" >&2; exit 2; }
+        kernels+=(--kernels "${item%%=*}=$P/kernels/${item%%=*}")
+    done
     kernels+=(--tm-kernels "new-tm=$P/kernels/new-tm")
     shapes=()
     [[ -n "${PEERS_SHAPES:-}" ]] && shapes=(--shapes "$PEERS_SHAPES")
