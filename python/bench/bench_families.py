@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mla_gen  # noqa: E402
 from bench import time_ms  # noqa: E402
+from peers import access_floor  # noqa: E402
 
 SHAPES = [(8192, 32, 128), (32768, 32, 128), (16384, 128, 128)]
 
@@ -127,18 +128,12 @@ def bench_fp8(T, H, G, reps, D=128, floor=None):
                  lambda: mla_gen.merge_attn_states(out16, prefix, plse, suffix, slse, out_lse, T)),
     }
     if floor is not None:
-        def access_floor(fn, out):
+        def fastest_floor(fn, out):
             # The fastest of peers.cu's three schedules, the scales' bytes left out.
-            def call(schedule):
-                p = ctypes.c_void_p
-                rc = fn(p(out.data_ptr()), p(out_lse.data_ptr()), p(prefix.data_ptr()), p(plse.data_ptr()),
-                        p(suffix.data_ptr()), p(slse.data_ptr()), ctypes.c_uint(T * H), ctypes.c_uint(D * 2),
-                        ctypes.c_uint(schedule), p(torch.cuda.current_stream().cuda_stream))
-                if rc != 0:
-                    raise RuntimeError(f"access floor: cudaError {rc}")
-            return lambda: min(time_ms(lambda: call(s), reps) for s in range(3))
-        kinds["floor_fp8"] = (rows_bytes + T * H * D, access_floor(floor.access_floor_fp8, out8))
-        kinds["floor_bf16"] = (rows_bytes + T * H * D * 2, access_floor(floor.access_floor, out16))
+            return lambda: min(time_ms(lambda: access_floor(fn, out, out_lse, prefix, plse, suffix, slse, s), reps)
+                               for s in range(3))
+        kinds["floor_fp8"] = (rows_bytes + T * H * D, fastest_floor(floor.access_floor_fp8, out8))
+        kinds["floor_bf16"] = (rows_bytes + T * H * D * 2, fastest_floor(floor.access_floor, out16))
     src = torch.empty(rows_bytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     copy_us = time_ms(lambda: dst.copy_(src), reps) * 1e3

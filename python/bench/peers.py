@@ -67,6 +67,18 @@ def issue_shapes():
     return shapes
 
 
+def access_floor(fn, out, out_lse, a, a_lse, b, b_lse, schedule):
+    """One launch of peers.cu's access_floor or access_floor_fp8 (`fn`, from libpeers_vllm.so) on
+    torch's current stream: contiguous [T, H, D] inputs a and b, T * H lse values each, `out` and
+    `out_lse` written; `schedule` 0, 1 or 2. RuntimeError with the cudaError where it fails."""
+    p = ctypes.c_void_p
+    rc = fn(p(out.data_ptr()), p(out_lse.data_ptr()), p(a.data_ptr()), p(a_lse.data_ptr()), p(b.data_ptr()),
+            p(b_lse.data_ptr()), ctypes.c_uint(a.shape[0] * a.shape[1]), ctypes.c_uint(a.shape[2] * a.element_size()),
+            ctypes.c_uint(schedule), p(torch.cuda.current_stream().cuda_stream))
+    if rc != 0:
+        raise RuntimeError(f"{fn.__name__}: cudaError {rc}")
+
+
 class Peers:
     """The two peer libraries, called through ctypes on torch's current stream."""
 
@@ -102,12 +114,8 @@ class Peers:
         return row_bytes % 32 == 0 and sh.T * sh.H * row_bytes // 16 < 2**32
 
     def access_floor(self, sh, schedule):
-        p = ctypes.c_void_p
-        self._call(self.vllm.access_floor, p(sh.out.data_ptr()), p(sh.out_lse_tm.data_ptr()),
-                   p(sh.prefix.data_ptr()), p(sh.plse_tm.data_ptr()), p(sh.suffix.data_ptr()),
-                   p(sh.slse_tm.data_ptr()), ctypes.c_uint(sh.T * sh.H),
-                   ctypes.c_uint(sh.D * sh.prefix.element_size()), ctypes.c_uint(schedule),
-                   p(torch.cuda.current_stream().cuda_stream))
+        access_floor(self.vllm.access_floor, sh.out, sh.out_lse_tm, sh.prefix, sh.plse_tm, sh.suffix, sh.slse_tm,
+                     schedule)
 
     def vllm_style(self, out, out_lse, prefix, plse, suffix, slse, n):
         T, H, D = out.shape
