@@ -2,9 +2,12 @@
 //! Skips with a message where no CUDA driver is present (CI). On a GPU machine:
 //! `scripts/gpu-check.sh` (see docs/GPU-VERIFICATION.md).
 //!
-//! Environment: MLA_GEN_GPU_EXTRA = one more generated folder (token-major, no-threshold, no-lse
+//! Environment: MLA_GEN_GPU_KERNELS = the folder to check in place of the repo's generated/;
+//! MLA_GEN_GPU_EXTRA = one more generated folder (token-major, no-threshold, no-lse
 //! and odd head sizes, from tests/gpu-extra.toml); MLA_GEN_GPU_QUICK = 1 for the small subset run
-//! under compute-sanitizer; MLA_GEN_GPU_REPORT = a file to append the counts to.
+//! under compute-sanitizer; MLA_GEN_GPU_REPORT = a file to append the counts to;
+//! MLA_GEN_GPU_SHARD = i/n to run the merge suite on every n-th kernel only, starting at the i-th
+//! (the whole suite outgrew one call of the GPU machine's time limit; same cases and seeds).
 //!
 //! This file holds the tests and the suite's loop; tests/gpu/ the rest: one file per family (a
 //! case against the reference, and the options the suite cycles through), common.rs (the GPU,
@@ -139,10 +142,25 @@ fn suite(dirs: &[PathBuf], tokens: &[usize], heads: &[usize]) -> Counts {
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.default_stream();
     let mut c = Counts::default();
+    let (shard, shards) = shard();
+    let started = std::time::Instant::now();
+    let mut seen = 0usize;
     for dir in dirs {
         let rt =
             Runtime::load(ctx.clone(), dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         for (ki, k) in rt.kernels().iter().enumerate() {
+            seen += 1;
+            if (seen - 1) % shards != shard - 1 {
+                continue;
+            }
+            if seen % 100 < shards {
+                say(&format!(
+                    "  ... kernel {seen} ({}), {} cases, {:.0}s",
+                    dir.display(),
+                    c.cases,
+                    started.elapsed().as_secs_f64()
+                ));
+            }
             let mut case = 0usize;
             for &t in tokens {
                 for &h in heads {
@@ -191,8 +209,12 @@ fn every_kernel_matches_the_float64_reference() {
     let started = std::time::Instant::now();
     let c = suite(&dirs, tokens, heads);
     report(&format!(
-        "merge suite{}: {} cases, {} passed, {} failed ({:.2e} output elements checked) in {:.0}s",
+        "merge suite{}{}: {} cases, {} passed, {} failed ({:.2e} output elements checked) in {:.0}s",
         if quick { " (quick subset)" } else { "" },
+        match shard() {
+            (_, 1) => String::new(),
+            (i, n) => format!(" (shard {i} of {n})"),
+        },
         c.cases,
         c.passed,
         c.failed.len(),

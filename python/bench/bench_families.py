@@ -9,7 +9,7 @@ Bytes moved: K-way = T*H*(K*(D*size + 4) + D*size + 4); the chain = (K-1) * T*H*
 The target: the K-way merge is faster than the chain by at least the ratio of those bytes.
 
 Usage: MLA_GEN_KERNELS=DIR python3 python/bench/bench_families.py [--out DIR] [--reps N] [--only kway|mask|fp8]
-       [--fp8-shapes TxH ...] [--fp8-groups G ...]
+       [--fp8-shapes TxH ...] [--fp8-groups G ...] [--l2 cold|hot]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mla_gen  # noqa: E402
 from bench import time_ms  # noqa: E402
 from peers import access_floor  # noqa: E402
+from hot_l2 import Arena, hot_us, iterations  # noqa: E402
 
 SHAPES = [(8192, 32, 128), (32768, 32, 128), (16384, 128, 128)]
 
@@ -98,16 +99,22 @@ def bench_mask_lse(T, H, B, reps):
     return row
 
 
-def bench_fp8(T, H, G, reps, D=128, floor=None):
+def bench_fp8(T, H, G, reps, D=128, floor=None, hot=False):
     """FP8 outputs from bf16 inputs: per-tensor scale, per-token-group scales (UE8M0 and plain
     float32), and the same merge writing bf16; each as a percent of the copy bandwidth measured
     in the same call (bytes read + written, its own byte count). With `floor` (libpeers_vllm.so,
-    ctypes), also the access floors of both outputs' traffic: no merge, the same bytes moved."""
+    ctypes), also the access floors of both outputs' traffic: no merge, the same bytes moved.
+    `hot`: each time (the copy's too) right after a kernel rewrote its inputs, in a CUDA graph
+    (hot_l2.hot_us), as after attention; else cold L2 (bench.time_ms flushes it)."""
     g = torch.Generator(device="cuda").manual_seed(T + G)
-    prefix = torch.empty(T, H, D, device="cuda", dtype=torch.bfloat16).uniform_(-4, 4, generator=g)
-    suffix = torch.empty(T, H, D, device="cuda", dtype=torch.bfloat16).uniform_(-4, 4, generator=g)
-    plse = torch.empty(H, T, device="cuda").uniform_(-10, 10, generator=g)
-    slse = torch.empty(H, T, device="cuda").uniform_(-10, 10, generator=g)
+    inputs = Arena([((T, H, D), torch.bfloat16), ((T, H, D), torch.bfloat16), ((H, T), torch.float32),
+                    ((H, T), torch.float32)])
+    prefix, suffix, plse, slse = inputs.views
+    prefix.uniform_(-4, 4, generator=g)
+    suffix.uniform_(-4, 4, generator=g)
+    plse.uniform_(-10, 10, generator=g)
+    slse.uniform_(-10, 10, generator=g)
+    inputs.seal()
     out8 = torch.empty(T, H, D, device="cuda", dtype=torch.float8_e4m3fn)
     out16 = torch.empty_like(prefix)
     out_lse = torch.empty(H, T, device="cuda")
@@ -134,14 +141,24 @@ def bench_fp8(T, H, G, reps, D=128, floor=None):
                                for s in range(3))
         kinds["floor_fp8"] = (rows_bytes + T * H * D, fastest_floor(floor.access_floor_fp8, out8))
         kinds["floor_bf16"] = (rows_bytes + T * H * D * 2, fastest_floor(floor.access_floor, out16))
-    src = torch.empty(rows_bytes // 2, dtype=torch.uint8, device="cuda")
+    copy_src = Arena([((rows_bytes // 2,), torch.uint8)])
+    src = copy_src.views[0]
     dst = torch.empty_like(src)
-    copy_us = time_ms(lambda: dst.copy_(src), reps) * 1e3
+
+    def us_of(fn, producer=inputs.producer):
+        if not hot:
+            return time_ms(fn, reps) * 1e3
+        fn()  # loaded before the graph is captured
+        return hot_us(producer, fn, iterations(rows_bytes), reps)[0]
+    copy_us = us_of(lambda: dst.copy_(src), copy_src.producer)
     copy_gbs = 2 * src.numel() / copy_us / 1e3
-    row = {"T": T, "H": H, "D": D, "G": G, "copy_us": copy_us, "copy_gbs": copy_gbs}
+    row = {"T": T, "H": H, "D": D, "G": G, "l2": "hot" if hot else "cold", "copy_us": copy_us,
+           "copy_gbs": copy_gbs}
     for name, (nbytes, fn) in kinds.items():
+        if hot and name.startswith("floor"):
+            continue  # the floors time themselves, cold
         try:
-            us = (fn() if name.startswith("floor") else time_ms(fn, reps)) * 1e3
+            us = fn() * 1e3 if name.startswith("floor") else us_of(fn)
         except ValueError as e:  # the folder has no kernel for it (e.g. no group variant at this D)
             if not str(e).startswith("no generated"):
                 raise
@@ -195,6 +212,9 @@ def main():
     ap.add_argument("--floor-lib", metavar="SO",
                     help="libpeers_vllm.so (scripts/gpu/peers.sh run builds it): the FP8 table adds the "
                          "access floors of the FP8 and bf16 outputs' traffic (no merge, the same bytes)")
+    ap.add_argument("--l2", choices=("cold", "hot"), default="cold",
+                    help="the FP8 table: cold L2 (flushed before each launch), or hot (inputs just "
+                         "rewritten by a kernel, launches replayed in a CUDA graph; no floors)")
     args = ap.parse_args()
     only = set(args.only or ("kway", "mask", "fp8"))
     if args.candidates:
@@ -218,7 +238,8 @@ def main():
         r = bench_mask_lse(T, H, B, args.reps)
         mask_rows.append(r)
         print(f"{T:>6} {H:>4} {B:>5} | {r['mla-gen_us']:>10.1f} | {r['torch_us']:>9.1f}", flush=True)
-    print("\nFP8 outputs (bf16 in, per-tensor scale / per-token-group scales) vs the same merge writing bf16")
+    print(f"\nFP8 outputs (bf16 in, per-tensor scale / per-token-group scales) vs the same merge writing bf16, "
+          f"{args.l2} L2")
     floor = ctypes.CDLL(args.floor_lib) if args.floor_lib else None
     names = ("fp8_tensor", "fp8_group_ue8m0", "fp8_group", "bf16") + (("floor_fp8", "floor_bf16") if floor else ())
     print(f"{'T':>6} {'H':>4} {'D':>4} {'G':>4} | " + " | ".join(f"{n + ' us':>20} {'%copy':>6}" for n in names))
@@ -226,7 +247,7 @@ def main():
     fp8_shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.fp8_shapes]
     for T, H, *D in fp8_shapes if "fp8" in only else ():
         for G in args.fp8_groups:
-            r = bench_fp8(T, H, G, args.reps, D=D[0] if D else 128, floor=floor)
+            r = bench_fp8(T, H, G, args.reps, D=D[0] if D else 128, floor=floor, hot=args.l2 == "hot")
             group_rows.append(r)
             print(f"{T:>6} {H:>4} {r['D']:>4} {G:>4} | " + " | ".join(
                 f"{r[n]['us']:>20.1f} {r[n]['pct_copy']:>5.1f}%" if n in r else f"{'-':>20} {'-':>6}"

@@ -34,6 +34,10 @@ pub fn gpu() -> Option<Arc<CudaContext>> {
 pub fn dir_of(var: Option<&str>) -> Option<PathBuf> {
     match var {
         Some(v) => std::env::var_os(v).map(PathBuf::from),
+        // MLA_GEN_GPU_KERNELS: another folder in place of the repo's generated/.
+        None if std::env::var_os("MLA_GEN_GPU_KERNELS").is_some() => {
+            std::env::var_os("MLA_GEN_GPU_KERNELS").map(PathBuf::from)
+        }
         None => {
             let in_repo = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/generated"));
             Some(if in_repo.exists() {
@@ -55,6 +59,22 @@ pub fn vec_elems(k: &Kernel) -> usize {
         .map(|t| t.stride_multiple as usize)
         .max()
         .unwrap_or(1)
+}
+
+/// MLA_GEN_GPU_SHARD = "i/n" (1 <= i <= n): the merge suite runs the i-th of every n kernels, so
+/// n calls together run it whole; unset: (1, 1).
+pub fn shard() -> (usize, usize) {
+    let Some(v) = std::env::var_os("MLA_GEN_GPU_SHARD") else {
+        return (1, 1);
+    };
+    let v = v.to_string_lossy();
+    let parsed = v
+        .split_once('/')
+        .and_then(|(i, n)| Some((i.trim().parse().ok()?, n.trim().parse().ok()?)));
+    match parsed {
+        Some((i, n)) if 1 <= i && i <= n => (i, n),
+        _ => panic!("MLA_GEN_GPU_SHARD={v}: expected i/n with 1 <= i <= n, e.g. 2/3"),
+    }
 }
 
 pub fn report(line: &str) {
