@@ -46,17 +46,20 @@ def _variant(name: str) -> dict:
 def launched(kernel: str, num_tokens: int, num_heads: int, dense: bool = True, threshold=None) -> str:
     """The kernel a launch of `kernel` with these rows runs in the current folder: the one its
     size rule names (test_size_rule_cpu.py checks the rule itself), else itself; for dense
-    tensors (`dense`; rows below 2^32), that one's first dense specialization the threshold
-    allows (`_dense_nothr` takes n = T only, the default; test_specialization_cpu.py checks the
-    choice)."""
+    tensors (`dense`; rows below 2^32), that one's first dense specialization the threshold and
+    the head count allow (`_dense_nothr` takes n = T only, the default; `_flat` fewer heads than
+    its bound; test_specialization_cpu.py checks the choice)."""
     from mla_gen import manifest
 
     kf = manifest.folder()
     ints = {"num_tokens": num_tokens, "num_heads": num_heads}
     k = manifest.by_size_rule(kf, kf.kernel(kernel), ints.__getitem__)
-    def takes(twin):  # the twin's contract allows this threshold (`_dense_nothr`: n = T only)
-        bound = [p.get("bounds") or {} for p in twin["params"] if p["name"] == "prefill_tokens_with_context"]
-        return not bound or bound[0].get("min") != "num_tokens" or threshold in (None, num_tokens)
+    def bound(twin, name):
+        return next((p.get("bounds") or {} for p in twin["params"] if p["name"] == name), {})
+
+    def takes(twin):  # the twin's contract allows this threshold (`_dense_nothr`: n = T only) and H
+        n_ok = bound(twin, "prefill_tokens_with_context").get("min") != "num_tokens" or threshold in (None, num_tokens)
+        return n_ok and num_heads <= int(bound(twin, "num_heads").get("max", num_heads))
 
     dense_twins = [s for s in k["launch"].get("specializations", ())
                    if kf.kernel(s)["variant"].get("dense") and takes(kf.kernel(s))]

@@ -26,6 +26,12 @@ pub fn contract(v: &MergeVariant) -> Contract {
         Family::MergeStateInPlace { mask } => b.in_place(mask, &mut constants),
         Family::MaskEmptyContextLse => b.mask_lse(),
     };
+    // A flat-row specialization serves fewer heads than the general kernel's block holds.
+    let params = if v.flat_rows {
+        few_heads(params, launch.heads_per_block)
+    } else {
+        params
+    };
     // A dense specialization reads its tensors without padding, rows numbered in 32 bits.
     let (params, limits) = if v.dense {
         (
@@ -73,6 +79,22 @@ fn select(v: &MergeVariant) -> BTreeMap<String, String> {
         s.insert("lse_base".into(), "2".into());
     }
     s
+}
+
+/// `num_heads` bound below `heads_per_block` (the `_flat` specializations).
+fn few_heads(mut params: Vec<Param>, heads_per_block: u32) -> Vec<Param> {
+    for p in params.iter_mut().filter(|p| p.name == "num_heads") {
+        p.bounds = Some(Bounds {
+            min: "0".into(),
+            max: Some((heads_per_block - 1).to_string()),
+            default: None,
+        });
+        p.doc = format!(
+            "{} (fewer than {heads_per_block}: the blocks of the general kernel hold {heads_per_block} heads)",
+            p.doc
+        );
+    }
+    params
 }
 
 /// The stride parameters of a dense kernel's `[T, H, D]` tensors bound to the dense strides:

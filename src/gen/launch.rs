@@ -47,6 +47,12 @@ pub struct Launch {
     /// The grid rule as data: `ceil(dim / per_block)` per axis.
     pub grid_x: GridAxis,
     pub grid_y: GridAxis,
+    /// Rows `t * H + h` in order, `tokens_per_block * heads_per_block` per block: the grid
+    /// (ceil(num_tokens / that), num_heads) is read as one line of blocks in launch order, each
+    /// holding the next rows whatever the head count (the `_flat` specializations; absent:
+    /// false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub flat_rows: bool,
     /// Launch with programmatic stream serialization on devices of compute capability 9.0 and
     /// newer (the kernel waits for the previous one itself); absent: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -97,6 +103,8 @@ fn grid_axes(tokens_per_launch_block: u32, heads_per_block: u32) -> (GridAxis, G
 
 pub const GRID_RULE: &str =
     "x = ceil(num_tokens / (tokens_per_block * rows_per_thread)), y = ceil(num_heads / heads_per_block) (at most 65535), z = 1; no launch when num_tokens or num_heads is 0";
+pub const FLAT_GRID_RULE: &str =
+    "x = ceil(num_tokens / (tokens_per_block * heads_per_block)), y = num_heads (at most 65535), z = 1, read as one line of blocks; no launch when num_tokens or num_heads is 0";
 
 impl Launch {
     pub fn for_variant(v: &MergeVariant) -> Launch {
@@ -123,11 +131,91 @@ impl Launch {
                 vecs_per_row: 1,
                 shared_mem_bytes: 0,
                 grid_rule: GRID_RULE,
+                flat_rows: false,
                 pdl: v.pdl,
                 size_rule: None,
                 specializations: Vec::new(),
             };
         }
+        let shape = BlockShape::of(v);
+        let (vec_elems, threads_per_row) = (shape.vec_elems, shape.threads_per_row);
+        let (rows_per_block, heads_per_block) = (shape.rows_per_block, shape.heads_per_block);
+        let tokens_per_block = rows_per_block / heads_per_block;
+        // A K-way merge keeps its K rows in flight instead of several tokens' rows.
+        let rows_per_thread = if matches!(v.family, Family::MergeStates { .. }) {
+            1
+        } else {
+            v.schedule.rows_per_thread
+        };
+        let flat_rows = v.flat_rows;
+        let (grid_x, grid_y) = if flat_rows {
+            grid_axes(rows_per_block, 1)
+        } else {
+            grid_axes(tokens_per_block * rows_per_thread, heads_per_block)
+        };
+        let size_rule = size_rule_of(v, &grid_x, &grid_y);
+        let specializations = v
+            .specialization_twins()
+            .iter()
+            .map(MergeVariant::kernel_name)
+            .collect();
+        Launch {
+            grid_x,
+            grid_y,
+            vec_elems,
+            vec_bytes: vec_elems * size,
+            vec_words: vec_elems * size / 4,
+            out_vec_bytes: vec_elems * v.output.dtype(v.dtype).size_bytes(),
+            out_vec_words: vec_elems * v.output.dtype(v.dtype).size_bytes() / 4,
+            vecs_per_row: shape.vecs_per_row,
+            threads_per_row,
+            vecs_per_thread: shape.vecs_per_thread,
+            tokens_per_block,
+            block_threads: threads_per_row * rows_per_block,
+            heads_per_block,
+            rows_per_thread,
+            min_blocks_per_sm: v.schedule.min_blocks_per_sm,
+            shared_mem_bytes: 0,
+            grid_rule: if flat_rows { FLAT_GRID_RULE } else { GRID_RULE },
+            flat_rows,
+            pdl: v.pdl,
+            size_rule,
+            specializations,
+        }
+    }
+
+    /// Tokens one block covers.
+    pub fn tokens_per_launch_block(&self) -> u32 {
+        self.tokens_per_block * self.rows_per_thread
+    }
+
+    /// Grid for a problem size; `None` when there is nothing to launch or it exceeds the
+    /// device's grid limits (launchers say which).
+    pub fn grid(&self, num_tokens: u64, num_heads: u64) -> Option<[u32; 3]> {
+        let y = num_heads.div_ceil(u64::from(self.grid_y.per_block));
+        if num_tokens == 0 || num_heads == 0 || y > u64::from(MAX_GRID_Y) {
+            return None;
+        }
+        let x = num_tokens.div_ceil(u64::from(self.grid_x.per_block));
+        let x = u32::try_from(x).ok().filter(|&x| x <= i32::MAX as u32)?;
+        Some([x, y as u32, 1])
+    }
+}
+
+/// How a variant's rows fill a block (a pairwise, K-way or in-place merge).
+pub(crate) struct BlockShape {
+    vec_elems: u32,
+    vecs_per_row: u32,
+    vecs_per_thread: u32,
+    threads_per_row: u32,
+    rows_per_block: u32,
+    /// The schedule's heads per block, halved until it divides the block's rows.
+    pub(crate) heads_per_block: u32,
+}
+
+impl BlockShape {
+    pub(crate) fn of(v: &MergeVariant) -> BlockShape {
+        let size = v.dtype.size_bytes();
         // Widest power-of-two vector that divides the row: no partial vector at the row's end, so
         // contiguous tensors of any head size are always aligned for it.
         let mut vec_elems = MAX_VEC_BYTES / size;
@@ -149,59 +237,14 @@ impl Launch {
         while rows_per_block % heads_per_block != 0 {
             heads_per_block /= 2;
         }
-        let tokens_per_block = rows_per_block / heads_per_block;
-        // A K-way merge keeps its K rows in flight instead of several tokens' rows.
-        let rows_per_thread = if matches!(v.family, Family::MergeStates { .. }) {
-            1
-        } else {
-            v.schedule.rows_per_thread
-        };
-        let (grid_x, grid_y) = grid_axes(tokens_per_block * rows_per_thread, heads_per_block);
-        let size_rule = size_rule_of(v, &grid_x, &grid_y);
-        let specializations = v
-            .specialization_twins()
-            .iter()
-            .map(MergeVariant::kernel_name)
-            .collect();
-        Launch {
-            grid_x,
-            grid_y,
+        BlockShape {
             vec_elems,
-            vec_bytes: vec_elems * size,
-            vec_words: vec_elems * size / 4,
-            out_vec_bytes: vec_elems * v.output.dtype(v.dtype).size_bytes(),
-            out_vec_words: vec_elems * v.output.dtype(v.dtype).size_bytes() / 4,
             vecs_per_row,
-            threads_per_row,
             vecs_per_thread,
-            tokens_per_block,
-            block_threads: threads_per_row * rows_per_block,
+            threads_per_row,
+            rows_per_block,
             heads_per_block,
-            rows_per_thread,
-            min_blocks_per_sm: v.schedule.min_blocks_per_sm,
-            shared_mem_bytes: 0,
-            grid_rule: GRID_RULE,
-            pdl: v.pdl,
-            size_rule,
-            specializations,
         }
-    }
-
-    /// Tokens one block covers.
-    pub fn tokens_per_launch_block(&self) -> u32 {
-        self.tokens_per_block * self.rows_per_thread
-    }
-
-    /// Grid for a problem size; `None` when there is nothing to launch or it exceeds the
-    /// device's grid limits (launchers say which).
-    pub fn grid(&self, num_tokens: u64, num_heads: u64) -> Option<[u32; 3]> {
-        let y = num_heads.div_ceil(u64::from(self.heads_per_block));
-        if num_tokens == 0 || num_heads == 0 || y > u64::from(MAX_GRID_Y) {
-            return None;
-        }
-        let x = num_tokens.div_ceil(u64::from(self.tokens_per_launch_block()));
-        let x = u32::try_from(x).ok().filter(|&x| x <= i32::MAX as u32)?;
-        Some([x, y as u32, 1])
     }
 }
 

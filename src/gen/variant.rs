@@ -246,6 +246,16 @@ pub struct MergeVariant {
     /// Hosts try it before the plain `_dense` twin.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub all_context: bool,
+    /// A dense specialization for calls with fewer heads than the general kernel's block holds
+    /// (`_flat`): its contract bounds `num_heads` below that, and it numbers rows `t * H + h`,
+    /// each block taking the next ones, so no thread of a block idles for want of a head.
+    /// Hosts try these first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub flat_rows: bool,
+    /// This kernel has `_flat` dense twins, listed first in its specializations (set by the spec
+    /// layer: the FP8 outputs whose blocks hold several heads, see `flat_rows`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub flat_twins: bool,
 }
 
 impl MergeVariant {
@@ -272,6 +282,8 @@ impl MergeVariant {
             dense: false,
             dense_specialization: false,
             all_context: false,
+            flat_rows: false,
+            flat_twins: false,
         }
     }
 
@@ -308,7 +320,8 @@ impl MergeVariant {
 
     /// The specializations of this kernel, in the order hosts try them (`dense_specialization`):
     /// with a threshold, first the dense twin for calls whose every token has context, then the
-    /// dense twin.
+    /// dense twin; before them, where `flat_twins`, the same two for fewer heads than a block
+    /// holds (`_flat`).
     pub fn specialization_twins(&self) -> Vec<MergeVariant> {
         if !self.dense_specialization {
             return Vec::new();
@@ -318,14 +331,22 @@ impl MergeVariant {
         let dense = MergeVariant {
             dense: true,
             dense_specialization: false,
+            flat_twins: false,
             size_rule: Vec::new(),
             ..self.clone()
         };
-        let all_context = self.prefix_threshold.then(|| MergeVariant {
-            all_context: true,
+        let pair = |dense: MergeVariant| {
+            let all_context = self.prefix_threshold.then(|| MergeVariant {
+                all_context: true,
+                ..dense.clone()
+            });
+            all_context.into_iter().chain([dense])
+        };
+        let flat = self.flat_twins.then(|| MergeVariant {
+            flat_rows: true,
             ..dense.clone()
         });
-        all_context.into_iter().chain([dense]).collect()
+        flat.into_iter().flat_map(pair).chain(pair(dense)).collect()
     }
 
     /// These kernels, each pairwise merge followed by its dense specializations.
@@ -417,6 +438,9 @@ impl MergeVariant {
         }
         if self.all_context {
             name.push_str("_nothr");
+        }
+        if self.flat_rows {
+            name.push_str("_flat");
         }
         if self.pdl {
             name.push_str("_pdl");

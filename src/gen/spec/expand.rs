@@ -1,5 +1,6 @@
 //! One spec table from its lists to its kernels: `Lists::read` validates every list, `expand`
-//! walks their cross product, `with_twins` adds the tuned size rule's and the dense kernels, and
+//! walks their cross product, `with_twins` sets FP8 outputs' heads per block and adds the tuned
+//! size rule's and the dense kernels, and
 //! `check_launch` fixes and checks each kernel's launch geometry. `super::parse` then keeps each
 //! kernel name once.
 
@@ -7,8 +8,23 @@ use toml::Spanned;
 
 use super::*;
 
-/// Heads per block of FP8 outputs unless the spec sets it (`Lists::check_launch`).
+/// Heads per block of FP8 outputs unless the spec sets it (`Lists::with_twins`).
 const FP8_HEADS_PER_BLOCK: u32 = 8;
+
+/// Does this kernel get `_flat` dense twins (`MergeVariant::flat_rows`)? The FP8 outputs (which
+/// keep launch order, so their blocks cover several heads: FP8_HEADS_PER_BLOCK) without the
+/// fused mask, one row per thread, more than one head per block. Below that many heads the
+/// block's slots of the missing heads idle: bf16 d128 into FP8 at one head ran at 54% of copy
+/// with 8 heads per block and 99% with flat rows; from 16 heads on, flat rows were 3-10% slower
+/// in hot L2 at 1-20 MB (their lse reads scatter over more heads), so they serve only the
+/// few-head calls (docs/PERFORMANCE.md, session 14).
+fn takes_flat_twins(v: &MergeVariant) -> bool {
+    v.family == Family::MergeAttnStates
+        && v.output != OutputKind::Same
+        && !v.mask_empty_context
+        && v.schedule.rows_per_thread == 1
+        && crate::gen::launch::BlockShape::of(v).heads_per_block > 1
+}
 
 /// One table's validated lists, in the order of the cross product (the order the keys are
 /// documented), with what finishing its kernels needs.
@@ -187,6 +203,8 @@ impl<'t> Lists<'t> {
                 dense: false,
                 dense_specialization: false,
                 all_context: false,
+                flat_rows: false,
+                flat_twins: false,
             }
         })
     }
@@ -194,7 +212,17 @@ impl<'t> Lists<'t> {
     /// The kernels one expanded variant becomes: with the tuned size rule, its main kernel takes
     /// the largest launches' schedule and each smaller range is a kernel of its own after it;
     /// then the dense specialization of every pairwise merge kernel, right after it.
-    pub(super) fn with_twins(&self, v: MergeVariant) -> Vec<MergeVariant> {
+    pub(super) fn with_twins(&self, mut v: MergeVariant) -> Vec<MergeVariant> {
+        if v.output != OutputKind::Same && self.raw.heads_per_block.is_none() {
+            // FP8 outputs keep launch order (no block renumbering: it costs them a division per
+            // warp), so with one head per block the grid walked the tensors a head at a time,
+            // one row in every H. With 8 adjacent heads per block the same kernels run at 95-100%
+            // of copy instead of 89-97% (bf16 d128, 16K-32K tokens x 32-128 heads, run 109).
+            // Launch halves it where a block has fewer rows. Set before the twins, which follow
+            // it (calls with fewer heads take the `_flat` twins).
+            v.schedule.heads_per_block = v.schedule.heads_per_block.max(FP8_HEADS_PER_BLOCK);
+        }
+        v.flat_twins = takes_flat_twins(&v);
         let kernels = if self.size_rule {
             v.with_tuned_size_rule()
         } else {
@@ -214,14 +242,6 @@ impl<'t> Lists<'t> {
         ctx: &Ctx,
         mut v: MergeVariant,
     ) -> Result<MergeVariant, SpecError> {
-        if v.output != OutputKind::Same && self.raw.heads_per_block.is_none() {
-            // FP8 outputs keep launch order (no block renumbering: it costs them a division per
-            // warp), so with one head per block the grid walked the tensors a head at a time,
-            // one row in every H. With 8 adjacent heads per block the same kernels run at 95-100%
-            // of copy instead of 89-97% (bf16 d128, 16K-32K tokens x 32-128 heads, run 109).
-            // Launch halves it where a block has fewer rows.
-            v.schedule.heads_per_block = v.schedule.heads_per_block.max(FP8_HEADS_PER_BLOCK);
-        }
         // The threads a block really has (whole rows); min_blocks_per_sm does not change it.
         let block = crate::gen::launch::Launch::for_variant(&v).block_threads;
         let min_blocks_key = self.raw.min_blocks_per_sm.as_ref();

@@ -74,21 +74,38 @@ fn default_spec_is_the_vllm_set() {
     assert!(s.variants.iter().all(|v| !v.pdl));
     assert_eq!(
         s.variants.len(),
-        363,
+        417,
         "the count specs/default.toml's header states"
     );
+    // Each general kernel, then its dense twins: the FP8 outputs without the fused mask (8
+    // heads per block) first the two `_flat` ones for fewer heads.
     let rule_kernels: usize = called.iter().map(|v| v.size_rule.len()).sum();
-    assert_eq!(s.variants.len(), 3 * (108 + rule_kernels));
-    for triple in s.variants.chunks(3) {
-        let general = triple[0].kernel_name();
+    let flat_pairs = called
+        .iter()
+        .filter(|v| v.output == OutputKind::Fp8E4m3 && !v.mask_empty_context)
+        .count();
+    assert_eq!(flat_pairs, 27);
+    assert_eq!(s.variants.len(), 3 * (108 + rule_kernels) + 2 * flat_pairs);
+    let mut rest = &s.variants[..];
+    while let Some((general, after)) = rest.split_first() {
+        let name = general.kernel_name();
         assert!(
-            triple[0].dense_specialization && !triple[0].dense && triple[0].prefix_threshold,
-            "{general}"
+            general.dense_specialization && !general.dense && general.prefix_threshold,
+            "{name}"
         );
-        assert_eq!(triple[1].kernel_name(), format!("{general}_dense_nothr"));
-        assert_eq!(triple[2].kernel_name(), format!("{general}_dense"));
-        assert!(triple[1].dense && triple[1].all_context && triple[1].size_rule.is_empty());
-        assert!(triple[2].dense && !triple[2].all_context && triple[2].size_rule.is_empty());
+        let flat = general.output == OutputKind::Fp8E4m3 && !general.mask_empty_context;
+        let twins: &[&str] = if flat {
+            &["_dense_nothr_flat", "_dense_flat", "_dense_nothr", "_dense"]
+        } else {
+            &["_dense_nothr", "_dense"]
+        };
+        for (twin, tag) in after.iter().zip(twins) {
+            assert_eq!(twin.kernel_name(), format!("{name}{tag}"));
+            assert!(twin.dense && twin.size_rule.is_empty());
+            assert_eq!(twin.all_context, tag.contains("nothr"), "{name}{tag}");
+            assert_eq!(twin.flat_rows, tag.ends_with("_flat"), "{name}{tag}");
+        }
+        rest = &after[twins.len()..];
     }
     assert_eq!(
         s.archs.iter().map(Arch::name).collect::<Vec<_>>(),
@@ -208,6 +225,72 @@ fn fp8_outputs_cover_eight_heads_per_block_unless_the_spec_says() {
     // f32 d576: 72 threads per row, 4 rows in its block (288 threads): 4 heads per block.
     let got = heads("[[merge_attn_states]]\ndtype = \"f32\"\nhead_size = 576\noutput = \"fp8_e4m3\"\nsize_rule = false\ndense = false\n");
     assert_eq!(got[0].1, 4, "{got:?}");
+}
+
+#[test]
+fn fp8_outputs_with_heads_per_block_get_flat_row_twins_for_fewer_heads() {
+    // (name, flat rows, num_heads' max, grid per block x, y) of every kernel a spec makes.
+    let kernels = |spec: &str| -> Vec<(String, bool, Option<String>, u32, u32)> {
+        let s = parse("t.toml", spec).unwrap();
+        s.variants
+            .iter()
+            .map(|v| {
+                let c = crate::gen::abi::contract(v);
+                let heads = c.params.iter().find(|p| p.name == "num_heads").unwrap();
+                let max = heads.bounds.as_ref().and_then(|b| b.max.clone());
+                let (x, y) = (c.launch.grid_x.per_block, c.launch.grid_y.per_block);
+                (v.kernel_name(), v.flat_rows, max, x, y)
+            })
+            .collect()
+    };
+    let got = kernels(
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3\"\n",
+    );
+    let general = "merge_attn_states_bf16_d128_thr_lse_fp8";
+    let row = |tag: &str, flat: bool, max: Option<&str>, x: u32, y: u32| {
+        (format!("{general}{tag}"), flat, max.map(String::from), x, y)
+    };
+    // 8 heads x 4 tokens per block of 512 threads, 16 per row: the flat twins take 32 rows a
+    // block, the grid's y counting heads, and only calls with fewer than 8 heads.
+    assert_eq!(
+        got,
+        [
+            row("", false, None, 4, 8),
+            row("_dense_nothr_flat", true, Some("7"), 32, 1),
+            row("_dense_flat", true, Some("7"), 32, 1),
+            row("_dense_nothr", false, None, 4, 8),
+            row("_dense", false, None, 4, 8),
+        ]
+    );
+    let specs = crate::gen::abi::contract(
+        &parse(
+            "t.toml",
+            "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3\"\n",
+        )
+        .unwrap()
+        .variants[0],
+    )
+    .launch
+    .specializations;
+    assert_eq!(
+        specs,
+        got[1..].iter().map(|k| k.0.clone()).collect::<Vec<_>>()
+    );
+    // The bound follows the heads a block really holds: f32 d576's blocks hold 4.
+    let got =
+        kernels("[[merge_attn_states]]\ndtype = \"f32\"\nhead_size = 576\noutput = \"fp8_e4m3\"\n");
+    assert_eq!(got[1].2.as_deref(), Some("3"), "{got:?}");
+    // None where a block holds one head, for the inputs' dtype, or with the fused mask.
+    for spec in [
+        "output = \"fp8_e4m3\"\nheads_per_block = 1\n",
+        "output = \"same\"\nheads_per_block = 8\n",
+        "output = \"fp8_e4m3\"\nmask_empty_context = true\n",
+    ] {
+        let got = kernels(&format!(
+            "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nsize_rule = false\n{spec}"
+        ));
+        assert!(got.iter().all(|k| !k.1 && k.2.is_none()), "{spec}: {got:?}");
+    }
 }
 
 #[test]
