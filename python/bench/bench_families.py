@@ -252,6 +252,7 @@ def main():
             print(f"{T:>6} {H:>4} {r['D']:>4} {G:>4} | " + " | ".join(
                 f"{r[n]['us']:>20.1f} {r[n]['pct_copy']:>5.1f}%" if n in r else f"{'-':>20} {'-':>6}"
                 for n in names), flush=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "bench-families.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                                                  "rows": rows, "mask_lse": mask_rows,
                                                                  "fp8": group_rows}, indent=1))

@@ -54,10 +54,11 @@ def poison(t, which):
 
 def plain_of(fused):
     """The kernel without the mask that the fused one must equal: the same variant otherwise (the
-    schedule aside: the fused kernels default to smaller blocks, which change no result)."""
+    schedule aside: the fused kernels default to smaller blocks, which change no result; and
+    `flat_twins`, which says only that the plain kernel has `_flat` specializations)."""
     def rule(variant):
         return {k: v for k, v in variant.items()
-                if k not in ("mask_empty_context", "schedule", "explicit_schedule", "size_rule")}
+                if k not in ("mask_empty_context", "schedule", "explicit_schedule", "size_rule", "flat_twins")}
     for k in KERNELS:  # (a size rule's kernels are reached through their kernel: rows_below differs)
         if not k["variant"].get("mask_empty_context") and rule(k["variant"]) == rule(fused["variant"]):
             return k
