@@ -180,11 +180,16 @@ proptest! {
         let s = spec::parse("fuzz.toml", &text).unwrap();
         // The kernels callers name; size rules add kernels of their own (rows_below), and each
         // of those kernels has its dense specialization, and with the threshold a second one
-        // (the all-context twin).
+        // (the all-context twin); where its blocks hold several heads, the `_flat` ones too.
         let called = s.variants.iter().filter(|v| v.rows_below.is_none() && !v.dense).count();
         prop_assert_eq!(called, dtypes.len() * heads.len() * thr.len());
         let general = s.variants.iter().filter(|v| !v.dense);
-        let expected: usize = general.map(|v| if v.prefix_threshold { 3 } else { 2 }).sum();
+        let expected: usize = general
+            .map(|v| {
+                let twins = if v.prefix_threshold { 2 } else { 1 };
+                1 + twins * if v.flat_twins { 2 } else { 1 }
+            })
+            .sum();
         prop_assert_eq!(s.variants.len(), expected);
     }
 }

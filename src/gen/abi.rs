@@ -28,7 +28,7 @@ pub fn contract(v: &MergeVariant) -> Contract {
     };
     // A flat-row specialization serves fewer heads than the general kernel's block holds.
     let params = if v.flat_rows {
-        few_heads(params, launch.heads_per_block)
+        few_heads(params, v, &launch)
     } else {
         params
     };
@@ -81,20 +81,50 @@ fn select(v: &MergeVariant) -> BTreeMap<String, String> {
     s
 }
 
-/// `num_heads` bound below `heads_per_block` (the `_flat` specializations); its other bounds stay.
-fn few_heads(mut params: Vec<Param>, heads_per_block: u32) -> Vec<Param> {
-    // sizes() gives num_heads its bounds (the spec tests check the max lands).
-    for p in params.iter_mut().filter(|p| p.name == "num_heads") {
-        if let Some(bounds) = p.bounds.as_mut() {
-            bounds.max = Some((heads_per_block - 1).to_string());
+/// The calls a flat-row specialization (`_flat`) serves, in its bounds; its other bounds stay.
+/// FP8 outputs: fewer heads than a block of the general kernel holds (54% -> 99% of copy at one
+/// head of 8, run 112-113). The inputs' dtype: at most half as many, and at least
+/// `FLAT_MIN_BLOCKS` blocks' tokens: with 3 heads of 4, or a flat grid of fewer blocks than the
+/// GPU has SMs (<= 4096 rows at D = 64), flat rows were 2-13% slower in hot L2; past both
+/// bounds 0-40% faster (runs 120-121, docs/PERFORMANCE.md session 15).
+fn few_heads(mut params: Vec<Param>, v: &MergeVariant, launch: &Launch) -> Vec<Param> {
+    let held = launch.heads_per_block;
+    let (most_heads, fewest_tokens) = if v.output == OutputKind::Same {
+        let rows_per_block = launch.tokens_per_block * held;
+        (held / 2, Some(FLAT_MIN_BLOCKS * rows_per_block))
+    } else {
+        (held - 1, None)
+    };
+    // sizes() gives both their bounds (the spec tests check these land).
+    for p in params.iter_mut() {
+        let Some(bounds) = p.bounds.as_mut() else {
+            continue;
+        };
+        if p.name == "num_heads" {
+            bounds.max = Some(most_heads.to_string());
+            let which = if most_heads + 1 == held {
+                format!("fewer than {held}")
+            } else {
+                format!("at most {most_heads}")
+            };
+            p.doc = format!(
+                "{} ({which}: the blocks of the general kernel hold {held} heads)",
+                p.doc
+            );
+        } else if let (Some(fewest), "num_tokens") = (fewest_tokens, p.name.as_str()) {
+            bounds.min = fewest.to_string();
+            p.doc = format!(
+                "{} (at least {fewest}: a grid of {FLAT_MIN_BLOCKS} blocks or more)",
+                p.doc
+            );
         }
-        p.doc = format!(
-            "{} (fewer than {heads_per_block}: the blocks of the general kernel hold {heads_per_block} heads)",
-            p.doc
-        );
     }
     params
 }
+
+/// The fewest blocks a flat-row kernel of the inputs' dtype launches at one head (its
+/// `num_tokens` bound): about one per SM of an H100 or H200 (132).
+const FLAT_MIN_BLOCKS: u32 = 128;
 
 /// The stride parameters of a dense kernel's `[T, H, D]` tensors bound to the dense strides:
 /// token stride H x D, head stride D (the kernel does not read them).

@@ -247,13 +247,15 @@ pub struct MergeVariant {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub all_context: bool,
     /// A dense specialization for calls with fewer heads than the general kernel's block holds
-    /// (`_flat`): its contract bounds `num_heads` below that, and it numbers rows `t * H + h`,
+    /// (`_flat`): its contract bounds `num_heads` below that (and, for outputs of the inputs'
+    /// dtype, `num_tokens` from below: abi.rs `few_heads`), and it numbers rows `t * H + h`,
     /// each block taking the next ones, so no thread of a block idles for want of a head.
     /// Hosts try these first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub flat_rows: bool,
     /// This kernel has `_flat` dense twins, listed first in its specializations (set by the spec
-    /// layer: the FP8 outputs whose blocks hold several heads, see `flat_rows`).
+    /// layer: pairwise merges without the fused mask whose blocks hold several heads, see
+    /// `flat_rows`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub flat_twins: bool,
 }

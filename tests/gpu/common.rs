@@ -61,6 +61,28 @@ pub fn vec_elems(k: &Kernel) -> usize {
         .unwrap_or(1)
 }
 
+/// The most heads a kernel's contract takes: a flat-row specialization (`_flat`) bounds
+/// `num_heads` below the heads a block of its general kernel holds; others take any count.
+pub fn most_heads(k: &Kernel) -> usize {
+    k.meta
+        .params
+        .iter()
+        .find(|p| p.name == "num_heads")
+        .and_then(|p| p.bounds.as_ref()?.max.as_ref()?.parse().ok())
+        .unwrap_or(usize::MAX)
+}
+
+/// The fewest tokens a kernel's contract takes: the `_flat` twins of outputs in the inputs'
+/// dtype need a grid of 128 blocks or more at one head; others take any count.
+pub fn fewest_tokens(k: &Kernel) -> usize {
+    k.meta
+        .params
+        .iter()
+        .find(|p| p.name == "num_tokens")
+        .and_then(|p| p.bounds.as_ref()?.min.parse().ok())
+        .unwrap_or(0)
+}
+
 /// MLA_GEN_GPU_SHARD = "i/n" (1 <= i <= n): the merge suite runs the i-th of every n kernels, so
 /// n calls together run it whole; unset: (1, 1).
 pub fn shard() -> (usize, usize) {

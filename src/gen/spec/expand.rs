@@ -11,16 +11,16 @@ use super::*;
 /// Heads per block of FP8 outputs unless the spec sets it (`Lists::with_twins`).
 const FP8_HEADS_PER_BLOCK: u32 = 8;
 
-/// Does this kernel get `_flat` dense twins (`MergeVariant::flat_rows`)? The FP8 outputs (which
-/// keep launch order, so their blocks cover several heads: FP8_HEADS_PER_BLOCK) without the
-/// fused mask, one row per thread, more than one head per block. Below that many heads the
-/// block's slots of the missing heads idle: bf16 d128 into FP8 at one head ran at 54% of copy
-/// with 8 heads per block and 99% with flat rows; from 16 heads on, flat rows were 3-10% slower
-/// in hot L2 at 1-20 MB (their lse reads scatter over more heads), so they serve only the
-/// few-head calls (docs/PERFORMANCE.md, session 14).
+/// Does this kernel get `_flat` dense twins (`MergeVariant::flat_rows`)? Pairwise merges
+/// without the fused mask, one row per thread, more than one head per block (every FP8 output:
+/// they keep launch order and take FP8_HEADS_PER_BLOCK; the inputs' dtype where its tuned
+/// schedule holds several heads). Below that many heads the block's slots of the missing heads
+/// idle: bf16 d128 into FP8 at one head ran at 54% of copy with 8 heads per block and 99% with
+/// flat rows (session 14), bf16 d96 at one head 73% and 92% (run 120); from 16 heads on, flat
+/// rows were 3-10% slower in hot L2 at 1-20 MB (their lse reads scatter over more heads), so
+/// they serve only the few-head calls their bounds allow (abi.rs, `few_heads`).
 fn takes_flat_twins(v: &MergeVariant) -> bool {
     v.family == Family::MergeAttnStates
-        && v.output != OutputKind::Same
         && !v.mask_empty_context
         && v.schedule.rows_per_thread == 1
         && crate::gen::launch::BlockShape::of(v).heads_per_block > 1
@@ -222,12 +222,19 @@ impl<'t> Lists<'t> {
             // it (calls with fewer heads take the `_flat` twins).
             v.schedule.heads_per_block = v.schedule.heads_per_block.max(FP8_HEADS_PER_BLOCK);
         }
-        v.flat_twins = takes_flat_twins(&v);
         let kernels = if self.size_rule {
             v.with_tuned_size_rule()
         } else {
             vec![v]
         };
+        // Each kernel of a size rule by its own schedule (its heads per block).
+        let kernels = kernels
+            .into_iter()
+            .map(|mut k| {
+                k.flat_twins = takes_flat_twins(&k);
+                k
+            })
+            .collect();
         if self.dense {
             MergeVariant::with_dense_twins(kernels)
         } else {

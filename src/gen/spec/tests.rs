@@ -74,17 +74,26 @@ fn default_spec_is_the_vllm_set() {
     assert!(s.variants.iter().all(|v| !v.pdl));
     assert_eq!(
         s.variants.len(),
-        417,
+        459,
         "the count specs/default.toml's header states"
     );
-    // Each general kernel, then its dense twins: the FP8 outputs without the fused mask (8
-    // heads per block) first the two `_flat` ones for fewer heads.
+    // Each general kernel, then its dense twins: those without the fused mask whose blocks hold
+    // several heads (every FP8 output: 8; 21 of the inputs' dtype's, size rules' kernels
+    // included) first the two `_flat` ones for fewer heads.
     let rule_kernels: usize = called.iter().map(|v| v.size_rule.len()).sum();
-    let flat_pairs = called
+    let with_flat = |output| {
+        s.variants
+            .iter()
+            .filter(|v| v.flat_twins && v.output == output)
+            .count()
+    };
+    assert_eq!(with_flat(OutputKind::Fp8E4m3), 27);
+    assert_eq!(with_flat(OutputKind::Same), 21);
+    assert!(s
+        .variants
         .iter()
-        .filter(|v| v.output == OutputKind::Fp8E4m3 && !v.mask_empty_context)
-        .count();
-    assert_eq!(flat_pairs, 27);
+        .all(|v| !(v.flat_twins && v.mask_empty_context)));
+    let flat_pairs = 27 + 21;
     assert_eq!(s.variants.len(), 3 * (108 + rule_kernels) + 2 * flat_pairs);
     let mut rest = &s.variants[..];
     while let Some((general, after)) = rest.split_first() {
@@ -93,8 +102,7 @@ fn default_spec_is_the_vllm_set() {
             general.dense_specialization && !general.dense && general.prefix_threshold,
             "{name}"
         );
-        let flat = general.output == OutputKind::Fp8E4m3 && !general.mask_empty_context;
-        let twins: &[&str] = if flat {
+        let twins: &[&str] = if general.flat_twins {
             &["_dense_nothr_flat", "_dense_flat", "_dense_nothr", "_dense"]
         } else {
             &["_dense_nothr", "_dense"]
@@ -228,38 +236,44 @@ fn fp8_outputs_cover_eight_heads_per_block_unless_the_spec_says() {
 }
 
 #[test]
-fn fp8_outputs_with_heads_per_block_get_flat_row_twins_for_fewer_heads() {
-    // (name, flat rows, num_heads' max, grid per block x, y) of every kernel a spec makes.
-    let kernels = |spec: &str| -> Vec<(String, bool, Option<String>, u32, u32)> {
+fn pairwise_merges_with_heads_per_block_get_flat_row_twins_for_fewer_heads() {
+    // (name, flat rows, num_heads' max, num_tokens' min, grid per block x, y) of every kernel a
+    // spec makes.
+    type Row = (String, bool, Option<String>, String, u32, u32);
+    let kernels = |spec: &str| -> Vec<Row> {
         let s = parse("t.toml", spec).unwrap();
         s.variants
             .iter()
             .map(|v| {
                 let c = crate::gen::abi::contract(v);
-                let heads = c.params.iter().find(|p| p.name == "num_heads").unwrap();
-                let max = heads.bounds.as_ref().and_then(|b| b.max.clone());
+                let bounds = |name: &str| {
+                    let p = c.params.iter().find(|p| p.name == name).unwrap();
+                    p.bounds.clone().unwrap()
+                };
                 let (x, y) = (c.launch.grid_x.per_block, c.launch.grid_y.per_block);
-                (v.kernel_name(), v.flat_rows, max, x, y)
+                let (max, min) = (bounds("num_heads").max, bounds("num_tokens").min);
+                (v.kernel_name(), v.flat_rows, max, min, x, y)
             })
             .collect()
+    };
+    let row = |general: &str, tag: &str, flat: bool, max: Option<&str>, min: &str, x, y| {
+        let max = max.map(String::from);
+        (format!("{general}{tag}"), flat, max, min.to_string(), x, y)
     };
     let got = kernels(
         "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\noutput = \"fp8_e4m3\"\n",
     );
     let general = "merge_attn_states_bf16_d128_thr_lse_fp8";
-    let row = |tag: &str, flat: bool, max: Option<&str>, x: u32, y: u32| {
-        (format!("{general}{tag}"), flat, max.map(String::from), x, y)
-    };
     // 8 heads x 4 tokens per block of 512 threads, 16 per row: the flat twins take 32 rows a
     // block, the grid's y counting heads, and only calls with fewer than 8 heads.
     assert_eq!(
         got,
         [
-            row("", false, None, 4, 8),
-            row("_dense_nothr_flat", true, Some("7"), 32, 1),
-            row("_dense_flat", true, Some("7"), 32, 1),
-            row("_dense_nothr", false, None, 4, 8),
-            row("_dense", false, None, 4, 8),
+            row(general, "", false, None, "0", 4, 8),
+            row(general, "_dense_nothr_flat", true, Some("7"), "0", 32, 1),
+            row(general, "_dense_flat", true, Some("7"), "0", 32, 1),
+            row(general, "_dense_nothr", false, None, "0", 4, 8),
+            row(general, "_dense", false, None, "0", 4, 8),
         ]
     );
     let specs = crate::gen::abi::contract(
@@ -280,10 +294,24 @@ fn fp8_outputs_with_heads_per_block_get_flat_row_twins_for_fewer_heads() {
     let got =
         kernels("[[merge_attn_states]]\ndtype = \"f32\"\nhead_size = 576\noutput = \"fp8_e4m3\"\n");
     assert_eq!(got[1].2.as_deref(), Some("3"), "{got:?}");
-    // None where a block holds one head, for the inputs' dtype, or with the fused mask.
+    // The inputs' dtype: at most half the heads a block holds, and at least 128 blocks' tokens
+    // (here 128 x 32 rows: 4096).
+    let got = kernels(
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\nsize_rule = false\nheads_per_block = 8\nblock_threads = 512\n",
+    );
+    let general = "merge_attn_states_bf16_d128_thr_lse_r1m1b512h8";
+    assert_eq!(
+        got[..3],
+        [
+            row(general, "", false, None, "0", 4, 8),
+            row(general, "_dense_nothr_flat", true, Some("4"), "4096", 32, 1),
+            row(general, "_dense_flat", true, Some("4"), "4096", 32, 1),
+        ]
+    );
+    // None where a block holds one head, or with the fused mask.
     for spec in [
         "output = \"fp8_e4m3\"\nheads_per_block = 1\n",
-        "output = \"same\"\nheads_per_block = 8\n",
+        "output = \"same\"\nheads_per_block = 1\n",
         "output = \"fp8_e4m3\"\nmask_empty_context = true\n",
     ] {
         let got = kernels(&format!(

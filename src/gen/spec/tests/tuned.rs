@@ -186,7 +186,8 @@ fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_
     .unwrap();
     let names = s.kernel_names();
     // bf16 d64's tuned size rule (specs/tuned.toml): each smaller range a kernel, each kernel
-    // followed by its two dense specializations.
+    // followed by its two dense specializations, and before them the two `_flat` ones where its
+    // blocks hold several heads.
     let (_, head, ranges) = first_tuned_rule();
     assert_eq!(head, 64, "the test reads bf16 d64's rule");
     let general = "merge_attn_states_bf16_d64_thr_lse";
@@ -195,8 +196,19 @@ fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_
     for kernel in std::iter::once(general.to_string())
         .chain(bounds.map(|rows| format!("{general}_below{rows}")))
     {
+        let v = s
+            .variants
+            .iter()
+            .find(|v| v.kernel_name() == kernel)
+            .unwrap();
+        let several_heads = crate::gen::launch::BlockShape::of(v).heads_per_block > 1;
+        let flat = [
+            format!("{kernel}_dense_nothr_flat"),
+            format!("{kernel}_dense_flat"),
+        ];
         let twins = [format!("{kernel}_dense_nothr"), format!("{kernel}_dense")];
         want.push(kernel);
+        want.extend(flat.into_iter().filter(|_| several_heads));
         want.extend(twins);
     }
     want.push("merge_state_in_place_bf16_d128".into());
