@@ -115,3 +115,17 @@ def test_a_limit_over_a_free_integer_is_decided_per_call(cpu_launch, twins):
         call(40, n=n)
     assert [(k, v["prefill_tokens_with_context"]) for k, v, _ in cpu_launch.launches] == [
         (MAIN + "_dense", 5), (MAIN, 20), (MAIN + "_dense", 10), (MAIN, 11), (MAIN + "_dense", 0)]
+
+
+def test_a_twin_bounded_from_below_in_tokens_is_decided_per_call(cpu_launch, twins):
+    """A twin whose num_tokens bound has a minimum, as the `_flat` twins of outputs in the inputs'
+    dtype have (128 blocks' rows): each call's token count chooses."""
+    m = json.loads((twins / "manifest.json").read_text())
+    dense = next(k for k in m["kernels"] if k["name"] == MAIN + "_dense")
+    next(p for p in dense["params"] if p["name"] == "num_tokens")["bounds"]["min"] = "45"
+    (twins / "manifest.json").write_text(json.dumps(m))
+    for t in (50, 40, 45, 44, 60, 40, 50):  # 160-240 rows: MAIN's range of the size rule
+        call(t)
+    assert [(k, v["num_tokens"]) for k, v, _ in cpu_launch.launches] == [
+        (MAIN + "_dense", 50), (MAIN, 40), (MAIN + "_dense", 45), (MAIN, 44), (MAIN + "_dense", 60),
+        (MAIN, 40), (MAIN + "_dense", 50)]
