@@ -179,17 +179,13 @@ fn suite(dirs: &[PathBuf], tokens: &[usize], heads: &[usize]) -> Counts {
                 ));
             }
             let mut case = 0usize;
+            // Cases within the kernel's own bounds (the `_flat` twins: few heads, some many
+            // tokens; past the fewest by t, so the last block is partial as before).
+            let (fewest, most) = (fewest_tokens(k), most_heads(k));
             for &t in tokens {
-                // Within the kernel's own bounds (the `_flat` twins: few heads, some many
-                // tokens; past the fewest by t, so the last block is partial as before).
-                let t = if t < fewest_tokens(k) {
-                    fewest_tokens(k) + t
-                } else {
-                    t
-                };
+                let t = if t < fewest { fewest + t } else { t };
                 for &h in heads {
-                    let h = heads_within_cap(t, h, k.meta.variant.head_size as usize)
-                        .min(most_heads(k));
+                    let h = heads_within_cap(t, h, k.meta.variant.head_size as usize).min(most);
                     let which = case + ki;
                     case += 1;
                     let seed = 0x5eed

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
+use mla_gen::contract::Bounds;
 use mla_gen::dtype::Dtype;
 use mla_gen::runtime::{self, DeviceBuffer, Kernel};
 
@@ -61,25 +62,29 @@ pub fn vec_elems(k: &Kernel) -> usize {
         .unwrap_or(1)
 }
 
-/// The most heads a kernel's contract takes: a flat-row specialization (`_flat`) bounds
-/// `num_heads` below the heads a block of its general kernel holds; others take any count.
-pub fn most_heads(k: &Kernel) -> usize {
+/// The bounds a kernel's contract gives its integer parameter `name`, if any.
+pub fn bounds_of<'k>(k: &'k Kernel, name: &str) -> Option<&'k Bounds> {
     k.meta
         .params
         .iter()
-        .find(|p| p.name == "num_heads")
-        .and_then(|p| p.bounds.as_ref()?.max.as_ref()?.parse().ok())
+        .find(|p| p.name == name)?
+        .bounds
+        .as_ref()
+}
+
+/// The most heads a kernel's contract takes: a flat-row specialization (`_flat`) bounds
+/// `num_heads` below the heads a block of its general kernel holds; others take any count.
+pub fn most_heads(k: &Kernel) -> usize {
+    bounds_of(k, "num_heads")
+        .and_then(|b| b.max.as_ref()?.parse().ok())
         .unwrap_or(usize::MAX)
 }
 
 /// The fewest tokens a kernel's contract takes: the `_flat` twins of outputs in the inputs'
 /// dtype need a grid of 128 blocks or more at one head; others take any count.
 pub fn fewest_tokens(k: &Kernel) -> usize {
-    k.meta
-        .params
-        .iter()
-        .find(|p| p.name == "num_tokens")
-        .and_then(|p| p.bounds.as_ref()?.min.parse().ok())
+    bounds_of(k, "num_tokens")
+        .and_then(|b| b.min.parse().ok())
         .unwrap_or(0)
 }
 

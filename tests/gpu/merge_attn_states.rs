@@ -214,10 +214,7 @@ pub fn run_case(
 /// A specialization for calls where every token has context (`_dense_nothr`): its contract
 /// bounds the threshold to T, so launches with another threshold are not its cases.
 pub fn takes_only_all_context(k: &Kernel) -> bool {
-    k.meta.params.iter().any(|p| {
-        p.name == "prefill_tokens_with_context"
-            && p.bounds.as_ref().is_some_and(|b| b.min == "num_tokens")
-    })
+    bounds_of(k, "prefill_tokens_with_context").is_some_and(|b| b.min == "num_tokens")
 }
 
 /// One case of the suite: cycle (threshold, output lse) over the shapes so every kernel sees every
