@@ -23,7 +23,7 @@
 //! manifest records; and the skip mode (`MLA_GEN_SKIP_COMPILE=1`, [`Builder::skip_compile`], and
 //! always on docs.rs, which sets `DOCS_RS`) declares every method and embeds no kernel.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use crate::constants::TOOL_VERSION;
 use crate::contract::MANIFEST;
@@ -33,7 +33,7 @@ use crate::gen::render::Templates;
 use crate::gen::sha256_hex;
 use crate::gen::spec::{self, Spec};
 use crate::generate::{generate_files, Error};
-use crate::host::manifest::{FileView, KernelView, ManifestView};
+use crate::host::manifest::{image_mismatch, FileView, KernelView, ManifestView};
 #[doc(hidden)]
 pub use crate::writers::rust_module::{rust_module, BindingKernel};
 
@@ -360,12 +360,7 @@ impl Builder {
             .map_err(|e| prebuilt_err(dir, format!("cannot resolve the folder: {e}")))?;
         let mut files = Vec::new();
         for f in images(&manifest) {
-            let relative = Path::new(&f.file);
-            if f.file.is_empty()
-                || !relative
-                    .components()
-                    .all(|c| matches!(c, Component::Normal(_)))
-            {
+            if !FileView::inside_folder(&f.file) {
                 return Err(prebuilt_err(
                     &manifest_path,
                     format!(
@@ -374,7 +369,7 @@ impl Builder {
                     ),
                 ));
             }
-            let path = abs.join(relative);
+            let path = abs.join(&f.file);
             if Self::in_build_script() {
                 println!("cargo:rerun-if-changed={}", path.display());
             }
@@ -384,16 +379,15 @@ impl Builder {
                     format!("cannot read it ({e}); the manifest lists it: regenerate the folder (mla-gen generate)"),
                 )
             })?;
-            let got = sha256_hex(&bytes);
-            let want = f.sha256.as_deref().unwrap_or_default();
-            if got != want || f.bytes != Some(bytes.len() as u64) {
+            if let Some(m) = image_mismatch(f.bytes, f.sha256.as_deref(), &bytes) {
                 return Err(prebuilt_err(
                     &path,
                     format!(
-                        "sha256 {got} ({} bytes) differs from the manifest's {} ({} bytes): the folder changed after it was generated; regenerate it (mla-gen generate) or run `mla-gen check` to see what differs",
-                        bytes.len(),
-                        want,
-                        f.bytes.map_or("?".to_string(), |b| b.to_string()),
+                        "sha256 {} ({} bytes) differs from the manifest's {} ({} bytes): the folder changed after it was generated (a truncated or partial copy?); regenerate it (mla-gen generate) or run `mla-gen check` to see what differs",
+                        m.found_sha256,
+                        m.found_bytes,
+                        m.expected_sha256,
+                        m.expected_bytes.map_or("?".to_string(), |b| b.to_string()),
                     ),
                 ));
             }

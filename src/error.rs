@@ -4,6 +4,10 @@
 
 use std::path::PathBuf;
 
+/// How a kernel folder is made again, for errors about one that is damaged or incomplete.
+pub const REGENERATE: &str =
+    "regenerate the folder: `mla-gen generate SPEC --out DIR` (this repository's generated/: scripts/generate.sh)";
+
 /// An argument the kernel cannot take: the kernel's name and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{kernel}: {problem}")]
@@ -44,15 +48,55 @@ pub enum RuntimeError {
         needed: String,
         driver: String,
     },
-    #[error("{file} cannot be loaded on this GPU (sm_{cc}): {source}")]
+    /// The driver refused an image that matches the manifest (out of memory, a context left
+    /// unusable by an earlier fault, an image for another GPU).
+    #[error("{kernel}: the driver cannot load {file} on this GPU (sm_{cc}): {call} returned {}; nothing of this manifest stays loaded{}", driver_error_name(source), context_hint(source))]
     Load {
+        kernel: String,
+        call: &'static str,
         file: String,
         cc: String,
         #[source]
         source: cudarc::driver::DriverError,
     },
+    /// An image whose size or sha256 is not the manifest's: refused before the driver sees it.
+    #[error("{} (the image of kernel {kernel}) is not the file the manifest records: {found_bytes} bytes, sha256 {found_sha256}; the manifest has {} bytes, sha256 {expected_sha256} (a truncated or partial copy, a full disk, or a file changed after generation). Nothing was loaded; {REGENERATE}", file.display(), expected_bytes.map_or("(none recorded)".to_string(), |b| b.to_string()))]
+    ImageMismatch {
+        kernel: String,
+        file: PathBuf,
+        expected_bytes: Option<u64>,
+        found_bytes: u64,
+        expected_sha256: String,
+        found_sha256: String,
+    },
+    /// A file the manifest lists is not there (or cannot be read).
+    #[error("{} cannot be read ({detail}): kernel {kernel} needs it, so the kernel folder is incomplete. Nothing was loaded; copy the folder whole, or {REGENERATE}", file.display())]
+    MissingImage {
+        kernel: String,
+        file: PathBuf,
+        detail: String,
+    },
+    /// The loaded image does not take the parameters the manifest's contract lists.
+    #[error("{kernel}: {file} does not match the manifest's contract: {detail}. Launching it would pass the wrong arguments, so nothing was loaded; {REGENERATE}")]
+    ContractMismatch {
+        kernel: String,
+        file: String,
+        detail: String,
+    },
+    /// A launch the driver refused (after the check passed).
+    #[error(
+        "{kernel}: {call} returned {}{}",
+        driver_error_name(source),
+        context_hint(source)
+    )]
+    Launch {
+        kernel: String,
+        call: &'static str,
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
     /// The manifest has no CUBIN or PTX this device can run.
-    #[error("{kernel} cannot run on this GPU (sm_{cc}): the manifest has no CUBIN or PTX for it (archs: {archs})")]
+    #[error("{kernel} cannot run on this GPU (sm_{cc}): the manifest has no CUBIN for it, nor PTX of an older arch to JIT (archs: {archs}); add sm_{cc} to the spec's `arch` and {REGENERATE}")]
     NoArtifact {
         kernel: String,
         cc: String,
@@ -87,6 +131,32 @@ impl From<ManifestError> for RuntimeError {
             path: e.path,
             detail: e.detail,
         }
+    }
+}
+
+/// The driver's name of an error (`CUDA_ERROR_OUT_OF_MEMORY`), or its number.
+#[cfg(feature = "runtime")]
+fn driver_error_name(e: &cudarc::driver::DriverError) -> String {
+    match e.error_name() {
+        Ok(name) => name.to_string_lossy().into_owned(),
+        Err(_) => format!("CUresult {}", e.0 as u32),
+    }
+}
+
+/// What a driver error means for the caller's next step.
+#[cfg(feature = "runtime")]
+fn context_hint(e: &cudarc::driver::DriverError) -> &'static str {
+    use cudarc::driver::sys::CUresult as R;
+    match e.0 {
+        R::CUDA_ERROR_OUT_OF_MEMORY => " (GPU memory is exhausted: free some and call again)",
+        R::CUDA_ERROR_ILLEGAL_ADDRESS
+        | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+        | R::CUDA_ERROR_MISALIGNED_ADDRESS
+        | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+        | R::CUDA_ERROR_LAUNCH_FAILED => {
+            " (a sticky error: a kernel faulted earlier in this CUDA context, which is now unusable; every later call in it fails the same way: recreate the context, or restart the process)"
+        }
+        _ => "",
     }
 }
 

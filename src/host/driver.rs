@@ -19,6 +19,32 @@ pub fn driver_cuda_version() -> Result<(i32, i32), String> {
     Ok((v / 1000, (v % 1000) / 10))
 }
 
+/// `cuFuncGetParamInfo(function, index, &offset, &size)`, as declared in cuda.h.
+pub(crate) type ParamInfo = unsafe extern "C" fn(
+    cudarc::driver::sys::CUfunction,
+    usize,
+    *mut usize,
+    *mut usize,
+) -> std::ffi::c_int;
+
+/// The driver's `cuFuncGetParamInfo` (CUDA 12.4 drivers and newer), looked up once; `None`
+/// for an older driver, whose images are then loaded without the parameter check. Looked up by
+/// name rather than through cudarc, whose dynamic loading panics on a missing symbol.
+pub(crate) fn param_info() -> Option<ParamInfo> {
+    static FOUND: std::sync::OnceLock<Option<(libloading::Library, ParamInfo)>> =
+        std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            // SAFETY: as in driver_cuda_version.
+            let lib = unsafe { libloading::Library::new("libcuda.so.1") }.ok()?;
+            // SAFETY: the declared type of cuFuncGetParamInfo; the library stays loaded with it.
+            let f = *unsafe { lib.get::<ParamInfo>(b"cuFuncGetParamInfo") }.ok()?;
+            Some((lib, f))
+        })
+        .as_ref()
+        .map(|(_, f)| *f)
+}
+
 /// Can a driver supporting CUDA `driver` JIT PTX that needs CUDA `needed` ("13.0")?
 pub fn driver_can_jit(driver: (i32, i32), needed: &str) -> Option<bool> {
     let (maj, min) = needed.split_once('.')?;

@@ -253,7 +253,11 @@ impl Kernel {
                     params,
                 )
             }
-            .map_err(RuntimeError::from);
+            .map_err(|source| RuntimeError::Launch {
+                kernel: self.name().to_string(),
+                call: "cuLaunchKernelEx",
+                source,
+            });
         }
         // SAFETY: the caller's contract; the function belongs to this kernel's live module.
         unsafe {
@@ -265,8 +269,12 @@ impl Kernel {
                 stream.cu_stream(),
                 params,
             )
-        }?;
-        Ok(())
+        }
+        .map_err(|source| RuntimeError::Launch {
+            kernel: self.name().to_string(),
+            call: "cuLaunchKernel",
+            source,
+        })
     }
 
     /// `cuLaunchKernel` alone, `calls` times back to back with arguments checked once:

@@ -8,15 +8,16 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 
 use crate::constants::ENV_SKIP;
-use crate::error::RuntimeError;
+use crate::error::{RuntimeError, REGENERATE};
 use crate::host::kernel::{Kernel, LoadedRule, Module};
-use crate::host::manifest::ManifestView;
+use crate::host::manifest::{image_mismatch, Artifact, FileView, KernelView, ManifestView};
 use crate::host::select::{Call, Selector};
 
 /// Every kernel of one manifest, loaded into one context.
@@ -39,21 +40,23 @@ const _: () = {
 };
 
 impl Runtime {
-    /// Load every kernel of `dir/manifest.json` into `ctx`.
+    /// Load every kernel of `dir/manifest.json` into `ctx`. Each image is read once and checked
+    /// against the manifest's size and sha256 before the driver sees it (a truncated file makes
+    /// drivers crash, not fail): a damaged, missing or foreign file is an error naming it.
     pub fn load(ctx: Arc<CudaContext>, dir: &Path) -> Result<Runtime, RuntimeError> {
         let path = dir.join(crate::contract::MANIFEST);
-        let read = |p: PathBuf| {
-            std::fs::read(&p).map_err(|e| RuntimeError::Manifest {
-                path: p,
-                detail: e.to_string(),
-            })
-        };
-        let text = read(path.clone())?;
-        Self::load_with(ctx, &path, &text, |file| read(dir.join(file)))
+        let text = std::fs::read(&path).map_err(|e| RuntimeError::Manifest {
+            path: path.clone(),
+            detail: format!(
+                "cannot read it ({e}): Runtime::load takes a folder `mla-gen generate --out` wrote"
+            ),
+        })?;
+        Self::load_with(ctx, &path, &text, dir, |file| std::fs::read(dir.join(file)))
     }
 
     /// Load kernels embedded in a binary (what `Builder`'s generated module passes): the
-    /// manifest's text and its files by their manifest paths.
+    /// manifest's text and its files by their manifest paths (checked as [`Runtime::load`]
+    /// checks files).
     pub fn from_embedded(
         ctx: Arc<CudaContext>,
         manifest: &str,
@@ -69,15 +72,13 @@ impl Runtime {
                 ),
             });
         }
-        Self::load_with(ctx, &origin, manifest.as_bytes(), |file| {
+        let folder = Path::new("<embedded>");
+        Self::load_with(ctx, &origin, manifest.as_bytes(), folder, |file| {
             files
                 .iter()
                 .find(|(name, _)| *name == file)
                 .map(|(_, bytes)| bytes.to_vec())
-                .ok_or_else(|| RuntimeError::Manifest {
-                    path: origin.clone(),
-                    detail: format!("{file} is not embedded"),
-                })
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "not embedded"))
         })
     }
 
@@ -85,7 +86,8 @@ impl Runtime {
         ctx: Arc<CudaContext>,
         path: &Path,
         text: &[u8],
-        read: impl Fn(&str) -> Result<Vec<u8>, RuntimeError>,
+        folder: &Path,
+        read: impl Fn(&str) -> io::Result<Vec<u8>>,
     ) -> Result<Runtime, RuntimeError> {
         let manifest = ManifestView::parse(path, text)?;
         // Selection resolved once: a manifest it cannot read loads nothing.
@@ -99,11 +101,10 @@ impl Runtime {
         let cc = ctx.compute_capability()?;
         let driver_cuda =
             crate::host::driver::driver_cuda_version().map_err(RuntimeError::NoDriver)?;
-        ctx.bind_to_thread()?;
-        let mut loaded = Vec::with_capacity(manifest.kernels.len());
-        let mut by_name = HashMap::new();
+        // Every checker built and every image read and checked before the driver sees one: a
+        // contract this runtime cannot read, or one damaged file, loads nothing.
+        let mut ready = Vec::with_capacity(manifest.kernels.len());
         for k in &manifest.kernels {
-            // The checker first: a contract this runtime cannot read loads nothing.
             let plan = k.plan()?;
             let Some(artifact) = k.artifact(cc) else {
                 return Err(RuntimeError::NoArtifact {
@@ -117,12 +118,23 @@ impl Runtime {
                         .join(", "),
                 });
             };
-            let mut image = read(&artifact.file)?;
-            if !artifact.cubin {
-                image.push(0); // cuModuleLoadData takes PTX as a C string
-            }
-            // SAFETY: `image` is a complete CUBIN or NUL-terminated PTX and outlives the call;
-            // the context is current.
+            let image = checked_image(path, folder, k, &artifact, &read)?;
+            ready.push((plan, artifact, image));
+        }
+        ctx.bind_to_thread()?;
+        let mut loaded = Vec::with_capacity(manifest.kernels.len());
+        let mut by_name = HashMap::new();
+        for (k, (plan, artifact, image)) in manifest.kernels.iter().zip(ready) {
+            let failed = |call, source| RuntimeError::Load {
+                kernel: k.name.clone(),
+                call,
+                file: artifact.file.clone(),
+                cc: format!("{}{}", cc.0, cc.1),
+                source,
+            };
+            // SAFETY: `image` is a CUBIN that matches the manifest's size and sha256 (ELF
+            // header checked) or NUL-terminated PTX, and outlives the call; the context is
+            // current.
             let handle = match unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
             {
                 Ok(m) => m,
@@ -135,13 +147,7 @@ impl Runtime {
                         driver: format!("{}.{}", driver_cuda.0, driver_cuda.1),
                     })
                 }
-                Err(source) => {
-                    return Err(RuntimeError::Load {
-                        file: artifact.file,
-                        cc: format!("{}{}", cc.0, cc.1),
-                        source,
-                    })
-                }
+                Err(source) => return Err(failed("cuModuleLoadData", source)),
             };
             // Owned from here: an error below unloads it.
             let module = Module {
@@ -153,7 +159,18 @@ impl Runtime {
                 detail: format!("kernel name {:?} holds a NUL byte", k.name),
             })?;
             // SAFETY: the module is loaded in the current context; name is a valid C string.
-            let function = unsafe { result::module::get_function(module.handle, name) }?;
+            let function = match unsafe { result::module::get_function(module.handle, name) } {
+                Ok(f) => f,
+                Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_FOUND)) => {
+                    return Err(RuntimeError::ContractMismatch {
+                        kernel: k.name.clone(),
+                        file: artifact.file,
+                        detail: "it holds no kernel of that name".into(),
+                    })
+                }
+                Err(source) => return Err(failed("cuModuleGetFunction", source)),
+            };
+            check_params(function, k, &artifact.file, plan.param_names().count())?;
             by_name.insert(k.name.clone(), loaded.len());
             loaded.push(Kernel {
                 meta: k.clone(),
@@ -213,6 +230,110 @@ impl Runtime {
             .cloned()
             .ok_or_else(|| RuntimeError::NoKernel(name.to_string()))
     }
+}
+
+/// Kernel `k`'s image, read and checked against the manifest: a path inside the folder, there,
+/// of the recorded size and sha256, and of its kind (an ELF CUBIN, or PTX text that gets its
+/// NUL terminator here). Hashing happens once per load, never on a launch.
+fn checked_image(
+    manifest_path: &Path,
+    folder: &Path,
+    k: &KernelView,
+    artifact: &Artifact,
+    read: &impl Fn(&str) -> io::Result<Vec<u8>>,
+) -> Result<Vec<u8>, RuntimeError> {
+    if !FileView::inside_folder(&artifact.file) {
+        return Err(RuntimeError::Manifest {
+            path: manifest_path.to_path_buf(),
+            detail: format!(
+                "kernel {}: its image {:?} is not a path inside the folder (absolute, or through `..`): refused; {REGENERATE}",
+                k.name, artifact.file
+            ),
+        });
+    }
+    let file = folder.join(&artifact.file);
+    let mut image = read(&artifact.file).map_err(|e| RuntimeError::MissingImage {
+        kernel: k.name.clone(),
+        file: file.clone(),
+        detail: e.to_string(),
+    })?;
+    if let Some(m) = image_mismatch(artifact.bytes, artifact.sha256.as_deref(), &image) {
+        return Err(RuntimeError::ImageMismatch {
+            kernel: k.name.clone(),
+            file,
+            expected_bytes: m.expected_bytes,
+            found_bytes: m.found_bytes,
+            expected_sha256: m.expected_sha256,
+            found_sha256: m.found_sha256,
+        });
+    }
+    // What the manifest records could itself be wrong: the driver only gets what it can parse
+    // without reading past the buffer's end.
+    let kind = if artifact.cubin {
+        (image.len() < 64 || !image.starts_with(b"\x7fELF")).then_some("an ELF CUBIN")
+    } else {
+        (image.is_empty() || image.contains(&0)).then_some("PTX text")
+    };
+    if let Some(kind) = kind {
+        return Err(RuntimeError::ContractMismatch {
+            kernel: k.name.clone(),
+            file: artifact.file.clone(),
+            detail: format!("it is not {kind}, as the manifest says"),
+        });
+    }
+    if !artifact.cubin {
+        image.push(0); // cuModuleLoadData takes PTX as a C string
+    }
+    Ok(image)
+}
+
+/// The image's parameters against the contract's: as many, each 8 bytes (a device address or a
+/// 64-bit integer, what every launch passes). Asked of the driver where it can say
+/// (`cuFuncGetParamInfo`, CUDA 12.4 drivers and newer); skipped where it cannot.
+fn check_params(
+    function: sys::CUfunction,
+    k: &KernelView,
+    file: &str,
+    expected: usize,
+) -> Result<(), RuntimeError> {
+    let Some(param_info) = crate::host::driver::param_info() else {
+        return Ok(());
+    };
+    const SUCCESS: i32 = 0;
+    const INVALID_VALUE: i32 = 1;
+    let mismatch = |detail: String| RuntimeError::ContractMismatch {
+        kernel: k.name.clone(),
+        file: file.to_string(),
+        detail,
+    };
+    // One past the contract's count: that index must not exist.
+    for index in 0..=expected {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: a function of a loaded module; out-pointers to live locals.
+        let rc = unsafe { param_info(function, index, &mut offset, &mut size) };
+        match (rc, index == expected) {
+            (SUCCESS, false) if size == 8 => {}
+            (SUCCESS, false) => {
+                return Err(mismatch(format!(
+                    "its parameter {index} is {size} bytes, where the contract's `{}` is 8",
+                    k.params.get(index).map_or("?", |p| p.name.as_str())
+                )))
+            }
+            (SUCCESS, true) => {
+                return Err(mismatch(format!(
+                    "it takes more than the contract's {expected} parameters"
+                )))
+            }
+            (INVALID_VALUE, false) if index > 0 => {
+                return Err(mismatch(format!(
+                    "it takes {index} parameters, the contract {expected}"
+                )))
+            }
+            // Past the end as expected, or a driver that cannot say.
+            _ => return Ok(()),
+        }
+    }
+    Ok(())
 }
 
 /// Share the loaded kernels, each holding the kernels its size rule and specializations name. A

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use crate::constants::TOOL_VERSION;
 use crate::contract::{Contract, LaunchRule, Limit, Param, SCHEMA_VERSION};
 use crate::dtype::Dtype;
-use crate::error::ManifestError;
+use crate::error::{ManifestError, REGENERATE};
 use crate::host::check::Plan;
 use crate::variant::{Arch, Family, Fp8Group, LseLayout, OutputKind, Schedule};
 
@@ -68,6 +68,54 @@ pub struct FileView {
     pub sha256: Option<String>,
 }
 
+impl FileView {
+    /// Is the file a path inside the manifest's folder? Relative, not empty, no `..`: a
+    /// manifest naming anything else is refused, never followed.
+    pub fn inside_folder(file: &str) -> bool {
+        !file.is_empty()
+            && Path::new(file)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+    }
+}
+
+/// Why `bytes` are not the image a manifest records (`bytes`, `sha256`): found and expected
+/// size and sha256, or `None` when they are. Where the manifest records neither, nothing can be
+/// checked, and that is a mismatch too.
+#[cfg(any(feature = "runtime", feature = "codegen"))]
+pub fn image_mismatch(
+    recorded_bytes: Option<u64>,
+    recorded_sha256: Option<&str>,
+    bytes: &[u8],
+) -> Option<ImageMismatch> {
+    use sha2::{Digest, Sha256};
+    let found_sha256: String = Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let found_bytes = bytes.len() as u64;
+    let expected_sha256 = recorded_sha256.unwrap_or("(none recorded)");
+    if recorded_bytes == Some(found_bytes) && expected_sha256 == found_sha256 {
+        return None;
+    }
+    Some(ImageMismatch {
+        expected_bytes: recorded_bytes,
+        found_bytes,
+        expected_sha256: expected_sha256.to_string(),
+        found_sha256,
+    })
+}
+
+/// An image that differs from what its manifest records ([`image_mismatch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ImageMismatch {
+    pub expected_bytes: Option<u64>,
+    pub found_bytes: u64,
+    pub expected_sha256: String,
+    pub found_sha256: String,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[non_exhaustive]
 pub struct ArchView {
@@ -110,6 +158,9 @@ pub struct Artifact {
     pub file: String,
     /// Machine code (true) or PTX the driver compiles (false).
     pub cubin: bool,
+    /// Size and sha256 the manifest records (checked before the driver sees the file).
+    pub bytes: Option<u64>,
+    pub sha256: Option<String>,
 }
 
 impl ManifestView {
@@ -124,14 +175,24 @@ impl ManifestView {
         struct Version {
             schema_version: Option<u32>,
         }
-        let version: Version =
-            serde_json::from_slice(text).map_err(|e| bad(format!("not a manifest: {e}")))?;
+        let version: Version = serde_json::from_slice(text).map_err(|e| {
+            let why = if e.is_eof() {
+                "it ends early (a truncated or partial copy)"
+            } else {
+                "it is not JSON"
+            };
+            bad(format!("not a manifest: {why}: {e}; {REGENERATE}"))
+        })?;
         match version.schema_version {
             Some(SCHEMA_VERSION) => {}
+            Some(v) if v > SCHEMA_VERSION => {
+                return Err(bad(format!(
+                    "schema_version {v}, from a newer mla-gen; this mla-gen {TOOL_VERSION} reads schema_version {SCHEMA_VERSION}: upgrade mla-gen, or regenerate the kernels with this one"
+                )))
+            }
             Some(v) => {
                 return Err(bad(format!(
-                    "schema_version {v}; this mla-gen {} reads schema_version {SCHEMA_VERSION}: regenerate the kernels with it",
-                    TOOL_VERSION
+                    "schema_version {v}; this mla-gen {TOOL_VERSION} reads schema_version {SCHEMA_VERSION}: regenerate the kernels with it"
                 )))
             }
             None => {
@@ -207,8 +268,8 @@ impl KernelView {
     /// that carry PTX and are not arch-specific; else none.
     pub fn artifact(&self, cc: (i32, i32)) -> Option<Artifact> {
         let dev = u32::try_from(cc.0 * 10 + cc.1).ok()?;
-        let mut best_cubin: Option<(u32, &str)> = None;
-        let mut best_ptx: Option<(u32, &str)> = None;
+        let mut best_cubin: Option<(u32, &FileView)> = None;
+        let mut best_ptx: Option<(u32, &FileView)> = None;
         for a in &self.archs {
             let Ok(arch) = Arch::parse(&a.arch) else {
                 continue;
@@ -221,18 +282,20 @@ impl KernelView {
                     n / 10 == dev / 10 && n <= dev
                 };
                 if compatible && best_cubin.is_none_or(|(b, _)| n > b) {
-                    best_cubin = Some((n, c.file.as_str()));
+                    best_cubin = Some((n, c));
                 }
             }
             if let Some(p) = a.ptx.as_ref().filter(|_| !arch.arch_specific && n <= dev) {
                 if best_ptx.is_none_or(|(b, _)| n > b) {
-                    best_ptx = Some((n, p.file.as_str()));
+                    best_ptx = Some((n, p));
                 }
             }
         }
-        let pick = |(_, f): (u32, &str), cubin| Artifact {
-            file: f.to_string(),
+        let pick = |(_, f): (u32, &FileView), cubin| Artifact {
+            file: f.file.clone(),
             cubin,
+            bytes: f.bytes,
+            sha256: f.sha256.clone(),
         };
         best_cubin
             .map(|c| pick(c, true))
@@ -341,6 +404,34 @@ mod tests {
     }
 
     #[test]
+    fn only_paths_inside_the_folder_are_followed() {
+        assert!(FileView::inside_folder("kernels/k.sm_90.cubin"));
+        for outside in [
+            "",
+            "../k.cubin",
+            "kernels/../../k.cubin",
+            "/etc/passwd",
+            ".",
+        ] {
+            assert!(!FileView::inside_folder(outside), "{outside:?}");
+        }
+    }
+
+    #[test]
+    fn an_image_matches_only_its_recorded_size_and_sha256() {
+        // sha256("abc"), FIPS 180-2's example.
+        let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(image_mismatch(Some(3), Some(abc), b"abc"), None);
+        let m = image_mismatch(Some(3), Some(abc), b"abd").unwrap();
+        assert_eq!((m.expected_bytes, m.found_bytes), (Some(3), 3));
+        assert_ne!(m.found_sha256, abc);
+        assert!(image_mismatch(Some(2), Some(abc), b"abc").is_some());
+        // Nothing recorded: nothing can be checked, so the image is refused.
+        let m = image_mismatch(None, None, b"abc").unwrap();
+        assert_eq!(m.found_sha256, abc);
+    }
+
+    #[test]
     fn another_schema_version_is_refused_not_misread() {
         let origin = Path::new("m.json");
         let e = ManifestView::parse(origin, br#"{"schema_version": 3}"#).unwrap_err();
@@ -349,5 +440,9 @@ mod tests {
         assert!(e.to_string().contains("no schema_version"), "{e}");
         let e = ManifestView::parse(origin, b"").unwrap_err();
         assert!(e.to_string().starts_with("m.json: not a manifest"), "{e}");
+        let e = ManifestView::parse(origin, br#"{"schema_version": 99}"#).unwrap_err();
+        assert!(e.to_string().contains("upgrade mla-gen"), "{e}");
+        let e = ManifestView::parse(origin, br#"{"schema_version": 2, "kern"#).unwrap_err();
+        assert!(e.to_string().contains("ends early"), "{e}");
     }
 }
