@@ -60,14 +60,12 @@ pub enum RuntimeError {
         source: cudarc::driver::DriverError,
     },
     /// An image whose size or sha256 is not the manifest's: refused before the driver sees it.
-    #[error("{} (the image of kernel {kernel}) is not the file the manifest records: {found_bytes} bytes, sha256 {found_sha256}; the manifest has {} bytes, sha256 {expected_sha256} (a truncated or partial copy, a full disk, or a file changed after generation). Nothing was loaded; {REGENERATE}", file.display(), expected_bytes.map_or("(none recorded)".to_string(), |b| b.to_string()))]
+    #[error("{} (the image of kernel {kernel}) is not the file the manifest records: {} bytes, sha256 {}; the manifest has {} bytes, sha256 {} (a truncated or partial copy, a full disk, or a file changed after generation). Nothing was loaded; {REGENERATE}", file.display(), differs.found_bytes, differs.found_sha256, differs.expected_bytes.map_or("(none recorded)".to_string(), |b| b.to_string()), differs.expected_sha256)]
     ImageMismatch {
         kernel: String,
         file: PathBuf,
-        expected_bytes: Option<u64>,
-        found_bytes: u64,
-        expected_sha256: String,
-        found_sha256: String,
+        /// Found and expected size and sha256 (boxed: errors stay small).
+        differs: Box<crate::host::manifest::ImageMismatch>,
     },
     /// A file the manifest lists is not there (or cannot be read).
     #[error("{} cannot be read ({detail}): kernel {kernel} needs it, so the kernel folder is incomplete. Nothing was loaded; copy the folder whole, or {REGENERATE}", file.display())]

@@ -261,10 +261,7 @@ fn checked_image(
         return Err(RuntimeError::ImageMismatch {
             kernel: k.name.clone(),
             file,
-            expected_bytes: m.expected_bytes,
-            found_bytes: m.found_bytes,
-            expected_sha256: m.expected_sha256,
-            found_sha256: m.found_sha256,
+            differs: Box::new(m),
         });
     }
     // What the manifest records could itself be wrong: the driver only gets what it can parse

@@ -9,7 +9,6 @@ use cudarc::driver::CudaContext;
 use mla_gen::runtime::{Runtime, RuntimeError};
 
 #[path = "../launch_validation/common.rs"]
-#[allow(dead_code)]
 mod args;
 
 const KERNEL: &str = "merge_attn_states_bf16_d128_thr_lse";
@@ -176,7 +175,7 @@ fn images(ctx: &Arc<CudaContext>, stub: &Stub, good: &Path, tmp: &Path) {
         std::fs::write(dir.join(CUBIN), &bytes).unwrap();
         let e = refused(ctx, stub, &dir, &[CUBIN, KERNEL, &want, FIX]);
         assert!(
-            matches!(e, RuntimeError::ImageMismatch { found_bytes, .. } if found_bytes == bytes.len() as u64),
+            matches!(&e, RuntimeError::ImageMismatch { differs, .. } if differs.found_bytes == bytes.len() as u64),
             "{what}: {e:?}"
         );
         still_works(ctx, stub, good);
