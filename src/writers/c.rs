@@ -24,7 +24,7 @@ const MAX_DIMS: usize = 8;
 /// does not make.
 const MAX_DEFAULT_SHARED_MEM: u32 = 48 * 1024;
 
-const TEMPLATES: [(&str, &str); 5] = [
+const TEMPLATES: [(&str, &str); 6] = [
     (
         "mla_kernels.h.tera",
         include_str!("../../templates/c/mla_kernels.h.tera"),
@@ -42,6 +42,11 @@ const TEMPLATES: [(&str, &str); 5] = [
     (
         "mla_select.c.tera",
         include_str!("../../templates/c/mla_select.c.tera"),
+    ),
+    // Section 4a of the .c, images read from files, included by it.
+    (
+        "mla_files.c.tera",
+        include_str!("../../templates/c/mla_files.c.tera"),
     ),
     // Section 7 of the .c, prepared launches, included by it.
     (
@@ -146,6 +151,11 @@ struct Image {
     cubin: u8,
     len: usize,
     bytes: String,
+    /// Its path in the folder, size and sha256 as the manifest records them (what a launcher
+    /// built to read its images from files checks them against).
+    file: String,
+    size: u64,
+    sha256: String,
 }
 
 #[derive(Serialize)]

@@ -7,7 +7,8 @@
  * grid, block and parameters (each 8 bytes, through kernelParams ending with NULL or extra's one
  * buffer, as the launcher passes them; anything else fails the launch), and whether it
  * came through cuLaunchKernelEx with programmatic stream serialization. Failures can be
- * injected: no current context, the Nth library load, the next launch. */
+ * injected: no current context, the Nth library load, the next launch, and a sticky error (every
+ * load and launch fails with it until cleared, as in a context a kernel faulted in). */
 #ifndef MLA_DRIVER_STUB_H
 #define MLA_DRIVER_STUB_H
 
@@ -23,6 +24,11 @@ static _Thread_local int stub_device = 0;
 static _Thread_local int stub_no_context = 0;   /* 1: no current context on this thread */
 static atomic_int stub_fail_load = -1;          /* loads before one fails; -1 = none fails */
 static CUresult stub_launch_result = CUDA_SUCCESS; /* what the next launch returns */
+static _Atomic CUresult stub_sticky = CUDA_SUCCESS; /* what every load and launch returns while set */
+
+/* The hint the launcher appends to a sticky error's message. */
+#define STICKY " (a sticky error: a kernel faulted earlier in this CUDA context, which is now unusable; every later " \
+               "call in it fails the same way: recreate the context, or restart the process)"
 
 static atomic_int cubins_loaded, ptx_loaded, libraries_live, launches;
 static int last_loaded_arch;                   /* 90 for sm_90: the arch of the last image loaded */
@@ -40,6 +46,7 @@ CUresult cuGetErrorName(CUresult r, const char** name) {
     case CUDA_ERROR_OUT_OF_MEMORY: *name = "CUDA_ERROR_OUT_OF_MEMORY"; return CUDA_SUCCESS;
     case CUDA_ERROR_INVALID_CONTEXT: *name = "CUDA_ERROR_INVALID_CONTEXT"; return CUDA_SUCCESS;
     case CUDA_ERROR_LAUNCH_FAILED: *name = "CUDA_ERROR_LAUNCH_FAILED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_ILLEGAL_ADDRESS: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; return CUDA_SUCCESS;
     default: *name = NULL; return CUDA_ERROR_INVALID_VALUE;
     }
 }
@@ -73,6 +80,7 @@ static int stub_image_arch(const unsigned char* image, int* cubin) {
 CUresult cuLibraryLoadData(CUlibrary* lib, const void* code, CUjit_option* jo, void** jv, unsigned nj,
                            CUlibraryOption* lo, void** lv, unsigned nl) {
     (void)jo; (void)jv; (void)nj; (void)lo; (void)lv; (void)nl;
+    if (stub_sticky != CUDA_SUCCESS) return stub_sticky;
     /* Decrement the countdown while it is >= 0; the load that finds it at 0 fails. */
     int left = atomic_load(&stub_fail_load);
     while (left >= 0 && !atomic_compare_exchange_weak(&stub_fail_load, &left, left - 1)) {}
@@ -106,6 +114,7 @@ static atomic_int launches_ex;
 static CUresult stub_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shmem,
                             void** params, void** extra, int ex, int pss) {
     if (!f || stub_no_context) return CUDA_ERROR_INVALID_CONTEXT;
+    if (stub_sticky != CUDA_SUCCESS) return stub_sticky;
     /* The values come one way: kernelParams, or extra as the driver reads it (the buffer of
      * 8-byte values and its size, each behind its key, then the end). */
     if (params ? extra != NULL

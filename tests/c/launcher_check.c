@@ -13,10 +13,8 @@
 #define T 100
 #define H 8
 #define D 128
-#define N (T * H * D)
 #define KERNEL "merge_attn_states_bf16_d128_thr_lse"
-static _Alignas(16) unsigned short out[N], prefix[N], suffix[N];
-static float plse[T * H], slse[T * H], olse[T * H];
+#include "merge_call.h"
 
 static int failures;
 #define EXPECT(cond) do { if (!(cond)) { printf("FAILED line %d: %s\n", __LINE__, #cond); failures++; } } while (0)
@@ -27,22 +25,6 @@ static int failures;
                mla_status_string(s_), mla_last_error()); \
         failures++; } } while (0)
 #define REFUSED(args, text) FAILS(merge(args), MLA_INVALID_ARGUMENT, KERNEL ": " text)
-
-static mla_merge_attn_states_args good(void) {
-    mla_merge_attn_states_args a = MLA_MERGE_ATTN_STATES_ARGS_INIT;
-    a.output = out; a.output_numel = N;
-    a.output_lse = olse; a.output_lse_numel = T * H;
-    a.prefix_output = prefix; a.prefix_output_numel = N;
-    a.prefix_lse = plse; a.prefix_lse_numel = T * H;
-    a.suffix_output = suffix; a.suffix_output_numel = N;
-    a.suffix_lse = slse; a.suffix_lse_numel = T * H;
-    a.num_tokens = T; a.num_heads = H;
-    a.output_token_stride = H * D; a.output_head_stride = D;
-    a.prefix_token_stride = H * D; a.prefix_head_stride = D;
-    a.suffix_token_stride = H * D; a.suffix_head_stride = D;
-    a.prefill_tokens_with_context = T / 2;
-    return a;
-}
 
 static mla_status merge(mla_merge_attn_states_args a) { return mla_merge_attn_states_bf16_d128_thr_lse(NULL, &a); }
 
@@ -145,7 +127,7 @@ int main(void) {
     /* Driver errors: the call and the CUresult's name; the CUresult itself on this thread. */
     a = good();
     stub_launch_result = CUDA_ERROR_LAUNCH_FAILED;
-    FAILS(merge(a), MLA_CUDA_ERROR, KERNEL ": cuLaunchKernel: CUDA_ERROR_LAUNCH_FAILED");
+    FAILS(merge(a), MLA_CUDA_ERROR, KERNEL ": cuLaunchKernel: CUDA_ERROR_LAUNCH_FAILED" STICKY);
     EXPECT(mla_last_cuda_result() == CUDA_ERROR_LAUNCH_FAILED);
     stub_launch_result = (CUresult)999;
     FAILS(merge(a), MLA_CUDA_ERROR, KERNEL ": cuLaunchKernel: CUresult 999");

@@ -13,26 +13,10 @@
 #define T 64
 #define H 4
 #define D 128
-#define N (T * H * D)
-static _Alignas(16) unsigned short out[N], prefix[N], suffix[N];
-static float plse[T * H], slse[T * H];
+#include "merge_call.h"
 
 static int failures;
 #define EXPECT(cond) do { if (!(cond)) { printf("FAILED line %d: %s\n", __LINE__, #cond); failures++; } } while (0)
-
-static mla_merge_attn_states_args good(void) {
-    mla_merge_attn_states_args a = MLA_MERGE_ATTN_STATES_ARGS_INIT;
-    a.output = out; a.output_numel = N;
-    a.prefix_output = prefix; a.prefix_output_numel = N;
-    a.prefix_lse = plse; a.prefix_lse_numel = T * H;
-    a.suffix_output = suffix; a.suffix_output_numel = N;
-    a.suffix_lse = slse; a.suffix_lse_numel = T * H;
-    a.num_tokens = T; a.num_heads = H;
-    a.output_token_stride = H * D; a.output_head_stride = D;
-    a.prefix_token_stride = H * D; a.prefix_head_stride = D;
-    a.suffix_token_stride = H * D; a.suffix_head_stride = D;
-    return a;
-}
 
 int main(void) {
     const mla_merge_attn_states_args a = good();
@@ -41,7 +25,7 @@ int main(void) {
     EXPECT(mla_merge_attn_states_bf16_d128_thr_lse_pdl(NULL, &a) == MLA_OK);
     EXPECT(launches == 1 && launches_ex == 1 && last_launch_ex == 1 && last_pss == 1);
     EXPECT(last_loaded_arch == 90 && last_grid[1] == H && last_block > 0 && last_param_count == 15);
-    EXPECT(last_params[0] == (long long)(uintptr_t)out && last_params[14] == T);
+    EXPECT(last_params[0] == (long long)(uintptr_t)out && last_params[14] == T / 2);
     /* The same launch without pdl: plain. */
     EXPECT(mla_merge_attn_states_bf16_d128_thr_lse(NULL, &a) == MLA_OK);
     EXPECT(launches == 2 && launches_ex == 1 && last_launch_ex == 0 && last_pss == -1);
@@ -62,11 +46,12 @@ int main(void) {
     stub_device = 0;
     stub_launch_result = CUDA_ERROR_LAUNCH_FAILED;
     EXPECT(mla_merge_attn_states_bf16_d128_thr_lse_pdl(NULL, &a) == MLA_CUDA_ERROR);
-    EXPECT(strcmp(mla_last_error(), "merge_attn_states_bf16_d128_thr_lse_pdl: cuLaunchKernelEx: CUDA_ERROR_LAUNCH_FAILED") == 0);
+    EXPECT(strcmp(mla_last_error(), "merge_attn_states_bf16_d128_thr_lse_pdl: cuLaunchKernelEx: CUDA_ERROR_LAUNCH_FAILED" STICKY) == 0);
     EXPECT(mla_last_cuda_result() == CUDA_ERROR_LAUNCH_FAILED);
     /* No tokens: nothing launched, no driver call. */
     mla_merge_attn_states_args empty = good();
     empty.num_tokens = 0;
+    empty.prefill_tokens_with_context = 0;
     EXPECT(mla_merge_attn_states_bf16_d128_thr_lse_pdl(NULL, &empty) == MLA_OK && launches == 4);
     printf("%d passed, %d failed\n", failures == 0, failures);
     return failures != 0;

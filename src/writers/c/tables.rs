@@ -309,6 +309,17 @@ pub(super) fn kernel(
                 .get(file)
                 .cloned()
                 .ok_or_else(|| format!("{name}: {file} is not among the files"))?;
+            // The path becomes a C string literal: only what mla-gen writes may reach it.
+            if !file
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
+            {
+                return Err(format!(
+                    "{name}: the image path {file:?} is not one mla-gen writes"
+                ));
+            }
+            let size = bytes.len() as u64;
+            let sha256 = crate::gen::sha256_hex(&bytes);
             if !cubin {
                 bytes.push(0); // PTX is loaded as a C string
             }
@@ -320,6 +331,9 @@ pub(super) fn kernel(
                 cubin: u8::from(cubin),
                 len: bytes.len(),
                 bytes: c_bytes(&bytes),
+                file: file.to_string(),
+                size,
+                sha256,
             });
             Ok(())
         };
