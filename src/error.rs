@@ -26,6 +26,16 @@ pub struct ManifestError {
     pub detail: String,
 }
 
+/// An image that differs from what its manifest records ([`crate::host::manifest::image_mismatch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ImageMismatch {
+    pub expected_bytes: Option<u64>,
+    pub found_bytes: u64,
+    pub expected_sha256: String,
+    pub found_sha256: String,
+}
+
 /// Why kernels could not be loaded or a launch did not happen.
 #[cfg(feature = "runtime")]
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +75,7 @@ pub enum RuntimeError {
         kernel: String,
         file: PathBuf,
         /// Found and expected size and sha256 (boxed: errors stay small).
-        differs: Box<crate::host::manifest::ImageMismatch>,
+        differs: Box<ImageMismatch>,
     },
     /// A file the manifest lists is not there (or cannot be read).
     #[error("{} cannot be read ({detail}): kernel {kernel} needs it, so the kernel folder is incomplete. Nothing was loaded; copy the folder whole, or {REGENERATE}", file.display())]

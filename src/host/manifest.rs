@@ -10,7 +10,7 @@ use serde::Deserialize;
 use crate::constants::TOOL_VERSION;
 use crate::contract::{Contract, LaunchRule, Limit, Param, SCHEMA_VERSION};
 use crate::dtype::Dtype;
-use crate::error::{ManifestError, REGENERATE};
+use crate::error::{ImageMismatch, ManifestError, REGENERATE};
 use crate::host::check::Plan;
 use crate::variant::{Arch, Family, Fp8Group, LseLayout, OutputKind, Schedule};
 
@@ -82,17 +82,12 @@ impl FileView {
 /// Why `bytes` are not the image a manifest records (`bytes`, `sha256`): found and expected
 /// size and sha256, or `None` when they are. Where the manifest records neither, nothing can be
 /// checked, and that is a mismatch too.
-#[cfg(any(feature = "runtime", feature = "codegen"))]
 pub fn image_mismatch(
     recorded_bytes: Option<u64>,
     recorded_sha256: Option<&str>,
     bytes: &[u8],
 ) -> Option<ImageMismatch> {
-    use sha2::{Digest, Sha256};
-    let found_sha256: String = Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let found_sha256 = sha256_hex(bytes);
     let found_bytes = bytes.len() as u64;
     let expected_sha256 = recorded_sha256.unwrap_or("(none recorded)");
     if recorded_bytes == Some(found_bytes) && expected_sha256 == found_sha256 {
@@ -106,14 +101,63 @@ pub fn image_mismatch(
     })
 }
 
-/// An image that differs from what its manifest records ([`image_mismatch`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ImageMismatch {
-    pub expected_bytes: Option<u64>,
-    pub found_bytes: u64,
-    pub expected_sha256: String,
-    pub found_sha256: String,
+/// SHA-256 (FIPS 180-4) of `data` as lower-case hex. Written out here so that the runtime, which
+/// checks every image with it, depends on no hashing crate (it stays a light dependency).
+fn sha256_hex(data: &[u8]) -> String {
+    const K: [u32; 64] = [
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
+        0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
+        0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
+        0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
+        0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
+        0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+        0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
+        0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+        0xc67178f2,
+    ];
+    let mut h: [u32; 8] = [
+        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
+        0x5be0cd19,
+    ];
+    // The message, 0x80, zeros to 56 mod 64 bytes, and its length in bits, big-endian.
+    let mut tail = Vec::with_capacity(128);
+    let whole = data.len() / 64 * 64;
+    tail.extend_from_slice(&data[whole..]);
+    tail.push(0x80);
+    while tail.len() % 64 != 56 {
+        tail.push(0);
+    }
+    tail.extend_from_slice(&((data.len() as u64).wrapping_mul(8)).to_be_bytes());
+    for block in data[..whole].chunks_exact(64).chain(tail.chunks_exact(64)) {
+        let mut w = [0u32; 64];
+        for (t, word) in block.chunks_exact(4).enumerate() {
+            w[t] = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
+        }
+        for t in 16..64 {
+            let s0 = w[t - 15].rotate_right(7) ^ w[t - 15].rotate_right(18) ^ (w[t - 15] >> 3);
+            let s1 = w[t - 2].rotate_right(17) ^ w[t - 2].rotate_right(19) ^ (w[t - 2] >> 10);
+            w[t] = w[t - 16]
+                .wrapping_add(s0)
+                .wrapping_add(w[t - 7])
+                .wrapping_add(s1);
+        }
+        let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut hh] = h;
+        for (k, w) in K.iter().zip(w) {
+            let t1 = hh
+                .wrapping_add(e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25))
+                .wrapping_add((e & f) ^ (!e & g))
+                .wrapping_add(*k)
+                .wrapping_add(w);
+            let t2 = (a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22))
+                .wrapping_add((a & b) ^ (a & c) ^ (b & c));
+            (hh, g, f, e, d, c, b, a) = (g, f, e, d.wrapping_add(t1), c, b, a, t1.wrapping_add(t2));
+        }
+        for (x, v) in h.iter_mut().zip([a, b, c, d, e, f, g, hh]) {
+            *x = x.wrapping_add(v);
+        }
+    }
+    h.iter().map(|x| format!("{x:08x}")).collect()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -429,6 +473,17 @@ mod tests {
         // Nothing recorded: nothing can be checked, so the image is refused.
         let m = image_mismatch(None, None, b"abc").unwrap();
         assert_eq!(m.found_sha256, abc);
+        // The padding's edge cases (55, 56 and 64 bytes: one or two final blocks) and a long
+        // input, against the generator's hash (the sha2 crate).
+        #[cfg(feature = "codegen")]
+        for n in [0, 1, 55, 56, 63, 64, 65, 119, 120, 1000, 100_003] {
+            let data: Vec<u8> = (0..n).map(|i| (i * 131 % 251) as u8).collect();
+            assert_eq!(
+                sha256_hex(&data),
+                crate::gen::sha256_hex(&data),
+                "{n} bytes"
+            );
+        }
     }
 
     #[test]
