@@ -1,5 +1,5 @@
-//! The integration snippets of README.md and of the host pages it links (docs/RUST.md,
-//! docs/C.md) are files the tests build: this keeps them verbatim in those pages, so a snippet
+//! The integration snippets of the host pages README.md links (docs/RUST.md, docs/C.md,
+//! docs/PYTHON.md) are files the tests build: this keeps them verbatim in those pages, so a snippet
 //! cannot drift from code that compiles. (examples/engine/build.rs is built by CI;
 //! examples/c/snippet.c by tests/c_launcher.rs; the Python snippet is byte-compiled here.) The
 //! spec blocks of docs/SPEC.md must parse.
@@ -7,22 +7,21 @@
 const README: &str = include_str!("../README.md");
 const RUST_PAGE: &str = include_str!("../docs/RUST.md");
 const C_PAGE: &str = include_str!("../docs/C.md");
+const PYTHON_PAGE: &str = include_str!("../docs/PYTHON.md");
 const SPEC_PAGE: &str = include_str!("../docs/SPEC.md");
 
 #[test]
 fn the_pages_hold_the_compiled_snippets_verbatim() {
-    let build_rs = include_str!("../examples/engine/build.rs");
     for (page, text, file, snippet) in [
-        ("README.md", README, "examples/engine/build.rs", build_rs),
         (
             "docs/RUST.md",
             RUST_PAGE,
             "examples/engine/build.rs",
-            build_rs,
+            include_str!("../examples/engine/build.rs"),
         ),
         (
-            "README.md",
-            README,
+            "docs/PYTHON.md",
+            PYTHON_PAGE,
             "python/examples/snippet.py",
             include_str!("../python/examples/snippet.py"),
         ),
@@ -71,9 +70,10 @@ fn blocks(page: &str) -> Vec<(String, String)> {
     out
 }
 
-/// Every Rust and C block of README.md, docs/RUST.md and docs/SPEC.md is made of lines of files
-/// that CI compiles (the example engine, the C examples); every Python block byte-compiles; every
-/// spec block parses. (docs/C.md's blocks declare the API; its snippet is checked verbatim above.)
+/// Every Rust and C block of README.md, docs/RUST.md, docs/SPEC.md and docs/PYTHON.md is made of
+/// lines of files that CI compiles (the example engine, the C examples); every Python block
+/// byte-compiles; every spec block parses. (docs/C.md's blocks declare the API; its snippet is
+/// checked verbatim above.)
 #[test]
 fn every_block_is_compiled_code_or_a_valid_spec() {
     let root = env!("CARGO_MANIFEST_DIR");
@@ -91,6 +91,7 @@ fn every_block_is_compiled_code_or_a_valid_spec() {
         ("README.md", README),
         ("docs/RUST.md", RUST_PAGE),
         ("docs/SPEC.md", SPEC_PAGE),
+        ("docs/PYTHON.md", PYTHON_PAGE),
     ] {
         for (i, (lang, text)) in blocks(text_of_page).into_iter().enumerate() {
             let sources = match lang.as_str() {
@@ -134,9 +135,10 @@ fn every_block_is_compiled_code_or_a_valid_spec() {
             checked += 1;
         }
     }
-    // README: a Rust and a C block; docs/RUST.md: two Rust blocks; docs/SPEC.md: two spec blocks.
+    // README: a Rust and a C block; docs/RUST.md: two Rust blocks; docs/SPEC.md: two spec blocks;
+    // a Python block in README and in docs/PYTHON.md.
     assert!(
-        checked >= 6 && python >= 1,
+        checked >= 6 && python >= 2,
         "{checked} blocks, {python} python"
     );
 }
