@@ -93,22 +93,24 @@ fn glob_python_dirs(lib: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The search list, each folder once (the first label that names it wins).
+/// The search list, each folder once (the first label that names it wins; a venv's `lib64` is a
+/// link to its `lib`, so folders compare by their real paths).
 struct Places {
     list: Vec<Candidate>,
-    dirs: Vec<PathBuf>,
+    real_dirs: Vec<PathBuf>,
 }
 
 impl Places {
     fn dir(&mut self, label: &str, dir: PathBuf) {
-        if self.dirs.contains(&dir) {
+        let real = std::fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone());
+        if self.real_dirs.contains(&real) {
             return;
         }
         self.list.push(Candidate {
             place: format!("{label}{}", dir.display()),
             found: lib_in(&dir),
         });
-        self.dirs.push(dir);
+        self.real_dirs.push(real);
     }
 
     fn site_packages(&mut self, label: &str, sites: Vec<PathBuf>) {
@@ -143,7 +145,7 @@ pub(super) fn candidates_for(exe: Option<&Path>) -> Vec<Candidate> {
     }
     let mut places = Places {
         list: Vec::new(),
-        dirs: Vec::new(),
+        real_dirs: Vec::new(),
     };
     // The NVRTC pip installed with this binary (the wheel pins it) comes before any other.
     if let Some(exe) = exe {
@@ -213,6 +215,27 @@ mod tests {
         }
         assert!(found_first(&cands, &lib_dir), "{:#?}", &cands[..3]);
         assert!(cands.last().unwrap().place.starts_with("system loader"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_venv_lib64_link_to_lib_is_listed_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (exe, lib_dir) = layout(tmp.path(), "lib/python3.12/site-packages/nvidia/cu13/lib");
+        std::os::unix::fs::symlink("lib", tmp.path().join("lib64")).unwrap();
+        let cands = candidates_for(Some(&exe));
+        let hits = cands
+            .iter()
+            .filter(|c| {
+                c.found
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with(tmp.path()))
+            })
+            .count();
+        if std::env::var_os(ENV_OVERRIDE).is_none() {
+            assert_eq!(hits, 1, "{cands:#?}");
+            assert!(found_first(&cands, &lib_dir));
+        }
     }
 
     #[test]
