@@ -80,12 +80,16 @@ installed="$("$TOOLS/bin/python" -m pip --python "$work/venv/bin/python" list --
     || { echo "the venv should hold the wheel and NVRTC alone:"; echo "$installed"; false; }
 pass "installed (venv: $(tr '\n' ' ' <<<"$installed"))"
 
-for prefix in venv target; do
-    out="$(bare "$work/$prefix/bin/mla-gen" doctor)" || { echo "$out"; false; }
+# pipx and `uv tool` put a link to the venv's binary on PATH: the binary resolves it.
+mkdir -p "$work/links"
+ln -s "$work/venv/bin/mla-gen" "$work/links/mla-gen"
+for exe in venv/bin target/bin links; do
+    prefix="${exe%%/*}"; [ "$prefix" != links ] || prefix=venv
+    out="$(bare "$work/$exe/mla-gen" doctor)" || { echo "$out"; false; }
     grep -q "^NVRTC loaded: $work/$prefix/.*nvidia/cu13/lib/libnvrtc.so.13\$" <<<"$out" \
         && grep -q "^  from: installed with mla-gen: " <<<"$out" && grep -q "^  release: ${NVRTC_PIN#*==}\$" <<<"$out" \
-        || { echo "$out"; echo "NVRTC was not found inside $work/$prefix"; false; }
-    pass "$prefix/bin/mla-gen doctor: $(grep '^NVRTC loaded:' <<<"$out")"
+        || { echo "$out"; echo "$exe/mla-gen did not find the NVRTC inside $work/$prefix"; false; }
+    pass "$exe/mla-gen doctor: $(grep '^NVRTC loaded:' <<<"$out")"
 done
 
 echo "== cli wheel: generate a one-kernel spec with the installed binary"
