@@ -4,14 +4,13 @@
 #
 #   scripts/gpu-smoke.sh build   (here: Rust, NVRTC, the torch env of .ci/python.sh)
 #       builds into .device/smoke/ the example engine, the quick GPU suite's binary, the C
-#       examples' launchers, the platform wheel (scripts/build-wheel.sh) and the default kernels
-#       for sm_90 (the suite's folder; the H200 runs those images)
+#       examples' launchers and the platform wheel (scripts/build-wheel.sh)
 #   scripts/gpu-smoke.sh run     (there, with .device carried: `run` with carry [".device"])
 #       1. the example engine (build.rs bindings, select, every family step)
 #       2. the C examples (merge.c, families.c, devices.c) against their generated launchers
 #       3. the wheel installed into a temporary folder: python/examples/*.py, then pytest
 #          python/tests against it (the compiled op required)
-#       4. the quick Rust GPU suite (MLA_GEN_GPU_QUICK=1) on .device/smoke/kernels
+#       4. the quick Rust GPU suite (MLA_GEN_GPU_QUICK=1) on the installed wheel's kernels
 #    Each step's last line goes to $OUT/smoke.txt (default .device/smoke/out); logs beside it.
 #    Exit status 1 when any step fails.
 set -euo pipefail
@@ -31,7 +30,6 @@ for line in sys.stdin:
     CARGO_TARGET_DIR=target/engine cargo build --release --quiet --manifest-path examples/engine/Cargo.toml
     cp target/engine/release/mla-gen-example-engine "$S/bin/example-engine"
     strip "$S"/bin/*
-    target/release/mla-gen generate --arch sm_90 --out "$S/kernels" --quiet
     target/release/mla-gen generate examples/c/spec.toml --out "$S/c-example" --emit c --quiet
     target/release/mla-gen generate examples/c/families.toml --out "$S/c-families" --emit c --quiet
     scripts/build-wheel.sh --out "$S/wheel" >/dev/null
@@ -77,7 +75,7 @@ print("ran", sys.argv[1], "without error")' "$ex"
     done
     repo="$PWD"
     step wheel-pytest bash -c "cd '$site' && PYTHONPATH='$site' MLA_GEN_EXPECT_COMPILED=1 timeout 500 python3 -m pytest -q -p no:cacheprovider '$repo/python/tests'"
-    step rust-quick env MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_KERNELS="$S/kernels" MLA_GEN_GPU_REPORT="$OUT/rust-quick-report.txt" \
+    step rust-quick env MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" MLA_GEN_GPU_REPORT="$OUT/rust-quick-report.txt" \
         "$S/bin/test-gpu" --test-threads=1
     echo "== smoke"; cat "$REPORT"
     exit $status
