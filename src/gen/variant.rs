@@ -323,79 +323,64 @@ impl MergeVariant {
             .collect()
     }
 
-    /// Readable and stable: family, dtype, head size, then one tag per non-default option.
+    /// Readable and stable: family, dtype, head size, then one tag per non-default option, in
+    /// this order (the role's tags, `_below<rows>` and the twins', before `_pdl`).
     pub fn kernel_name(&self) -> String {
-        let mut name = format!(
-            "{}_{}_d{}",
-            self.family.table(),
-            self.dtype.name(),
-            self.head_size
-        );
-        match self.family {
-            Family::MergeAttnStates => {}
-            Family::MergeStates {
-                num_states: Some(k),
-            } => name.push_str(&format!("_k{k}")),
-            Family::MergeStates { num_states: None } => name.push_str("_kvar"),
-            Family::MergeStateInPlace { mask } => {
-                if mask {
-                    name.push_str("_mask");
-                }
+        let tag = |on: bool, tag: &str| if on { tag.to_string() } else { String::new() };
+        let token_major = self.lse_layout == LseLayout::TokenMajor;
+        let family = match self.family {
+            Family::MergeAttnStates => String::new(),
+            Family::MergeStates { num_states } => {
+                num_states.map_or("_kvar".into(), |k| format!("_k{k}"))
             }
+            Family::MergeStateInPlace { mask } => tag(mask, "_mask"),
             // It has no dtype or head size: the name is the family and its lse layout.
             Family::MaskEmptyContextLse => {
-                let mut name = self.family.table().to_string();
-                if self.lse_layout == LseLayout::TokenMajor {
-                    name.push_str("_tm");
-                }
-                if self.pdl {
-                    name.push_str("_pdl");
-                }
-                return name;
+                return [
+                    self.family.table(),
+                    &tag(token_major, "_tm"),
+                    &tag(self.pdl, "_pdl"),
+                ]
+                .concat()
             }
-        }
-        if self.prefix_threshold {
-            name.push_str("_thr");
-        }
-        // The in-place merge always updates its state's lse: no tag.
-        if self.output_lse && !matches!(self.family, Family::MergeStateInPlace { .. }) {
-            name.push_str("_lse");
-        }
-        // merge_states has one lse layout ([T, K, H] in, [T, H] out): no tag.
-        if self.lse_layout == LseLayout::TokenMajor
-            && !matches!(self.family, Family::MergeStates { .. })
-        {
-            name.push_str("_tm");
-        }
-        if self.lse_base == LseBase::Two {
-            name.push_str("_base2");
-        }
-        if self.mask_empty_context {
-            name.push_str("_ctxmask");
-        }
-        if self.output == OutputKind::Fp8E4m3 {
-            name.push_str("_fp8");
-        }
-        if let Some(g) = self.fp8_group {
-            name.push_str(&format!("_fp8g{}", g.group_size));
-            if g.ue8m0 {
-                name.push_str("_ue8m0");
-            }
-        }
-        if self.explicit_schedule {
-            let s = &self.schedule;
-            name.push_str(&format!(
-                "_r{}m{}b{}h{}",
-                s.rows_per_thread, s.min_blocks_per_sm, s.block_threads, s.heads_per_block
-            ));
-            if s.vecs_per_thread > 0 {
-                name.push_str(&format!("v{}", s.vecs_per_thread));
-            }
-        }
-        name.push_str(&self.role.name_suffix());
-        if self.pdl {
-            name.push_str("_pdl");
-        }
-        name
+        };
+        let in_place = matches!(self.family, Family::MergeStateInPlace { .. });
+        let k_way = matches!(self.family, Family::MergeStates { .. });
+        let group = self
+            .fp8_group
+            .map(|g| format!("_fp8g{}{}", g.group_size, tag(g.ue8m0, "_ue8m0")));
+        let s = &self.schedule;
+        let schedule = self.explicit_schedule.then(|| {
+            let vecs = tag(s.vecs_per_thread > 0, &format!("v{}", s.vecs_per_thread));
+            let (r, m, b, h) = (
+                s.rows_per_thread,
+                s.min_blocks_per_sm,
+                s.block_threads,
+                s.heads_per_block,
+            );
+            format!("_r{r}m{m}b{b}h{h}{vecs}")
+        });
+        [
+            format!(
+                "{}_{}_d{}",
+                self.family.table(),
+                self.dtype.name(),
+                self.head_size
+            ),
+            family,
+            tag(self.prefix_threshold, "_thr"),
+            // The in-place merge always updates its state's lse: no tag.
+            tag(self.output_lse && !in_place, "_lse"),
+            // merge_states has one lse layout ([T, K, H] in, [T, H] out): no tag.
+            tag(token_major && !k_way, "_tm"),
+            tag(self.lse_base == LseBase::Two, "_base2"),
+            tag(self.mask_empty_context, "_ctxmask"),
+            tag(self.output == OutputKind::Fp8E4m3, "_fp8"),
+            group.unwrap_or_default(),
+            schedule.unwrap_or_default(),
+            self.role.name_suffix(),
+            tag(self.pdl, "_pdl"),
+        ]
+        .concat()
     }
 }
