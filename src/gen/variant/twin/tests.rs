@@ -10,6 +10,11 @@ fn the_table_lists_the_kinds_in_declaration_order() {
         assert_eq!(kind.twin as usize, row, "{}", kind.key);
         assert_eq!(TwinSet::of(&[kind.twin]).kinds().count(), 1);
     }
+    // Distinct priorities: two twins never tie in rank, so the order is total.
+    let mut priorities: Vec<u32> = TWIN_KINDS.iter().map(|k| k.priority).collect();
+    priorities.sort();
+    priorities.dedup();
+    assert_eq!(priorities.len(), TWIN_KINDS.len());
     let keys: Vec<&str> = TWIN_KINDS.iter().map(|k| k.key).collect();
     assert_eq!(keys, ["dense", "all_context", "flat_rows"]);
 }
