@@ -424,8 +424,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
         } => generate(&spec, &out, jobs.jobs, quiet, &emit, &c_prefix.c_prefix),
         Command::List {
             spec,
-            json,
             decisions: true,
+            ..
         } => {
             print!(
                 "{}",
