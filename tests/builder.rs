@@ -36,7 +36,7 @@ fn a_second_build_with_nothing_changed_compiles_nothing() {
     ));
     assert!(module.contains("merge_attn_states_f32_d128_thr_lse: runtime.require(\"merge_attn_states_f32_d128_thr_lse\")?,"));
     assert!(module.contains(
-        "pub fn select(&self, call: &mla_gen::runtime::Call) -> Option<&mla_gen::runtime::Kernel> {"
+        "pub fn select(&self, call: &mla_gen::runtime::Call) -> Result<&mla_gen::runtime::Kernel, mla_gen::runtime::NoMatch> {"
     ));
     assert!(module.contains("pub fn merge_attn_states_f32_d128_thr_lse("));
     assert!(module.contains("kernels/merge_attn_states_f32_d128_thr_lse.sm_90.cubin"));

@@ -538,3 +538,39 @@ fn bench_and_tune_document_the_l2_modes_and_refuse_bad_lists_before_needing_a_gp
         }
     }
 }
+
+/// `list --decisions` prints, per family, what a launch tries in which order: the size rule,
+/// then the specializations most constrained first, then the kernel named.
+#[test]
+fn list_decisions_says_each_familys_dispatch_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = write_spec(
+        dir.path(),
+        "d.toml",
+        "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\n[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = \"runtime\"\n",
+    );
+    let o = mla_gen(&["list", &spec, "--decisions"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let order: Vec<usize> = [
+        "merge_attn_states (",
+        "size rule",
+        "`_dense_nothr`",
+        "`_dense`",
+        "else the kernel itself",
+        "merge_states (",
+    ]
+    .iter()
+    .map(|s| {
+        out.find(s)
+            .unwrap_or_else(|| panic!("{s:?} missing:\n{out}"))
+    })
+    .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{out}");
+    let o = mla_gen(&["list", &spec, "--decisions", "--json"], &[]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "--json and --decisions are refused together"
+    );
+}

@@ -8,10 +8,7 @@ use mla_gen::spec;
 fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
     let mut spec = spec::default_spec().unwrap();
     // The 108 kernels engines call, their size rules' kernels and each one's dense specializations.
-    let called = spec
-        .variants
-        .iter()
-        .filter(|v| v.rows_below.is_none() && !v.dense);
+    let called = spec.variants.iter().filter(|v| v.role.is_named());
     assert_eq!(called.count(), 108);
     // The default spec keeps the PTX of sm_120 alone; this test reads every arch's.
     spec.ptx = spec::PtxTargets::Every;
@@ -207,9 +204,7 @@ fn pdl_kernels_wait_before_any_global_access_on_sm_90_only() {
     let templates = Templates::embedded().unwrap();
     let (kernels, _) = mla_gen::compile::compile(&templates, &spec, 0, false)
         .unwrap_or_else(|e| panic!("NVRTC is needed for this test:\n{e}"));
-    let called = kernels
-        .iter()
-        .filter(|k| k.variant.rows_below.is_none() && !k.variant.dense);
+    let called = kernels.iter().filter(|k| k.variant.role.is_named());
     assert_eq!(called.count(), 15);
     for k in &kernels {
         assert!(k.name.ends_with("_pdl"), "{}", k.name);

@@ -48,7 +48,7 @@ fn check(text: &str) {
                 for r in &v.size_rule {
                     let alt = s.find(&v.range_kernel(r).kernel_name());
                     let alt = alt.unwrap_or_else(|| panic!("rule kernel missing: {text:?}"));
-                    assert!(alt.size_rule.is_empty() && alt.rows_below == Some(r.below_rows));
+                    assert!(alt.size_rule.is_empty() && alt.role.rows_below == Some(r.below_rows));
                 }
             }
             for n in &names {
@@ -181,13 +181,13 @@ proptest! {
         // The kernels callers name; size rules add kernels of their own (rows_below), and each
         // of those kernels has its dense specialization, and with the threshold a second one
         // (the all-context twin); where its blocks hold several heads, the `_flat` ones too.
-        let called = s.variants.iter().filter(|v| v.rows_below.is_none() && !v.dense).count();
+        let called = s.variants.iter().filter(|v| v.role.is_named()).count();
         prop_assert_eq!(called, dtypes.len() * heads.len() * thr.len());
-        let general = s.variants.iter().filter(|v| !v.dense);
+        let general = s.variants.iter().filter(|v| v.role.twin_of.is_empty());
         let expected: usize = general
             .map(|v| {
                 let twins = if v.prefix_threshold { 2 } else { 1 };
-                1 + twins * if v.flat_twins { 2 } else { 1 }
+                1 + twins * if v.role.twins.contains(spec::Twin::FewHeads) { 2 } else { 1 }
             })
             .sum();
         prop_assert_eq!(s.variants.len(), expected);

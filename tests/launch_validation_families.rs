@@ -215,3 +215,82 @@ fn lse_mask_launches_check_the_start_locations_buffers() {
     a.lse.dtype = Dtype::F16;
     refused(a, "lse is f16, the kernel takes f32");
 }
+
+/// Where no kernel serves a call, selection says why, per kernel of the family: the buffers the
+/// call lacks, an element type or a size the kernel fixes, options it is built for, or a family
+/// the manifest lacks (the example engine's K-way call once gave two buffers of four and got
+/// only `None`).
+#[test]
+fn selection_says_why_no_kernel_serves() {
+    use mla_gen::runtime::{Call, Given, Selector};
+    let ks = kernels_of(concat!(
+        "[[merge_states]]\ndtype = \"bf16\"\nhead_size = 128\nnum_states = 4\n",
+        "[[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 128\n",
+    ));
+    let selector =
+        Selector::new(ks.iter().map(mla_gen::host::select::Entry::from)).expect("a selector");
+    let (t, k, h, d) = (T as i64, K as i64, H as i64, D as i64);
+    let (thd, tkh, tkhd, t3hd) = ([t, h, d], [t, k, h], [t, k, h, d], [t, 3, h, d]);
+    let why = |family: &str, args: &[(&str, Given)], options: &[(&str, &str)]| {
+        let call = Call {
+            family,
+            args,
+            options,
+        };
+        selector
+            .serving(&call)
+            .map(|i| selector.name(i).to_string())
+    };
+    let out = ("output", Given::buffer("bf16", &thd));
+    let lse = ("states_lse", Given::buffer("f32", &tkh));
+    let states = ("states", Given::buffer("bf16", &tkhd));
+    assert_eq!(
+        why("merge_states", &[out, states, lse], &[]).unwrap(),
+        "merge_states_bf16_d128_k4_lse"
+    );
+    let e = why("merge_states", &[states], &[]).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "no merge_states kernel serves this call:\n  merge_states_bf16_d128_k4_lse needs \
+         `output`, `states_lse`, which the call does not give"
+    );
+    let three = ("states", Given::buffer("bf16", &t3hd));
+    let e = why("merge_states", &[out, three, lse], &[]).unwrap_err();
+    assert!(
+        e.to_string().contains("takes `states` with K = 4, not 3"),
+        "{e}"
+    );
+    let f16 = ("states", Given::buffer("f16", &tkhd));
+    let e = why("merge_states", &[out, f16, lse], &[]).unwrap_err();
+    assert!(
+        e.to_string().contains("takes `states` as bf16, not f16"),
+        "{e}"
+    );
+    let extra = ("output_scale", Given::buffer("f32", &[1]));
+    let e = why("merge_states", &[out, states, lse, extra], &[]).unwrap_err();
+    assert!(
+        e.to_string().contains("takes no buffer `output_scale`"),
+        "{e}"
+    );
+    let e = why(
+        "merge_state_in_place",
+        &[],
+        &[("lse_layout", "token_major")],
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "merge_state_in_place_bf16_d128 is built for options lse_layout = head_major; \
+             the call states lse_layout = token_major"
+        ),
+        "{e}"
+    );
+    let e = why("merge_attn_states", &[out], &[]).unwrap_err();
+    assert!(
+        e.to_string().starts_with(
+            "the manifest has no merge_attn_states kernel (it has: merge_states, \
+             merge_state_in_place)"
+        ),
+        "{e}"
+    );
+}

@@ -41,7 +41,7 @@ fn head_sizes_in_bf16() {
 fn dense_specialization() {
     let t = Templates::embedded().unwrap();
     let general = MergeVariant {
-        dense_specialization: true,
+        role: spec::Role::offering(&[spec::Twin::Dense, spec::Twin::AllContext]),
         ..variant(Dtype::Bf16, 128, true, true)
     };
     let twins = general.specialization_twins();
@@ -246,7 +246,7 @@ fn size_rule_in_the_manifest() {
         serde_json::to_string_pretty(&launch.size_rule).unwrap()
     );
     let alt = v.range_kernel(&v.size_rule[0]);
-    assert_eq!((alt.schedule, alt.rows_below), (plain, Some(4096)));
+    assert_eq!((alt.schedule, alt.role.rows_below), (plain, Some(4096)));
     assert_eq!(
         alt.kernel_name(),
         "merge_attn_states_bf16_d128_thr_lse_below4096"

@@ -16,7 +16,8 @@ pub fn doctor(as_json: bool) -> Result<(), Failure> {
     say(format!("mla-gen {}", mla_gen::render::TOOL_VERSION));
     say("NVRTC search order:".into());
     let mut places = Vec::new();
-    for c in nvrtc::candidates() {
+    let candidates = nvrtc::candidates();
+    for c in &candidates {
         match &c.found {
             Some(p) => say(format!("  found    {}  ({})", p.display(), c.place)),
             None => say(format!("  -        {}", c.place)),
@@ -26,7 +27,7 @@ pub fn doctor(as_json: bool) -> Result<(), Failure> {
         );
     }
     report["search"] = Value::Array(places);
-    let result = nvrtc_report(&say);
+    let result = nvrtc_report(&candidates, &say);
     match result {
         Ok(v) => report["nvrtc"] = v,
         Err(f) if as_json => report["nvrtc"] = json!({ "error": f.0 }),
@@ -64,10 +65,19 @@ pub fn doctor(as_json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Load NVRTC and compile a probe: path, version, targets, release, PTX ISA, oldest driver.
-fn nvrtc_report(say: &dyn Fn(String)) -> Result<Value, Failure> {
+/// Load NVRTC and compile a probe: path, the place of the search list it came from, version,
+/// targets, release, PTX ISA, oldest driver.
+fn nvrtc_report(candidates: &[nvrtc::Candidate], say: &dyn Fn(String)) -> Result<Value, Failure> {
     let n = nvrtc::load().map_err(|e| Failure(e.to_string(), 1))?;
+    // A bare library name is what the system loader resolved (the list's last place).
+    let place = candidates
+        .iter()
+        .find(|c| c.found.as_deref() == Some(std::path::Path::new(&n.path)))
+        .or(candidates.last())
+        .map(|c| c.place.clone())
+        .unwrap_or_default();
     say(format!("NVRTC loaded: {}", n.path));
+    say(format!("  from: {place}"));
     say(format!("  version: {}", n.version()));
     let targets: Vec<String> = n
         .supported_archs
@@ -113,6 +123,7 @@ fn nvrtc_report(say: &dyn Fn(String)) -> Result<Value, Failure> {
     }
     Ok(json!({
         "path": n.path,
+        "place": place,
         "version": n.version(),
         "targets": targets,
         "release": release,

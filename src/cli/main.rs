@@ -123,6 +123,10 @@ enum Command {
         /// One JSON object per kernel (name, family, variant, parameters) instead of names.
         #[arg(long)]
         json: bool,
+        /// Per family, what a launch tries in which order (size rule, specializations, the
+        /// kernel named) instead of names.
+        #[arg(long, conflicts_with = "json")]
+        decisions: bool,
     },
     /// Print one kernel's CUDA source (no compilation).
     Render {
@@ -418,7 +422,18 @@ fn run(cli: Cli) -> Result<(), Failure> {
             c_prefix,
             quiet,
         } => generate(&spec, &out, jobs.jobs, quiet, &emit, &c_prefix.c_prefix),
-        Command::List { spec, json } => report::list(&load_spec(&spec)?, json),
+        Command::List {
+            spec,
+            decisions: true,
+            ..
+        } => {
+            print!(
+                "{}",
+                mla_gen::spec::decision_list(&load_spec(&spec)?.variants)
+            );
+            Ok(())
+        }
+        Command::List { spec, json, .. } => report::list(&load_spec(&spec)?, json),
         Command::Render { spec, kernel } => {
             let s = load_spec(&spec)?;
             let templates = load_templates(&spec)?;

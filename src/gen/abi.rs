@@ -8,7 +8,7 @@ use crate::contract::{Bounds, Dim, LaunchRule, Limit, Tensor};
 pub use crate::contract::{Contract, Param, ParamKind, Role};
 use crate::dtype::Dtype;
 pub use crate::gen::launch::{Launch, GRID_RULE, MAX_GRID_Y, MAX_THREADS_PER_ROW, MAX_VEC_BYTES};
-use crate::gen::variant::{Family, LseBase, LseLayout, MergeVariant, OutputKind};
+use crate::gen::variant::{Family, LseBase, LseLayout, MergeVariant, OutputKind, Twin};
 
 /// A kernel's parameters in signature order, each with what a caller must satisfy.
 pub fn params(v: &MergeVariant) -> Vec<Param> {
@@ -26,25 +26,11 @@ pub fn contract(v: &MergeVariant) -> Contract {
         Family::MergeStateInPlace { mask } => b.in_place(mask, &mut constants),
         Family::MaskEmptyContextLse => b.mask_lse(),
     };
-    // A flat-row specialization serves fewer heads than the general kernel's block holds.
-    let params = if v.flat_rows {
-        few_heads(params, v, &launch)
-    } else {
-        params
-    };
-    // A dense specialization reads its tensors without padding, rows numbered in 32 bits.
-    let (params, limits) = if v.dense {
-        (
-            dense_strides(params, v.head_size),
-            vec![Limit {
-                expr: "num_tokens*num_heads".into(),
-                max: i32::MAX as u64,
-                why: "this kernel numbers rows (tokens x heads) in 32 bits".into(),
-            }],
-        )
-    } else {
-        (params, Vec::new())
-    };
+    // A specialization's contract is its general kernel's with each of its kinds' constraints.
+    let mut limits = Vec::new();
+    let params = v.role.twin_of.kinds().fold(params, |params, kind| {
+        constrain(kind.twin, params, &mut limits, v, &launch)
+    });
     Contract {
         params,
         constants,
@@ -80,6 +66,44 @@ fn select(v: &MergeVariant) -> BTreeMap<String, String> {
     }
     s
 }
+
+/// The bounds a specialization of kind `twin` adds to `params` (and to `limits`): the calls it
+/// takes, as `TWIN_KINDS` describes them.
+fn constrain(
+    twin: Twin,
+    params: Vec<Param>,
+    limits: &mut Vec<Limit>,
+    v: &MergeVariant,
+    launch: &Launch,
+) -> Vec<Param> {
+    match twin {
+        // It reads its tensors without padding, rows numbered in 32 bits.
+        Twin::Dense => {
+            limits.push(Limit {
+                expr: "num_tokens*num_heads".into(),
+                max: i32::MAX as u64,
+                why: "this kernel numbers rows (tokens x heads) in 32 bits".into(),
+            });
+            dense_strides(params, v.head_size)
+        }
+        Twin::AllContext => all_context(params),
+        Twin::FewHeads => few_heads(params, v, launch),
+    }
+}
+
+/// The threshold of a specialization for calls where every token has context: n = T only.
+fn all_context(mut params: Vec<Param>) -> Vec<Param> {
+    for p in params.iter_mut().filter(|p| p.name == THRESHOLD) {
+        if let Some(bounds) = p.bounds.as_mut() {
+            bounds.min = "num_tokens".into();
+        }
+        p.doc = "n = T: every token has context (this specialization takes no other value)".into();
+    }
+    params
+}
+
+/// The pairwise merge's threshold: the tokens with context come first.
+const THRESHOLD: &str = "prefill_tokens_with_context";
 
 /// The calls a flat-row specialization (`_flat`) serves, in its bounds; its other bounds stay.
 /// FP8 outputs: fewer heads than a block of the general kernel holds (54% -> 99% of copy at one
@@ -313,30 +337,17 @@ impl Build<'_> {
                 "elements between groups of output_scales",
             ));
         }
-        let threshold = "prefill_tokens_with_context";
         if v.prefix_threshold {
-            // The specialization for calls where every token has context takes n = T only.
-            let (min, doc) = if v.all_context {
-                (
-                    "num_tokens",
-                    "n = T: every token has context (this specialization takes no other value)",
-                )
-            } else {
-                (
-                    "0",
-                    "n in 0..=T: tokens t >= n copy the suffix (no context)",
-                )
-            };
             p.push(int(
-                threshold,
-                min,
+                THRESHOLD,
+                "0",
                 Some("num_tokens"),
                 Some("num_tokens"),
-                doc,
+                "n in 0..=T: tokens t >= n copy the suffix (no context)",
             ));
         } else {
             // Built without the threshold: every token has context.
-            constants.insert(threshold.into(), "num_tokens".into());
+            constants.insert(THRESHOLD.into(), "num_tokens".into());
         }
         if v.mask_empty_context {
             p.push(num_requests());

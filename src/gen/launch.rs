@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::contract::{GridAxis, SizeRule, SizeRuleRange};
-use crate::gen::variant::{Family, MergeVariant};
+use crate::gen::variant::{Family, MergeVariant, Twin};
 
 /// Widest access per thread: 16 bytes (one `ld.global.v4.b32`).
 pub const MAX_VEC_BYTES: u32 = 16;
@@ -147,7 +147,7 @@ impl Launch {
         } else {
             v.schedule.rows_per_thread
         };
-        let flat_rows = v.flat_rows;
+        let flat_rows = v.role.twin_of.contains(Twin::FewHeads);
         let (grid_x, grid_y) = if flat_rows {
             grid_axes(rows_per_block, 1)
         } else {

@@ -6,8 +6,11 @@
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
+
+mod locate;
+pub use locate::candidates;
+use locate::LIB_NAMES;
 
 /// The NVRTC the project is tested with: PTX ISA 9.0, which CUDA 13.0 drivers (r580) JIT.
 pub const PINNED_PIP_PACKAGE: &str = "nvidia-cuda-nvrtc==13.0.88";
@@ -85,126 +88,6 @@ pub struct Nvrtc {
 pub struct Candidate {
     pub place: String,
     pub found: Option<PathBuf>,
-}
-
-const LIB_NAMES: [&str; 3] = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
-
-fn lib_in(dir: &Path) -> Option<PathBuf> {
-    LIB_NAMES.iter().map(|n| dir.join(n)).find(|p| p.is_file())
-}
-
-/// Site-packages folders of the Python that pip installs into, plus the usual user and virtualenv
-/// places. Asking the interpreter is the only reliable way across pyenv, venvs and distributions.
-fn python_site_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    let python = std::env::var(ENV_PYTHON).unwrap_or_else(|_| "python3".to_string());
-    let probe =
-        "import site,sys\nfor p in site.getsitepackages()+[site.getusersitepackages()]: print(p)";
-    if let Ok(out) = Command::new(&python)
-        .args(["-I", "-c", probe])
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-    {
-        if out.status.success() {
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
-                dirs.push(PathBuf::from(line.trim()));
-            }
-        }
-    }
-    if let Ok(venv) = std::env::var("VIRTUAL_ENV") {
-        dirs.extend(glob_python_dirs(&Path::new(&venv).join("lib")));
-    }
-    if let Some(home) = std::env::var_os("HOME") {
-        dirs.extend(glob_python_dirs(&Path::new(&home).join(".local/lib")));
-        // Where scripts/install-nvrtc.sh puts NVRTC when the system Python is externally
-        // managed (PEP 668).
-        dirs.extend(glob_python_dirs(
-            &Path::new(&home).join(".local/share/mla-gen/nvrtc-venv/lib"),
-        ));
-    }
-    dirs.extend(glob_python_dirs(Path::new("/usr/local/lib")));
-    dirs.extend(glob_python_dirs(Path::new("/usr/lib")));
-    let mut unique = Vec::new();
-    for d in dirs {
-        if !unique.contains(&d) {
-            unique.push(d);
-        }
-    }
-    unique
-}
-
-/// `<lib>/python3.*/{site,dist}-packages`, sorted so the search order is stable.
-fn glob_python_dirs(lib: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(lib) {
-        let mut names: Vec<_> = entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("python3"))
-            })
-            .collect();
-        names.sort();
-        for p in names {
-            out.push(p.join("site-packages"));
-            out.push(p.join("dist-packages"));
-        }
-    }
-    out
-}
-
-/// Every place NVRTC is looked for, in order, with what was found.
-pub fn candidates() -> Vec<Candidate> {
-    let mut out = Vec::new();
-    if let Some(v) = std::env::var_os(ENV_OVERRIDE) {
-        let p = PathBuf::from(&v);
-        let found = if p.is_dir() {
-            lib_in(&p)
-        } else {
-            p.is_file().then(|| p.clone())
-        };
-        out.push(Candidate {
-            place: format!("{ENV_OVERRIDE}={}", p.display()),
-            found,
-        });
-        // An explicit override is final: falling back would hide a typo.
-        return out;
-    }
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(root) = std::env::var_os(var) {
-            let root = PathBuf::from(root);
-            for sub in ["lib64", "lib"] {
-                let dir = root.join(sub);
-                out.push(Candidate {
-                    place: format!("{var}: {}", dir.display()),
-                    found: lib_in(&dir),
-                });
-            }
-        }
-    }
-    let cuda = Path::new("/usr/local/cuda/lib64");
-    out.push(Candidate {
-        place: cuda.display().to_string(),
-        found: lib_in(cuda),
-    });
-    for site in python_site_dirs() {
-        // nvidia-cuda-nvrtc (13.x) and nvidia-cuda-nvrtc-cu12 (12.x) wheel layouts.
-        for sub in ["nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"] {
-            let dir = site.join(sub);
-            out.push(Candidate {
-                place: format!("pip: {}", dir.display()),
-                found: lib_in(&dir),
-            });
-        }
-    }
-    out.push(Candidate {
-        place: format!("system loader ({})", LIB_NAMES.join(", ")),
-        found: None, // resolved in `load` by dlopen of the bare names
-    });
-    out
 }
 
 fn load_symbol<T: Copy>(

@@ -8,6 +8,9 @@ use crate::dtype::Dtype;
 pub use crate::variant::{
     Arch, Family, Fp8Group, LseLayout, OutputKind, Schedule, SizeRange, MIN_ARCH,
 };
+pub use twin::{decision_list, Role, Twin, TwinKind, TwinSet, TWIN_KINDS};
+
+mod twin;
 
 pub const GROUP_SIZES_ALLOWED: [u32; 4] = [16, 32, 64, 128];
 
@@ -227,37 +230,11 @@ pub struct MergeVariant {
     /// ascending bound, each built as its own kernel (`rows_below`); `schedule` serves the rest.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub size_rule: Vec<SizeRange>,
-    /// A kernel of another's size rule: it serves that kernel's launches with fewer rows
-    /// (tokens x heads) than this, and is named after it with `_below<rows>` (before `_pdl`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rows_below: Option<u64>,
-    /// The dense specialization of a pairwise merge (`_dense`): its `[T, H, D]` tensors have no
-    /// padding, which its contract requires, so one row number addresses all three. Hosts launch
-    /// it in place of the general kernel when its contract accepts the call (docs/MANIFEST.md,
-    /// "Specializations").
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub dense: bool,
-    /// This kernel has a dense specialization (spec key `dense`, default true for pairwise
-    /// merges), listed in its launch's `specializations`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub dense_specialization: bool,
-    /// A dense specialization for calls where every token has context (`_dense_nothr`): its
-    /// contract bounds the threshold to `num_tokens`, so the kernel has no threshold to test.
-    /// Hosts try it before the plain `_dense` twin.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub all_context: bool,
-    /// A dense specialization for calls with fewer heads than the general kernel's block holds
-    /// (`_flat`): its contract bounds `num_heads` below that (and, for outputs of the inputs'
-    /// dtype, `num_tokens` from below: abi.rs `few_heads`), and it numbers rows `t * H + h`,
-    /// each block taking the next ones, so no thread of a block idles for want of a head.
-    /// Hosts try these first.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub flat_rows: bool,
-    /// This kernel has `_flat` dense twins, listed first in its specializations (set by the spec
-    /// layer: pairwise merges without the fused mask whose blocks hold several heads, see
-    /// `flat_rows`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub flat_twins: bool,
+    /// A range kernel, a specialization, or a kernel callers name, and the twins it offers
+    /// ([`TWIN_KINDS`] describes each kind); the manifest writes it as `rows_below` and one key per
+    /// kind.
+    #[serde(flatten)]
+    pub role: Role,
 }
 
 impl MergeVariant {
@@ -280,12 +257,7 @@ impl MergeVariant {
             mask_empty_context: false,
             pdl: false,
             size_rule: Vec::new(),
-            rows_below: None,
-            dense: false,
-            dense_specialization: false,
-            all_context: false,
-            flat_rows: false,
-            flat_twins: false,
+            role: Role::default(),
         }
     }
 
@@ -295,7 +267,11 @@ impl MergeVariant {
         MergeVariant {
             schedule: range.schedule,
             size_rule: Vec::new(),
-            rows_below: Some(range.below_rows),
+            // Its twins follow its own schedule: the spec layer offers them.
+            role: Role {
+                rows_below: Some(range.below_rows),
+                ..Role::default()
+            },
             ..self.clone()
         }
     }
@@ -320,133 +296,91 @@ impl MergeVariant {
         std::iter::once(self.clone()).chain(kernels).collect()
     }
 
-    /// The specializations of this kernel, in the order hosts try them (`dense_specialization`):
-    /// with a threshold, first the dense twin for calls whose every token has context, then the
-    /// dense twin; before them, where `flat_twins`, the same two for fewer heads than a block
-    /// holds (`_flat`).
+    /// The specializations of this kernel, in the order hosts try them ([`Role::twin_sets`]).
+    /// The general kernel's size rule has already chosen this kernel when a host looks at its
+    /// specializations: the twins have no size rule, and offer no twins, of their own.
     pub fn specialization_twins(&self) -> Vec<MergeVariant> {
-        if !self.dense_specialization {
-            return Vec::new();
-        }
-        // The general kernel's size rule has already chosen this kernel when a host looks at
-        // its specializations: the twins have none of their own.
-        let dense = MergeVariant {
-            dense: true,
-            dense_specialization: false,
-            flat_twins: false,
+        let twin = |twin_of| MergeVariant {
             size_rule: Vec::new(),
+            role: Role {
+                rows_below: self.role.rows_below,
+                twin_of,
+                twins: TwinSet::EMPTY,
+            },
             ..self.clone()
         };
-        let pair = |dense: MergeVariant| {
-            let all_context = self.prefix_threshold.then(|| MergeVariant {
-                all_context: true,
-                ..dense.clone()
-            });
-            all_context.into_iter().chain([dense])
-        };
-        let flat = self.flat_twins.then(|| MergeVariant {
-            flat_rows: true,
-            ..dense.clone()
-        });
-        flat.into_iter().flat_map(pair).chain(pair(dense)).collect()
+        self.role.twin_sets().into_iter().map(twin).collect()
     }
 
-    /// These kernels, each pairwise merge followed by its dense specializations.
-    pub fn with_dense_twins(kernels: Vec<MergeVariant>) -> Vec<MergeVariant> {
+    /// These kernels, each followed by its specializations.
+    pub fn with_twins(kernels: Vec<MergeVariant>) -> Vec<MergeVariant> {
         kernels
             .into_iter()
-            .flat_map(|mut k| {
-                k.dense_specialization = k.family == Family::MergeAttnStates && !k.dense;
+            .flat_map(|k| {
                 let twins = k.specialization_twins();
                 std::iter::once(k).chain(twins)
             })
             .collect()
     }
 
-    /// Readable and stable: family, dtype, head size, then one tag per non-default option.
+    /// Readable and stable: family, dtype, head size, then one tag per non-default option, in
+    /// this order (the role's tags, `_below<rows>` and the twins', before `_pdl`).
     pub fn kernel_name(&self) -> String {
-        let mut name = format!(
-            "{}_{}_d{}",
-            self.family.table(),
-            self.dtype.name(),
-            self.head_size
-        );
-        match self.family {
-            Family::MergeAttnStates => {}
-            Family::MergeStates {
-                num_states: Some(k),
-            } => name.push_str(&format!("_k{k}")),
-            Family::MergeStates { num_states: None } => name.push_str("_kvar"),
-            Family::MergeStateInPlace { mask } => {
-                if mask {
-                    name.push_str("_mask");
-                }
+        let tag = |on: bool, tag: &str| if on { tag.to_string() } else { String::new() };
+        let token_major = self.lse_layout == LseLayout::TokenMajor;
+        let family = match self.family {
+            Family::MergeAttnStates => String::new(),
+            Family::MergeStates { num_states } => {
+                num_states.map_or("_kvar".into(), |k| format!("_k{k}"))
             }
+            Family::MergeStateInPlace { mask } => tag(mask, "_mask"),
             // It has no dtype or head size: the name is the family and its lse layout.
             Family::MaskEmptyContextLse => {
-                let mut name = self.family.table().to_string();
-                if self.lse_layout == LseLayout::TokenMajor {
-                    name.push_str("_tm");
-                }
-                if self.pdl {
-                    name.push_str("_pdl");
-                }
-                return name;
+                return [
+                    self.family.table(),
+                    &tag(token_major, "_tm"),
+                    &tag(self.pdl, "_pdl"),
+                ]
+                .concat()
             }
-        }
-        if self.prefix_threshold {
-            name.push_str("_thr");
-        }
-        // The in-place merge always updates its state's lse: no tag.
-        if self.output_lse && !matches!(self.family, Family::MergeStateInPlace { .. }) {
-            name.push_str("_lse");
-        }
-        // merge_states has one lse layout ([T, K, H] in, [T, H] out): no tag.
-        if self.lse_layout == LseLayout::TokenMajor
-            && !matches!(self.family, Family::MergeStates { .. })
-        {
-            name.push_str("_tm");
-        }
-        if self.lse_base == LseBase::Two {
-            name.push_str("_base2");
-        }
-        if self.mask_empty_context {
-            name.push_str("_ctxmask");
-        }
-        if self.output == OutputKind::Fp8E4m3 {
-            name.push_str("_fp8");
-        }
-        if let Some(g) = self.fp8_group {
-            name.push_str(&format!("_fp8g{}", g.group_size));
-            if g.ue8m0 {
-                name.push_str("_ue8m0");
-            }
-        }
-        if self.explicit_schedule {
-            let s = &self.schedule;
-            name.push_str(&format!(
-                "_r{}m{}b{}h{}",
-                s.rows_per_thread, s.min_blocks_per_sm, s.block_threads, s.heads_per_block
-            ));
-            if s.vecs_per_thread > 0 {
-                name.push_str(&format!("v{}", s.vecs_per_thread));
-            }
-        }
-        if let Some(rows) = self.rows_below {
-            name.push_str(&format!("_below{rows}"));
-        }
-        if self.dense {
-            name.push_str("_dense");
-        }
-        if self.all_context {
-            name.push_str("_nothr");
-        }
-        if self.flat_rows {
-            name.push_str("_flat");
-        }
-        if self.pdl {
-            name.push_str("_pdl");
-        }
-        name
+        };
+        let in_place = matches!(self.family, Family::MergeStateInPlace { .. });
+        let k_way = matches!(self.family, Family::MergeStates { .. });
+        let group = self
+            .fp8_group
+            .map(|g| format!("_fp8g{}{}", g.group_size, tag(g.ue8m0, "_ue8m0")));
+        let s = &self.schedule;
+        let schedule = self.explicit_schedule.then(|| {
+            let vecs = tag(s.vecs_per_thread > 0, &format!("v{}", s.vecs_per_thread));
+            let (r, m, b, h) = (
+                s.rows_per_thread,
+                s.min_blocks_per_sm,
+                s.block_threads,
+                s.heads_per_block,
+            );
+            format!("_r{r}m{m}b{b}h{h}{vecs}")
+        });
+        [
+            format!(
+                "{}_{}_d{}",
+                self.family.table(),
+                self.dtype.name(),
+                self.head_size
+            ),
+            family,
+            tag(self.prefix_threshold, "_thr"),
+            // The in-place merge always updates its state's lse: no tag.
+            tag(self.output_lse && !in_place, "_lse"),
+            // merge_states has one lse layout ([T, K, H] in, [T, H] out): no tag.
+            tag(token_major && !k_way, "_tm"),
+            tag(self.lse_base == LseBase::Two, "_base2"),
+            tag(self.mask_empty_context, "_ctxmask"),
+            tag(self.output == OutputKind::Fp8E4m3, "_fp8"),
+            group.unwrap_or_default(),
+            schedule.unwrap_or_default(),
+            self.role.name_suffix(),
+            tag(self.pdl, "_pdl"),
+        ]
+        .concat()
     }
 }

@@ -18,7 +18,7 @@ use crate::constants::ENV_SKIP;
 use crate::error::{RuntimeError, REGENERATE};
 use crate::host::kernel::{Kernel, LoadedRule, Module};
 use crate::host::manifest::{image_mismatch, Artifact, FileView, KernelView, ManifestView};
-use crate::host::select::{Call, Selector};
+use crate::host::select::{Call, NoMatch, Selector};
 
 /// Every kernel of one manifest, loaded into one context.
 #[non_exhaustive]
@@ -207,12 +207,12 @@ impl Runtime {
 
     /// The kernel that serves `call` (docs/MANIFEST.md, "Selection"): the best of its family
     /// whose contract takes the call's arguments, element types and sizes; launch it with
-    /// [`crate::host::typed::Launch`] (its size rule and specializations then apply). `None`
-    /// where no kernel serves; [`Runtime::select_for_check`] then gives the kernel whose check
-    /// would name the problem, if one would.
-    pub fn select(&self, call: &Call) -> Option<&Arc<Kernel>> {
-        let c = self.selector.select(call)?;
-        c.serves.then(|| &self.kernels[c.index])
+    /// [`crate::host::typed::Launch`] (its size rule and specializations then apply). Where
+    /// no kernel serves, the error says what each kernel of the family does not take;
+    /// [`Runtime::select_for_check`] gives the kernel whose check would name the problem, if
+    /// one would.
+    pub fn select(&self, call: &Call) -> Result<&Arc<Kernel>, NoMatch> {
+        self.selector.serving(call).map(|i| &self.kernels[i])
     }
 
     /// As [`Runtime::select`], with whether the kernel serves the call: `false` where none

@@ -31,7 +31,7 @@ pub use crate::host::load::Runtime;
 pub use crate::host::manifest::{
     ArchView, Artifact, FileView, KernelView, ManifestView, NvrtcView, VariantView,
 };
-pub use crate::host::select::{Call, Choice, Selector};
+pub use crate::host::select::{Call, Choice, NoMatch, Selector};
 pub use crate::host::typed::{Element, Launch};
 
 /// Is a CUDA driver library present? Never panics (touching cudarc without a driver does, under

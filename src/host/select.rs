@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use crate::contract::{LaunchRule, Param};
 use crate::host::check::{Fit, Given, Plan};
-use crate::host::manifest::KernelView;
+use crate::host::manifest::{KernelView, ManifestView};
 
 /// A call as selection sees it: its family, the arguments it gives (a null buffer is not
 /// given), and the options the kernels' `select` blocks name (`lse_layout`, `ue8m0`,
@@ -71,6 +71,22 @@ struct Candidate {
     rule: Option<Rule>,
     specializations: Vec<usize>,
 }
+
+/// No kernel of a manifest serves a call; the text says, per kernel of the call's family, what
+/// it does not take ([`Selector::why_none`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoMatch(pub String);
+
+impl std::fmt::Display for NoMatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NoMatch {}
+
+/// The most reasons [`Selector::why_none`] spells out.
+pub const WHY_LINES: usize = 8;
 
 /// A size rule: the two parameters whose product counts rows, and per range (bound, kernel).
 type Rule = ([usize; 2], Vec<(u64, usize)>);
@@ -156,6 +172,11 @@ impl Selector {
         Ok(Selector { kernels })
     }
 
+    /// Every kernel of a manifest (read with [`ManifestView::parse`]: no GPU needed).
+    pub fn of_manifest(manifest: &ManifestView) -> Result<Selector, String> {
+        Selector::new(manifest.kernels.iter().map(Entry::from))
+    }
+
     /// The kernel that serves `call`: among the kernels of its family that no other kernel
     /// names, those whose `select` block the call's options state alike (no more, no fewer)
     /// and whose contract
@@ -180,7 +201,7 @@ impl Selector {
                 continue;
             }
             let (near, unused) = match k.plan.fits(call.args) {
-                Fit::No => continue,
+                Fit::No(_) => continue,
                 Fit::Near { unused } => (true, unused),
                 Fit::Yes { unused } => (false, unused),
             };
@@ -193,6 +214,96 @@ impl Selector {
             index,
             serves: !near,
         })
+    }
+
+    /// The kernel that serves `call`, or why none does ([`Selector::why_none`]).
+    pub fn serving(&self, call: &Call) -> Result<usize, NoMatch> {
+        match self.select(call) {
+            Some(Choice {
+                index,
+                serves: true,
+            }) => Ok(index),
+            _ => Err(NoMatch(self.why_none(call))),
+        }
+    }
+
+    /// Why no kernel serves `call`, in words: for each kernel of its family that a call may
+    /// select, what it does not take (the same reasons grouped, at most [`WHY_LINES`] lines).
+    /// What [`Selector::select`] found when it returns `None` or a choice that does not serve.
+    pub fn why_none(&self, call: &Call) -> String {
+        let family: Vec<&Candidate> = self
+            .kernels
+            .iter()
+            .filter(|k| k.family == call.family && !k.reached)
+            .collect();
+        if family.is_empty() {
+            let mut have: Vec<&str> = self.kernels.iter().map(|k| k.family.as_str()).collect();
+            have.dedup();
+            return format!(
+                "the manifest has no {} kernel (it has: {}); add a [[{}]] table to the spec",
+                call.family,
+                have.join(", "),
+                call.family
+            );
+        }
+        // (reason, first kernel, how many more)
+        let mut reasons: Vec<(String, &str, usize)> = Vec::new();
+        for k in family {
+            let text = match Self::miss(k, call) {
+                Some(text) => text,
+                None => continue,
+            };
+            match reasons.iter_mut().find(|r| r.0 == text) {
+                Some(r) => r.2 += 1,
+                None => reasons.push((text, &k.name, 0)),
+            }
+        }
+        let mut out = format!("no {} kernel serves this call:", call.family);
+        for (text, first, more) in reasons.iter().take(WHY_LINES) {
+            let others = match more {
+                0 => String::new(),
+                1 => " (and 1 more)".to_string(),
+                n => format!(" (and {n} more)"),
+            };
+            out += &format!("\n  {first}{others} {text}");
+        }
+        if reasons.len() > WHY_LINES {
+            out += &format!("\n  ... {} other reasons", reasons.len() - WHY_LINES);
+        }
+        out
+    }
+
+    /// What kernel `k` does not take of `call`, or `None` where it serves it.
+    fn miss(k: &Candidate, call: &Call) -> Option<String> {
+        let named = |pairs: &mut dyn Iterator<Item = (&str, &str)>| {
+            let all: Vec<String> = pairs.map(|(o, v)| format!("{o} = {v}")).collect();
+            if all.is_empty() {
+                "none".to_string()
+            } else {
+                all.join(", ")
+            }
+        };
+        let stated = k.select.len() == call.options.len()
+            && k.select
+                .iter()
+                .all(|(key, value)| call.options.iter().any(|(o, v)| o == key && v == value));
+        if !stated {
+            let kernel = named(&mut k.select.iter().map(|(o, v)| (o.as_str(), v.as_str())));
+            let given = named(&mut call.options.iter().copied());
+            return Some(format!(
+                "is built for options {kernel}; the call states {given}"
+            ));
+        }
+        match k.plan.fits(call.args) {
+            Fit::No(miss) => Some(k.plan.miss_text(miss, call.args)),
+            Fit::Near { .. } => Some(
+                "may take it, but only its check can judge (an integer it does not take, a \
+                 constant the call leaves open, or tensors that disagree on a size): launch \
+                 it for the check's verdict"
+                    .to_string(),
+            ),
+            Fit::Yes { .. } => None,
+        }
     }
 
     /// The kernel a launch of kernel `index` with these checked values runs: its size rule's

@@ -291,7 +291,7 @@ pub fn rust_module(
     }
     let _ = write!(
         s,
-        "\n    /// The kernel that serves `call` (docs/MANIFEST.md, \"Selection\"), picked at run time\n    /// from the manifest's contracts; launch it with [`{RT}::Launch`].\n    pub fn select(&self, call: &{RT}::Call) -> Option<&{RT}::Kernel> {{\n        self.runtime.select(call).map(|k| k.as_ref())\n    }}\n}}\n"
+        "\n    /// The kernel that serves `call` (docs/MANIFEST.md, \"Selection\"), picked at run time\n    /// from the manifest's contracts; launch it with [`{RT}::Launch`]. The error says what\n    /// each kernel of the call's family does not take.\n    pub fn select(&self, call: &{RT}::Call) -> Result<&{RT}::Kernel, {RT}::NoMatch> {{\n        self.runtime.select(call).map(|k| k.as_ref())\n    }}\n}}\n"
     );
     s
 }

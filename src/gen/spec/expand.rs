@@ -11,7 +11,22 @@ use super::*;
 /// Heads per block of FP8 outputs unless the spec sets it (`Lists::with_twins`).
 const FP8_HEADS_PER_BLOCK: u32 = 8;
 
-/// Does this kernel get `_flat` dense twins (`MergeVariant::flat_rows`)? Pairwise merges
+/// The kinds of twins `v` offers (`TWIN_KINDS` describes each): with the spec's `dense`, every
+/// pairwise merge a dense one; with the threshold, those for calls where every token has
+/// context; and the `_flat` ones for fewer heads where `takes_flat_twins`.
+fn offered_twins(v: &MergeVariant, dense: bool) -> TwinSet {
+    let offers = |twin| match twin {
+        Twin::Dense => dense && v.family == Family::MergeAttnStates,
+        Twin::AllContext => v.prefix_threshold,
+        Twin::FewHeads => takes_flat_twins(v),
+    };
+    TWIN_KINDS
+        .iter()
+        .filter(|k| offers(k.twin))
+        .fold(TwinSet::EMPTY, |set, k| set.with(k.twin))
+}
+
+/// Does this kernel get `_flat` dense twins (`Twin::FewHeads`)? Pairwise merges
 /// without the fused mask, one row per thread, more than one head per block (every FP8 output:
 /// they keep launch order and take FP8_HEADS_PER_BLOCK; the inputs' dtype where its tuned
 /// schedule holds several heads). Below that many heads the block's slots of the missing heads
@@ -199,12 +214,7 @@ impl<'t> Lists<'t> {
                 mask_empty_context,
                 pdl: self.pdls[p],
                 size_rule: Vec::new(),
-                rows_below: None,
-                dense: false,
-                dense_specialization: false,
-                all_context: false,
-                flat_rows: false,
-                flat_twins: false,
+                role: Role::default(),
             }
         })
     }
@@ -231,15 +241,11 @@ impl<'t> Lists<'t> {
         let kernels = kernels
             .into_iter()
             .map(|mut k| {
-                k.flat_twins = takes_flat_twins(&k);
+                k.role.twins = offered_twins(&k, self.dense);
                 k
             })
             .collect();
-        if self.dense {
-            MergeVariant::with_dense_twins(kernels)
-        } else {
-            kernels
-        }
+        MergeVariant::with_twins(kernels)
     }
 
     /// Launch geometry: the fused mask's occupancy, an FP8 group that fits the rows, and no more

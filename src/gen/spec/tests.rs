@@ -57,11 +57,7 @@ fn default_spec_is_the_vllm_set() {
     // (launched through them). Each of those has its two dense specializations right after it
     // (every default kernel has the threshold): for calls where every token has context, then
     // the dense one.
-    let called: Vec<&MergeVariant> = s
-        .variants
-        .iter()
-        .filter(|v| v.rows_below.is_none() && !v.dense)
-        .collect();
+    let called: Vec<&MergeVariant> = s.variants.iter().filter(|v| v.role.is_named()).collect();
     assert_eq!(called.len(), 108);
     for output in [OutputKind::Same, OutputKind::Fp8E4m3] {
         for mask in [false, true] {
@@ -85,7 +81,7 @@ fn default_spec_is_the_vllm_set() {
     let with_flat = |output| {
         s.variants
             .iter()
-            .filter(|v| v.flat_twins && v.output == output)
+            .filter(|v| v.role.twins.contains(Twin::FewHeads) && v.output == output)
             .count()
     };
     assert_eq!(with_flat(OutputKind::Fp8E4m3), 27);
@@ -93,26 +89,29 @@ fn default_spec_is_the_vllm_set() {
     assert!(s
         .variants
         .iter()
-        .all(|v| !(v.flat_twins && v.mask_empty_context)));
+        .all(|v| !(v.role.twins.contains(Twin::FewHeads) && v.mask_empty_context)));
     let flat_pairs = 27 + 21;
     assert_eq!(s.variants.len(), 3 * (108 + rule_kernels) + 2 * flat_pairs);
     let mut rest = &s.variants[..];
     while let Some((general, after)) = rest.split_first() {
         let name = general.kernel_name();
         assert!(
-            general.dense_specialization && !general.dense && general.prefix_threshold,
+            general.role.twin_of.is_empty()
+                && general.role.twins.contains(Twin::Dense)
+                && general.prefix_threshold,
             "{name}"
         );
-        let twins: &[&str] = if general.flat_twins {
+        let twins: &[&str] = if general.role.twins.contains(Twin::FewHeads) {
             &["_dense_nothr_flat", "_dense_flat", "_dense_nothr", "_dense"]
         } else {
             &["_dense_nothr", "_dense"]
         };
         for (twin, tag) in after.iter().zip(twins) {
             assert_eq!(twin.kernel_name(), format!("{name}{tag}"));
-            assert!(twin.dense && twin.size_rule.is_empty());
-            assert_eq!(twin.all_context, tag.contains("nothr"), "{name}{tag}");
-            assert_eq!(twin.flat_rows, tag.ends_with("_flat"), "{name}{tag}");
+            let is = |kind| twin.role.twin_of.contains(kind);
+            assert!(is(Twin::Dense) && twin.size_rule.is_empty());
+            assert_eq!(is(Twin::AllContext), tag.contains("nothr"), "{name}{tag}");
+            assert_eq!(is(Twin::FewHeads), tag.ends_with("_flat"), "{name}{tag}");
         }
         rest = &after[twins.len()..];
     }

@@ -51,7 +51,8 @@ fn pairwise_merges_with_heads_per_block_get_flat_row_twins_for_fewer_heads() {
                 };
                 let (x, y) = (c.launch.grid_x.per_block, c.launch.grid_y.per_block);
                 let (max, min) = (bounds("num_heads").max, bounds("num_tokens").min);
-                (v.kernel_name(), v.flat_rows, max, min, x, y)
+                let flat = v.role.twin_of.contains(Twin::FewHeads);
+                (v.kernel_name(), flat, max, min, x, y)
             })
             .collect()
     };

@@ -109,7 +109,7 @@ fn every_tuned_size_rule_is_well_formed_and_reaches_the_default_spec() {
         let main = spec
             .variants
             .iter()
-            .find(|v| v.dtype == dtype && v.head_size == r.head_size && v.rows_below.is_none())
+            .find(|v| v.dtype == dtype && v.head_size == r.head_size && v.role.rows_below.is_none())
             .expect("the default spec has the kernel");
         assert_eq!(main.schedule.block_threads, last.block_threads, "{what}");
         assert_eq!(
@@ -124,7 +124,7 @@ fn every_tuned_size_rule_is_well_formed_and_reaches_the_default_spec() {
                 .find(&name)
                 .unwrap_or_else(|| panic!("{name} is generated"));
             assert_eq!(alt.schedule, range.schedule);
-            assert_eq!(alt.rows_below, Some(range.below_rows));
+            assert_eq!(alt.role.rows_below, Some(range.below_rows));
             assert!(alt.size_rule.is_empty());
         }
     }

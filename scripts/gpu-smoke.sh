@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Every user-facing path in its final form, on a GPU, in one device call of a few minutes: run it
+# before saying a change that touches a host, a template or the manifest is done.
+#
+#   scripts/gpu-smoke.sh build   (here: Rust, NVRTC, the torch env of .ci/python.sh)
+#       builds into .device/smoke/ the example engine, the quick GPU suite's binary, the C
+#       examples' launchers and the platform wheel (scripts/build-wheel.sh)
+#   scripts/gpu-smoke.sh run     (there, with .device carried: `run` with carry [".device"])
+#       1. the example engine (build.rs bindings, select, every family step)
+#       2. the C examples (merge.c, families.c, devices.c) against their generated launchers
+#       3. the wheel installed into a temporary folder: python/examples/*.py, then pytest
+#          python/tests against it (the compiled op required)
+#       4. the quick Rust GPU suite (MLA_GEN_GPU_QUICK=1) on the installed wheel's kernels
+#    Each step's last line goes to $OUT/smoke.txt (default .device/smoke/out); logs beside it.
+#    Exit status 1 when any step fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+S=.device/smoke
+case "${1:-}" in
+build)
+    scripts/install-nvrtc.sh
+    rm -rf "$S" && mkdir -p "$S/bin"
+    cargo build --release --quiet --bin mla-gen
+    exe=$(cargo test --release --test gpu --no-run --message-format=json 2>/dev/null | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("executable") and m.get("target", {}).get("kind") == ["test"]:
+        print(m["executable"])')
+    cp "$exe" "$S/bin/test-gpu"
+    CARGO_TARGET_DIR=target/engine cargo build --release --quiet --manifest-path examples/engine/Cargo.toml
+    cp target/engine/release/mla-gen-example-engine "$S/bin/example-engine"
+    strip "$S"/bin/*
+    target/release/mla-gen generate examples/c/spec.toml --out "$S/c-example" --emit c --quiet
+    target/release/mla-gen generate examples/c/families.toml --out "$S/c-families" --emit c --quiet
+    scripts/build-wheel.sh --out "$S/wheel" >/dev/null
+    git rev-parse --short HEAD > "$S/commit.txt"
+    echo "built $S ($(du -sh "$S" | cut -f1)) at $(cat "$S/commit.txt"); run 'scripts/gpu-smoke.sh run' there with .device carried"
+    ;;
+run)
+    OUT="${OUT:-$S/out}"; mkdir -p "$OUT"
+    REPORT="$OUT/smoke.txt"; : > "$REPORT"
+    export PYTHONUNBUFFERED=1
+    status=0
+    say() { echo "$*" | tee -a "$REPORT"; }
+    # A step: its label, then the command; its last output line goes to the report.
+    step() {
+        local label="$1"; shift
+        echo "== $label"
+        if "$@" > "$OUT/$label.log" 2>&1; then
+            say "$label: $(tail -n 1 "$OUT/$label.log")"
+        else
+            say "$label: FAILED ($(tail -n 1 "$OUT/$label.log"); see $label.log)"; status=1
+            tail -n 20 "$OUT/$label.log"
+        fi
+    }
+    say "commit: $(cat "$S/commit.txt"), run $(date -u +%Y-%m-%dT%H:%MZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+    step example-engine "$S/bin/example-engine"
+    c_example() {  # source, launcher folder, binary
+        gcc -std=c11 -O2 -I/usr/local/cuda/include -I"$2/c" "$1" "$2/c/mla_kernels.c" \
+            -L/usr/local/cuda/lib64/stubs -lcuda -pthread -lm -o "$OUT/$3" && "$OUT/$3"
+    }
+    step c-merge c_example examples/c/merge.c "$S/c-example" c-merge
+    step c-families c_example examples/c/families.c "$S/c-families" c-families
+    step c-devices c_example examples/c/devices.c "$S/c-example" c-devices
+    site="$(mktemp -d)"
+    trap 'rm -rf "$site"' EXIT
+    wheel="$(ls "$S"/wheel/mla_gen-*.whl | head -n 1)"
+    step wheel-install python3 -m pip install --no-deps --target "$site" "$wheel"
+    for ex in python/examples/*.py; do
+        name="python-$(basename "$ex" .py)"
+        step "$name" env PYTHONPATH="$site" python3 -c '
+import runpy, sys
+result = runpy.run_path(sys.argv[1], run_name="__main__")
+print("ran", sys.argv[1], "without error")' "$ex"
+    done
+    repo="$PWD"
+    step wheel-pytest bash -c "cd '$site' && PYTHONPATH='$site' MLA_GEN_EXPECT_COMPILED=1 timeout 500 python3 -m pytest -q -p no:cacheprovider '$repo/python/tests'"
+    step rust-quick env MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" MLA_GEN_GPU_REPORT="$OUT/rust-quick-report.txt" \
+        "$S/bin/test-gpu" --test-threads=1
+    echo "== smoke"; cat "$REPORT"
+    exit $status
+    ;;
+*)
+    echo "usage: scripts/gpu-smoke.sh build|run   (see the comment at the top)" >&2; exit 2 ;;
+esac
