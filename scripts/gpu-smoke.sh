@@ -10,7 +10,8 @@
 #       2. the C examples (merge.c, families.c, devices.c) against their generated launchers
 #       3. the wheel installed into a temporary folder: python/examples/*.py, then pytest
 #          python/tests against it (the compiled op required)
-#       4. the quick Rust GPU suite (MLA_GEN_GPU_QUICK=1) on the installed wheel's kernels
+#       4. the quick Rust GPU suite (MLA_GEN_GPU_QUICK=1) and the Rust fault suite
+#          (tests/gpu_faults.rs) on the installed wheel's kernels
 #    Each step's last line goes to $OUT/smoke.txt (default .device/smoke/out); logs beside it.
 #    Exit status 1 when any step fails.
 set -euo pipefail
@@ -21,12 +22,14 @@ build)
     scripts/install-nvrtc.sh
     rm -rf "$S" && mkdir -p "$S/bin"
     cargo build --release --quiet --bin mla-gen
-    exe=$(cargo test --release --test gpu --no-run --message-format=json 2>/dev/null | python3 -c 'import json, sys
+    for t in gpu gpu_faults; do
+        exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null | python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("executable") and m.get("target", {}).get("kind") == ["test"]:
         print(m["executable"])')
-    cp "$exe" "$S/bin/test-gpu"
+        cp "$exe" "$S/bin/test-$t"
+    done
     CARGO_TARGET_DIR=target/engine cargo build --release --quiet --manifest-path examples/engine/Cargo.toml
     cp target/engine/release/mla-gen-example-engine "$S/bin/example-engine"
     strip "$S"/bin/*
@@ -77,6 +80,7 @@ print("ran", sys.argv[1], "without error")' "$ex"
     step wheel-pytest bash -c "cd '$site' && PYTHONPATH='$site' MLA_GEN_EXPECT_COMPILED=1 timeout 500 python3 -m pytest -q -p no:cacheprovider '$repo/python/tests'"
     step rust-quick env MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" MLA_GEN_GPU_REPORT="$OUT/rust-quick-report.txt" \
         "$S/bin/test-gpu" --test-threads=1
+    step rust-faults env MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" "$S/bin/test-gpu_faults" --test-threads=1 --nocapture
     echo "== smoke"; cat "$REPORT"
     exit $status
     ;;
