@@ -61,7 +61,8 @@ GRID_T = (256, 2048, 8192, 32768)
 # (H, D) pairs in the order the grid runs them: the first three cover every H and every D, so
 # that a run stopped by --cap still has each; then the rest of the 3 x 3.
 GRID_HD = ((16, 128), (8, 64), (32, 256), (16, 64), (32, 128), (8, 256), (16, 256), (8, 128), (32, 64))
-CANDIDATE_SHAPES = [(K, T, 16, D) for D in (128, 64, 256) for T in (2048, 32768) for K in (2, 3, 5, 9, 16)]
+CANDIDATE_SHAPES = ([(K, T, 16, 128) for T in (2048, 32768) for K in (2, 3, 5, 9, 16)]
+                    + [(K, T, H, D) for H, D in ((8, 64), (32, 256)) for T in (2048, 32768) for K in (2, 5, 16)])
 STATES_SHAPES = [(K, T, 16, 128) for T in (2048, 32768) for K in range(1, 17)]
 INPLACE_SHAPES = [(T, H, D) for D in (64, 128, 256) for H in (8, 32) for T in (256, 2048, 8192, 32768)]
 
@@ -271,9 +272,9 @@ def time_all(impls, copy, nbytes, args):
     return out
 
 
-def bench_kway(K, T, H, D, folders, fi, args, fixed_too=True, loop=True):
+def bench_kway(tag, K, T, H, D, folders, fi, args, fixed_too=True, loop=True):
     sh = KwayShape(T, K, H, D, seed=T * 7 + K * 5 + H * 3 + D, loop=loop)
-    row = {"table": "kway", "K": K, "T": T, "H": H, "D": D, "bytes": sh.nbytes, "errors": []}
+    row = {"table": tag, "K": K, "T": T, "H": H, "D": D, "bytes": sh.nbytes, "errors": []}
     impls = implementations(sh, folders, fi, fixed_too, loop)
     for name, (call, _, lse2) in list(impls.items()):
         problem = sh.check(name, call, lse2)
@@ -364,18 +365,24 @@ def bench_inplace(T, H, D, folder, fi, args):
 
 def summary(rows, default):
     lines = []
-    kway = [r for r in rows if r["table"] == "kway" and r.get("grid")]
-    labels = sorted({n for r in kway for n in r["x_fi"]})
+    for table in ("candidates", "states", "grid"):
+        kway = [r for r in rows if r["table"] == table and "x_fi" in r]
+        labels = list(dict.fromkeys(n for r in kway for n in r["x_fi"]))
+        for mode in ("cold", "hot"):
+            for label in labels:
+                xs = [(r["x_fi"][label][mode], r) for r in kway if label in r["x_fi"]]
+                worst = min(xs, key=lambda p: p[0])
+                slower = sum(x < 0.98 for x, _ in xs)
+                lines.append(f"{table} {mode} {label}: x fi median {statistics.median(x for x, _ in xs):.3f}, min "
+                             f"{worst[0]:.3f} (K={worst[1]['K']} T={worst[1]['T']} H={worst[1]['H']} "
+                             f"D={worst[1]['D']}), {slower} of {len(xs)} below 0.98")
+    inplace = [r for r in rows if r["table"] == "inplace" and "x_fi" in r]
+    for mode in ("cold", "hot") if inplace else ():
+        xs = [r["x_fi"][mode] for r in inplace]
+        lines.append(f"inplace {mode}: x fi median {statistics.median(xs):.3f}, min {min(xs):.3f}, "
+                     f"{sum(x < 0.98 for x in xs)} of {len(xs)} below 0.98")
+    kway = [r for r in rows if r["table"] == "grid" and "x_loop" in r]
     for mode in ("cold", "hot"):
-        for label in labels:
-            xs = [(r["x_fi"][label][mode], r) for r in kway if label in r["x_fi"]]
-            if not xs:
-                continue
-            worst = min(xs, key=lambda p: p[0])
-            slower = sum(x < 0.98 for x, _ in xs)
-            lines.append(f"grid {mode} {label}: x fi median {statistics.median(x for x, _ in xs):.3f}, min "
-                         f"{worst[0]:.3f} (K={worst[1]['K']} T={worst[1]['T']} H={worst[1]['H']} D={worst[1]['D']}), "
-                         f"{slower} of {len(xs)} below 0.98")
         loops = [(r["x_loop"][mode], r) for r in kway if mode in r["x_loop"] and r["K"] >= 4]
         if loops:
             worst = min(loops, key=lambda p: p[0])
@@ -446,11 +453,12 @@ def main():
         save()
     if "candidates" in tables:
         run("candidates (every folder, x fi per label)", CANDIDATE_SHAPES,
-            lambda K, T, H, D: print_kway(r := bench_kway(K, T, H, D, folders, fi, args), folders[0].label) or r)
+            lambda K, T, H, D: print_kway(r := bench_kway("candidates", K, T, H, D, folders, fi, args),
+                                          folders[0].label) or r)
     first = folders[:1]
     if "states" in tables:
         run("states 1-16 (the default's runtime-K kernel)", STATES_SHAPES,
-            lambda K, T, H, D: print_kway(r := bench_kway(K, T, H, D, first, fi, args, fixed_too=False),
+            lambda K, T, H, D: print_kway(r := bench_kway("states", K, T, H, D, first, fi, args, fixed_too=False),
                                           folders[0].label) or r)
     if "inplace" in tables and args.inplace:
         run("in-place beside MergeStateInPlace", INPLACE_SHAPES,
@@ -459,8 +467,7 @@ def main():
         shapes = [(K, T, H, D) for H, D in GRID_HD for K in GRID_K for T in GRID_T]
 
         def grid_row(K, T, H, D):
-            r = bench_kway(K, T, H, D, folders[:2], fi, args)
-            r["grid"] = True
+            r = bench_kway("grid", K, T, H, D, folders[:2], fi, args)
             print_kway(r, folders[0].label)
             return r
         run("target grid (default and the second folder, fixed-K kernels too)", shapes, grid_row)

@@ -9,21 +9,20 @@
 #                                                  and fixed K, bf16, D 64/128/256, lse base 2)
 #                                         old      the same spec from BASE's templates (default
 #                                                  1d8fd14, before the branch-free bodies)
-#                                         ieee u8 u2 tp   templates/ with one `{%- set kway_* %}` of
-#                                                  merge_states.cu.tera changed (IEEE math; 8 or 2
-#                                                  unrolled K; two passes), runtime K only
-#                                         m10 m12 m16 b256 b256h16   templates/ with schedule
-#                                                  keys (min_blocks_per_sm 10, 12, 16: 48, 40, 32
-#                                                  registers, the last two spilling; block_threads
-#                                                  256; and 16 heads per block, FlashInfer's block at
-#                                                  H = 16, D = 128), runtime K only
+#                                         candidates, runtime K only (the list below): one
+#                                                  `{%- set kway_* %}` of merge_states.cu.tera changed
+#                                                  (IEEE math; 8 or 2 unrolled K; two passes; chunks
+#                                                  of 2) and/or schedule keys (min_blocks_per_sm 10,
+#                                                  12, 16: at most 48, 40, 32 registers; 256-thread
+#                                                  blocks; 16 heads per block, FlashInfer's block at
+#                                                  H = 16, D = 128)
 #                                         inplace  base-2 token-major merge_state_in_place
 #                                         check    python/bench/kway-check.toml (semantic cases)
 #   scripts/gpu/kway.sh run     (there) compiles python/bench/peers/peers.cu (scripts/gpu/peers_libs.sh),
 #                                       then python/bench/kway_peers.py: the semantic checks, the
 #                                       candidates, states 1-16, the in-place table and the target
 #                                       grid, stopping new shapes after KWAY_CAP seconds (default
-#                                       230). Log, table and JSON in $OUT/kway/.
+#                                       240). Log, table and JSON in $OUT/kway/.
 #
 # What passes: the log ends with "# semantic checks: 0 failures" above, no "check failed", exit 0;
 # the summary lines "grid cold|hot new: x fi ... min" >= 0.98 and "x loop (K >= 4): min" >= 2.
@@ -52,22 +51,38 @@ build)
         git show "$base:$f" > "$K/templates-old/${f#templates/}"
     done
     gen specs/kway-candidates-3.toml "$K/templates-old" old
-    for item in 'ieee=s/kway_math = "fast"/kway_math = "ieee"/' 'u8=s/kway_unrolled = 4/kway_unrolled = 8/' \
-                'u2=s/kway_unrolled = 4/kway_unrolled = 2/' 'tp=s/kway_passes = 1/kway_passes = 2/'; do
-        label="${item%%=*}"
-        cp -r templates "$K/templates-$label"
-        sed -i "${item#*=}" "$K/templates-$label/merge_states.cu.tera"
-        if cmp -s templates/merge_states.cu.tera "$K/templates-$label/merge_states.cu.tera"; then
-            echo "kway.sh: candidate $label changed nothing in merge_states.cu.tera (${item#*=})" >&2
-            exit 2
+    # label | sed expression for merge_states.cu.tera (none: templates/ as is) | schedule keys (;)
+    candidates=(
+        'ieee|s/kway_math = "fast"/kway_math = "ieee"/|'
+        'u8|s/kway_unrolled = 4/kway_unrolled = 8/|'
+        'u2|s/kway_unrolled = 4/kway_unrolled = 2/|'
+        'tp|s/kway_passes = 1/kway_passes = 2/|'
+        'c2|s/kway_chunk = 4/kway_chunk = 2/|'
+        'c2m12|s/kway_chunk = 4/kway_chunk = 2/|min_blocks_per_sm = 12'
+        'c2m16|s/kway_chunk = 4/kway_chunk = 2/|min_blocks_per_sm = 16'
+        'm10||min_blocks_per_sm = 10'
+        'm12||min_blocks_per_sm = 12'
+        'm16||min_blocks_per_sm = 16'
+        'b256||block_threads = 256'
+        'b256h16||block_threads = 256;heads_per_block = 16'
+    )
+    labels="new old"
+    for item in "${candidates[@]}"; do
+        IFS='|' read -r label edit keys <<< "$item"
+        tpl=templates
+        if [[ -n "$edit" ]]; then
+            tpl="$K/templates-$label"
+            cp -r templates "$tpl"
+            sed -i "$edit" "$tpl/merge_states.cu.tera"
+            if cmp -s templates/merge_states.cu.tera "$tpl/merge_states.cu.tera"; then
+                echo "kway.sh: candidate $label changed nothing in merge_states.cu.tera ($edit)" >&2
+                exit 2
+            fi
         fi
-        gen "$(runtime_spec "$label")" "$K/templates-$label" "$label"
+        IFS=';' read -r -a key_lines <<< "$keys"
+        gen "$(runtime_spec "$label" "${key_lines[@]}")" "$tpl" "$label"
+        labels="$labels $label"
     done
-    for blocks in 10 12 16; do
-        gen "$(runtime_spec "m$blocks" "min_blocks_per_sm = $blocks")" templates "m$blocks"
-    done
-    gen "$(runtime_spec b256 'block_threads = 256')" templates b256
-    gen "$(runtime_spec b256h16 'block_threads = 256' 'heads_per_block = 16')" templates b256h16
     printf '%s\n' 'arch = ["sm_90"]' '[[merge_state_in_place]]' 'dtype = "bf16"' 'head_size = [64, 128, 256]' \
         'lse_layout = "token_major"' 'lse_base = "2"' > "$K/spec-inplace.toml"
     gen "$K/spec-inplace.toml" templates inplace
@@ -75,6 +90,7 @@ build)
     find "$K" -name '*.cu' -delete
     rm -rf "$K"/templates-*
     echo "base templates: $(git rev-parse --short "$base"); new: $(git rev-parse --short HEAD)$(git diff --quiet templates || echo ' + uncommitted templates')" > "$K/built.txt"
+    echo "$labels" > "$K/labels.txt"
     echo "built $K ($(du -sh "$K" | cut -f1)); on the GPU machine: scripts/gpu/kway.sh run (carry .device/kway)"
     ;;
 run)
@@ -85,12 +101,12 @@ run)
     lib="$(mktemp -d)"
     scripts/gpu/peers_libs.sh "$K/include" "$lib"
     kernels=()
-    for label in new old ieee u8 u2 tp m10 m12 m16 b256 b256h16; do
+    for label in $(cat "$K/labels.txt"); do  # new and old first: the default and the base
         kernels+=(--kernels "$label=$K/$label")
     done
     python3 python/bench/kway_peers.py --peers "$lib" "${kernels[@]}" --inplace "$K/inplace" \
         --check-kernels "$K/check" --unchecked old --tables "${KWAY_TABLES:-check,candidates,states,inplace,grid}" \
-        --cap "${KWAY_CAP:-230}" --out "$OUT" 2>&1 | tee "$OUT/kway.log"
+        --cap "${KWAY_CAP:-240}" --out "$OUT" 2>&1 | tee "$OUT/kway.log"
     ;;
 *)
     echo "usage: scripts/gpu/kway.sh build|run   (see the comment at the top)" >&2; exit 2 ;;
