@@ -114,9 +114,10 @@ class FlashInfer:
     def merge_states(self, v, s, out, out_lse):
         T, K, H, D = v.shape
         p = ctypes.c_void_p
-        self._ok(self.fi.fi_merge_states_bf16(p(v.data_ptr()), p(s.data_ptr()), p(out.data_ptr()), p(out_lse.data_ptr()),
-                                              ctypes.c_uint(K), ctypes.c_uint(T), ctypes.c_uint(H), ctypes.c_uint(D),
-                                              p(torch.cuda.current_stream().cuda_stream)), "MergeStates")
+        self._ok(self.fi.fi_merge_states_bf16(
+            p(v.data_ptr()), p(s.data_ptr()), p(out.data_ptr()), p(out_lse.data_ptr()), ctypes.c_uint(K),
+            ctypes.c_uint(T), ctypes.c_uint(H), ctypes.c_uint(D), p(torch.cuda.current_stream().cuda_stream)),
+            "MergeStates")
 
     def merge_state_in_place(self, v, s, v_other, s_other):
         T, H, D = v.shape
@@ -307,10 +308,11 @@ def print_kway(row, default):
     parts = [head]
     for mode in ("cold", "hot"):
         us = {n: t[mode] for n, t in row["us"].items()}
+        nan = float("nan")
         xs = " ".join(f"{n}:{x[mode]:.3f}" for n, x in row["x_fi"].items())
         loop = row["x_loop"].get(mode)
-        parts.append(f"| {mode} {default} {us.get(default, float('nan')):7.2f}us fi {us.get('flashinfer', float('nan')):7.2f}us "
-                     f"copy {us.get('copy', float('nan')):7.2f}us x fi {xs}" + (f" x loop {loop:.2f}" if loop else ""))
+        parts.append(f"| {mode} {default} {us.get(default, nan):7.2f}us fi {us.get('flashinfer', nan):7.2f}us "
+                     f"copy {us.get('copy', nan):7.2f}us x fi {xs}" + (f" x loop {loop:.2f}" if loop else ""))
     print(" ".join(parts) + ("  " + "; ".join(row["errors"]) if row["errors"] else ""), flush=True)
 
 

@@ -89,7 +89,8 @@ build)
     gen python/bench/kway-check.toml templates check
     find "$K" -name '*.cu' -delete
     rm -rf "$K"/templates-*
-    echo "base templates: $(git rev-parse --short "$base"); new: $(git rev-parse --short HEAD)$(git diff --quiet templates || echo ' + uncommitted templates')" > "$K/built.txt"
+    dirty="$(git diff --quiet HEAD -- templates || echo ' + uncommitted templates')"
+    echo "base templates: $(git rev-parse --short "$base"); new: $(git rev-parse --short HEAD)$dirty" > "$K/built.txt"
     echo "$labels" > "$K/labels.txt"
     echo "built $K ($(du -sh "$K" | cut -f1)); on the GPU machine: scripts/gpu/kway.sh run (carry .device/kway)"
     ;;
