@@ -21,15 +21,17 @@ Hot: hot_l2.hot_us, graphs of R x [producer, X] minus R x [producer], the produc
 input just before X. Rounds interleaved in rotating order, median per implementation.
 
 Each implementation's output is checked once per shape against a float64 reference on the first
-tokens before it is timed (a wrongly wired peer shows as `check failed`, not as a time). --check
-first runs the semantic cases (docs/SEMANTICS.md: +inf, NaN, empty rows, K = 1, padded strides,
-every element written, no output lse) on every kernel of the folder --check-kernels names.
+tokens before it is timed (a wrongly wired peer shows as `check failed`, not as a time). The
+`check` table first runs the semantic cases of kway_check.py (docs/SEMANTICS.md: +inf, NaN, empty
+rows, K = 1, padded strides, every element written, no output lse) on every kernel of the
+--check-kernels folder and the bf16 base-2 kernels of each --kernels folder but --unchecked ones.
 
 Per shape: times (us) and the ratios `x fi` = FlashInfer's time / the kernel's (>= 1: mla-gen
 at least as fast) and `x loop` = the loop's time / the default's. JSON in --out/kway.json.
 
   python3 python/bench/kway_peers.py --peers DIR --kernels new=DIR [--kernels old=DIR ...]
-      [--inplace DIR] [--check-kernels DIR] [--tables check,candidates,states,inplace,grid]
+      [--inplace DIR] [--check-kernels DIR] [--unchecked LABEL]
+      [--tables check,candidates,states,inplace,grid]
       [--cap SECONDS] [--out DIR]      (scripts/gpu/kway.sh run: the lead's one command)
 """
 
