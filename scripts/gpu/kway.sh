@@ -18,11 +18,15 @@
 #                                                  H = 16, D = 128)
 #                                         inplace  base-2 token-major merge_state_in_place
 #                                         check    python/bench/kway-check.toml (semantic cases)
+#                                         flashinfer-api   tests/gpu-flashinfer.toml (KWAY_FI_CHECK=1)
 #   scripts/gpu/kway.sh run     (there) compiles python/bench/peers/peers.cu (scripts/gpu/peers_libs.sh),
 #                                       then python/bench/kway_peers.py: the semantic checks, the
 #                                       candidates, states 1-16, the in-place table and the target
 #                                       grid, stopping new shapes after KWAY_CAP seconds (default
 #                                       240). Log, table and JSON in $OUT/kway/.
+#                                       KWAY_FI_CHECK=1 then runs python/bench/flashinfer_check.py
+#                                       (mla_gen.flashinfer against FlashInfer's own kernels, K = 1
+#                                       included) on the flashinfer-api folder.
 #
 # What passes: the log ends with "# semantic checks: 0 failures" above, no "check failed", exit 0;
 # the summary lines "grid cold|hot new: x fi ... min" >= 0.98 and "x loop (K >= 4): min" >= 2.
@@ -87,6 +91,7 @@ build)
         'lse_layout = "token_major"' 'lse_base = "2"' > "$K/spec-inplace.toml"
     gen "$K/spec-inplace.toml" templates inplace
     gen python/bench/kway-check.toml templates check
+    gen tests/gpu-flashinfer.toml templates flashinfer-api
     find "$K" -name '*.cu' -delete
     rm -rf "$K"/templates-*
     dirty="$(git diff --quiet HEAD -- templates || echo ' + uncommitted templates')"
@@ -108,6 +113,10 @@ run)
     python3 python/bench/kway_peers.py --peers "$lib" "${kernels[@]}" --inplace "$K/inplace" \
         --check-kernels "$K/check" --unchecked old --tables "${KWAY_TABLES:-check,candidates,states,inplace,grid}" \
         --cap "${KWAY_CAP:-240}" --out "$OUT" 2>&1 | tee "$OUT/kway.log"
+    if [[ "${KWAY_FI_CHECK:-0}" == 1 ]]; then
+        MLA_GEN_KERNELS="$K/flashinfer-api" PYTHONPATH=python python3 python/bench/flashinfer_check.py \
+            --peers "$lib" --out "$OUT" 2>&1 | tail -40 | tee "$OUT/flashinfer_check.log"
+    fi
     ;;
 *)
     echo "usage: scripts/gpu/kway.sh build|run   (see the comment at the top)" >&2; exit 2 ;;
