@@ -26,30 +26,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 P=.device/peers
-FLASHINFER=flashinfer-python==0.7.2.post1
 case "${1:-}" in
 build)
     scripts/install-nvrtc.sh >/dev/null
     cargo build --release --quiet
     M=target/release/mla-gen
     mkdir -p "$P"
-    if [[ ! -f "$P/include/flashinfer/attention/cascade.cuh" ]]; then
-        wheel_dir="$(mktemp -d)"
-        python3 -m pip download --quiet --no-deps "$FLASHINFER" -d "$wheel_dir"
-        rm -rf "$P/include" && mkdir -p "$P/include"
-        # cascade.cuh and what it includes (nvcc -M on peers.cu lists these).
-        python3 - "$wheel_dir"/flashinfer_python-*.whl "$P/include" <<'PY'
-import sys, zipfile
-wanted = ["attention/cascade.cuh", "attention/state.cuh", "cp_async.cuh", "exception.h", "math.cuh",
-          "utils.cuh", "vec_dtypes.cuh"]
-with zipfile.ZipFile(sys.argv[1]) as z:
-    for name in wanted:
-        z.extract(f"flashinfer/data/include/flashinfer/{name}", "/tmp/flashinfer-wheel")
-import shutil
-shutil.copytree("/tmp/flashinfer-wheel/flashinfer/data/include/flashinfer", sys.argv[2] + "/flashinfer")
-PY
-        rm -rf "$wheel_dir" /tmp/flashinfer-wheel
-    fi
+    scripts/gpu/flashinfer_headers.sh "$P/include"
     rm -rf "$P/kernels" && mkdir -p "$P/kernels"
     base="${BASE:-HEAD}"
     # The base's committed generated/ (the default spec's kernels it shipped), without its .cu;
@@ -84,9 +67,7 @@ run)
     export PYTHONUNBUFFERED=1
     cat "$P/built.txt"
     lib="$(mktemp -d)"
-    nvcc -arch=sm_90 -O3 -std=c++17 -Xcompiler -fPIC -shared -o "$lib/libpeers_vllm.so" python/bench/peers/peers.cu
-    nvcc -arch=sm_90 -O3 -std=c++17 -use_fast_math -DPEERS_FLASHINFER -I"$P/include" -Xcompiler -fPIC -shared \
-        -o "$lib/libpeers_fi.so" python/bench/peers/peers.cu 2>&1 | grep -v -i warning || true
+    scripts/gpu/peers_libs.sh "$P/include" "$lib"
     kernels=(--kernels "new=generated")
     [[ -d "$P/kernels/base" ]] && kernels+=(--kernels "base=$P/kernels/base")
     # The experiments and candidates `build` made, as built.txt lists them (a session once ran
