@@ -27,6 +27,8 @@ if ! "$TORCH_ENV/bin/python" -c 'import torch, pytest, numpy' 2>/dev/null; then
 fi
 "$TORCH_ENV/bin/python" -c 'import torch; print("torch", torch.__version__, "cuda available:", torch.cuda.is_available())'
 
+# The wheel build generates the default spec's kernels (their manifest must be generated/'s byte
+# for byte) and fills generated/kernels when it lacks them: python/tests read them there too.
 echo "== python: build the wheel (scripts/build-wheel.sh: the compiled op against torch 2.10's headers)"
 wheel="$(scripts/build-wheel.sh --out "$work/dist" | tail -n 1)"
 echo "$wheel"

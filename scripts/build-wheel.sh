@@ -5,9 +5,11 @@
 #
 #   scripts/build-wheel.sh [SPEC] [--out DIR] [--pure]
 #
-# Without SPEC: the repository's generated/ (the default spec's kernels, committed), and the C
-# launcher of the same kernels from `mla-gen generate --emit c` (Rust and the pinned NVRTC:
-# scripts/install-nvrtc.sh; the build checks that its images are generated/'s byte for byte).
+# Without SPEC: the default spec's kernels, generated here with the C launcher (`mla-gen generate
+# --emit c`; Rust and the pinned NVRTC: scripts/install-nvrtc.sh), refused unless the manifest is
+# byte for byte the committed generated/manifest.json, so that every image is the one it hashes;
+# generated/ gets the images too when it lacks them (generated/README.md). With --pure, an intact
+# generated/ is packed as it is (`mla-gen verify`), else generated the same way.
 # With SPEC: `mla-gen generate SPEC --emit c` first, and the wheel carries those kernels, its
 # version tagged 0.1.0+spec.<first 12 hex of the spec's sha256>. --pure: no compiled op, a
 # py3-none-any wheel.
@@ -27,7 +29,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --out) out="$2"; shift 2 ;;
     --pure) pure=1; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) spec="$1"; shift ;;
     esac
 done
@@ -38,22 +40,40 @@ out="$(cd "$out" && pwd)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 unset MLA_GEN_WHEEL_KERNELS MLA_GEN_WHEEL_LOCAL MLA_GEN_C_LAUNCHER
+# The debug binary (CI's tests build it anyway): generation time is NVRTC's.
+cargo build --quiet --bin mla-gen
+export MLA_GEN_BIN="$PWD/target/debug/mla-gen"
 if [ "$pure" = 1 ]; then
     export MLA_GEN_EXTENSION=0
 else
     export MLA_GEN_EXTENSION=1
-    # The debug binary (CI's tests build it anyway): generation time is NVRTC's.
-    cargo build --quiet --bin mla-gen
-    export MLA_GEN_BIN="$PWD/target/debug/mla-gen"
     export MLA_GEN_TORCH_INCLUDE="${MLA_GEN_TORCH_INCLUDE:-$(scripts/torch-headers.sh 2.10.0)}"
     if [ -z "${MLA_GEN_TORCH_LIB:-}" ]; then
         MLA_GEN_TORCH_LIB="$("$TORCH_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch/lib"
         export MLA_GEN_TORCH_LIB
     fi
 fi
-if [ -n "$spec" ]; then
+if [ -z "$spec" ] && [ "$pure" = 1 ] && "$MLA_GEN_BIN" verify --quiet 2>/dev/null; then
+    export MLA_GEN_WHEEL_KERNELS="$PWD/generated"
+elif [ -z "$spec" ]; then
+    emit=(); [ "$pure" = 1 ] || emit=(--emit c)
+    "$MLA_GEN_BIN" generate --out "$tmp/kernels" "${emit[@]}" --quiet
+    if ! cmp -s "$tmp/kernels/manifest.json" generated/manifest.json; then
+        echo "build-wheel: the default spec generated here differs from generated/manifest.json, so its images are not the ones" \
+            "the manifest hashes: another NVRTC than the pinned one (scripts/install-nvrtc.sh), or a stale manifest" \
+            "(run scripts/generate.sh and commit generated/manifest.json; \`mla-gen check\` lists what differs)" >&2
+        exit 1
+    fi
+    if ! "$MLA_GEN_BIN" verify --quiet 2>/dev/null; then
+        rm -rf generated/kernels
+        cp -r "$tmp/kernels/kernels" generated/kernels
+        "$MLA_GEN_BIN" verify
+    fi
+    export MLA_GEN_WHEEL_KERNELS="$tmp/kernels"
+    [ "$pure" = 1 ] || export MLA_GEN_C_LAUNCHER="$tmp/kernels/c"
+else
     if [ "$pure" = 1 ]; then
-        cargo run --quiet -- generate "$spec" --out "$tmp/kernels" --quiet
+        "$MLA_GEN_BIN" generate "$spec" --out "$tmp/kernels" --quiet
     else
         "$MLA_GEN_BIN" generate "$spec" --out "$tmp/kernels" --emit c --quiet
         export MLA_GEN_C_LAUNCHER="$tmp/kernels/c"
@@ -66,9 +86,6 @@ fi
 # setup.py, and the tree stays clean.
 cp -rL python "$tmp/src"
 rm -rf "$tmp/src/build" "$tmp/src"/*.egg-info
-if [ -z "$spec" ]; then
-    export MLA_GEN_WHEEL_KERNELS="$PWD/generated"
-fi
 "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps -w "$tmp/dist" "$tmp/src" >&2
 wheel="$(ls "$tmp"/dist/mla_gen-*.whl)"
 if [ "$pure" = 1 ]; then

@@ -2,7 +2,9 @@
 # GPU verification in two halves, because the GPU machine has no Rust toolchain or network:
 #
 #   scripts/gpu-check.sh build   (here)  builds the GPU test binaries, the extra kernels and the
-#                                        tune candidates into .device/ (git-ignored; carry it)
+#                                        tune candidates into .device/, and generated/'s images
+#                                        (scripts/images.sh; both git-ignored: carry .device and
+#                                        generated/kernels)
 #   scripts/gpu-check.sh run     (there) runs, in one go: module loads of every PTX and CUBIN, the
 #                                        Rust suite against the float64 reference, the Python
 #                                        drop-in's pytest suite, and compute-sanitizer (memcheck,
@@ -32,6 +34,8 @@ build)
     rm -rf .device && mkdir -p .device/bin
     cargo build --release --quiet
     cp target/release/mla-gen .device/bin/
+    # generated/'s images (build outputs, not in git) for the run there: carry generated/kernels too.
+    MLA_GEN_BIN=.device/bin/mla-gen scripts/images.sh
     for t in gpu; do
         exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
             python3 -c 'import json,sys
@@ -62,7 +66,7 @@ for l in sys.stdin:
     .device/bin/mla-gen generate tests/gpu-fp8.toml --arch sm_90 --out .device/fp8-instruction --quiet
     # The platform wheel with the compiled op: python/gpu_checks.sh installs it there.
     scripts/build-wheel.sh --out .device/wheel
-    echo "built .device/ ($(du -sh .device | cut -f1)); run 'scripts/gpu-check.sh run' on the GPU machine with .device carried"
+    echo "built .device/ ($(du -sh .device | cut -f1)); run 'scripts/gpu-check.sh run' on the GPU machine with .device and generated/kernels carried"
     ;;
 run)
     OUT="${OUT:-.device/out}"; mkdir -p "$OUT"

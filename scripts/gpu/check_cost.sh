@@ -30,8 +30,10 @@ build)
     rm -rf .device/check-cost && mkdir -p .device/check-cost
     cargo build --release --quiet
     cp target/release/mla-gen .device/check-cost/
+    # generated/'s images (build outputs, not in git) for the run there: carry generated/kernels too.
+    MLA_GEN_BIN=.device/check-cost/mla-gen scripts/images.sh
     .device/check-cost/mla-gen generate examples/c/spec.toml --out .device/check-cost/gen --emit c --quiet
-    echo "built .device/check-cost ($(du -sh .device/check-cost | cut -f1)); run 'scripts/gpu/check_cost.sh run' on the GPU machine with it carried"
+    echo "built .device/check-cost ($(du -sh .device/check-cost | cut -f1)); run 'scripts/gpu/check_cost.sh run' on the GPU machine with it and generated/kernels carried"
     ;;
 run)
     OUT="${OUT:-.device/out}/check-cost"; mkdir -p "$OUT"
@@ -43,7 +45,7 @@ run)
         mla_gen=.device/bin/mla-gen launcher=.device/c-example/c
     fi
     [ -x "$mla_gen" ] && [ -f "$launcher/mla_kernels.c" ] ||
-        { echo "no $mla_gen or $launcher: run 'scripts/gpu/check_cost.sh build' here and carry .device/check-cost" >&2; exit 1; }
+        { echo "no $mla_gen or $launcher: run 'scripts/gpu/check_cost.sh build' here and carry .device/check-cost and generated/kernels" >&2; exit 1; }
     cuda="${CUDA_HOME:-/usr/local/cuda}"
     # The kernel the Rust line times (the last one `bench` times: the dense twin, called itself)
     # and the general kernel an engine calls (its launcher runs the dense twin at this call).

@@ -28,6 +28,8 @@ build)
     rm -rf "$D" && mkdir -p "$D/bin"
     cargo build --release --quiet
     cp target/release/mla-gen "$D/bin/"
+    # generated/'s images (build outputs, not in git) for the run there: carry generated/kernels too.
+    MLA_GEN_BIN="$D/bin/mla-gen" scripts/images.sh
     exe=$(cargo test --release --test gpu --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
@@ -55,7 +57,7 @@ for l in sys.stdin:
             python3 scripts/gpu/sass_path.py "$D/bench-$side"/kernels/*.sass | sed "s/^/$side: /"
         done | tee "$D/sass-path.txt"
     fi
-    echo "built $D ($(du -sh "$D" | cut -f1)); on the GPU machine: scripts/gpu/fp8.sh run (carry $D)"
+    echo "built $D ($(du -sh "$D" | cut -f1)); on the GPU machine: scripts/gpu/fp8.sh run (carry $D and generated/kernels)"
     ;;
 run)
     OUT="${OUT:-.device/out}/fp8"; mkdir -p "$OUT"

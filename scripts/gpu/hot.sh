@@ -2,7 +2,7 @@
 # Hot-L2 timing for the issue "Beyond every peer", item 1 (engine conditions), in two halves:
 #
 #   scripts/gpu/hot.sh build  (here)  mla-gen (release) and the tune candidates of specs/tune.toml
-#                                     into .device/hot/ (git-ignored: carry .device/hot)
+#                                     into .device/hot/ (git-ignored: carry .device/hot and generated/kernels, the images scripts/images.sh builds)
 #   scripts/gpu/hot.sh run    (there) in under 5 minutes, each part capped, results under
 #                                     $OUT/hot/ (default .device/out/hot/):
 #     1. tune.{log,json}    mla-gen tune --l2 both on the candidates (12 schedules per group):
@@ -30,6 +30,8 @@ build)
     cargo build --release --quiet
     rm -rf "$HOT" && mkdir -p "$HOT/bin"
     cp target/release/mla-gen "$HOT/bin/"
+    # generated/'s images (build outputs, not in git) for the run there: carry generated/kernels too.
+    MLA_GEN_BIN="$HOT/bin/mla-gen" scripts/images.sh
     # specs/tune.toml's candidates for the groups the run tunes only (all of them would pass the
     # carry limit): bf16 at seven head sizes, f16 and f32 at 128; the .cu sources stay here.
     {
@@ -41,7 +43,7 @@ build)
     "$HOT/bin/mla-gen" generate "$HOT/tune-hot.toml" --out "$HOT/tune-candidates" --quiet
     find "$HOT/tune-candidates/kernels" -name '*.cu' -delete
     git rev-parse --short HEAD > "$HOT/commit.txt"
-    echo "built $HOT ($(du -sh "$HOT" | cut -f1)); on the GPU machine: scripts/gpu/hot.sh run (carry .device/hot)"
+    echo "built $HOT ($(du -sh "$HOT" | cut -f1)); on the GPU machine: scripts/gpu/hot.sh run (carry .device/hot and generated/kernels)"
     ;;
 run)
     OUT="${OUT:-.device/out}/hot"; mkdir -p "$OUT"

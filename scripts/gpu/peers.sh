@@ -4,9 +4,10 @@
 #
 #   scripts/gpu/peers.sh build   (here)  FlashInfer's headers from the flashinfer-python wheel (pip
 #                                        download, never committed) and the kernel folders into
-#                                        .device/peers/ (git-ignored; carry .device): `new` is the
-#                                        committed generated/ (the default spec), `base` BASE's
-#                                        committed generated/ (default HEAD; BASE=none: no base),
+#                                        .device/peers/ (git-ignored; carry .device and
+#                                        generated/kernels): `new` is generated/ (the default
+#                                        spec), `base` BASE's kernels of it (default HEAD;
+#                                        BASE=none: no base),
 #                                        `new-tm` token-major twins for FlashInfer's layout, and one
 #                                        folder per LABEL=DIR of $PEERS_TEMPLATES (experiments:
 #                                        the default spec, or $PEERS_SPEC's, rendered from DIR), and
@@ -35,10 +36,24 @@ build)
     scripts/gpu/flashinfer_headers.sh "$P/include"
     rm -rf "$P/kernels" && mkdir -p "$P/kernels"
     base="${BASE:-HEAD}"
-    # The base's committed generated/ (the default spec's kernels it shipped), without its .cu;
-    # BASE=none leaves it out (37 MB less to carry, for runs that compare candidates).
+    # `new`: generated/, its images built here when absent (scripts/images.sh; carry
+    # generated/kernels too). `base`: the default spec's kernels as BASE generates them: its
+    # committed generated/ where BASE still has images in git, generated/ when BASE is this
+    # checkout, else built in a worktree of BASE (cargo and NVRTC, minutes). BASE=none leaves it
+    # out (37 MB less to carry, for runs that compare candidates).
+    MLA_GEN_BIN="$M" scripts/images.sh
     if [[ "$base" != none ]]; then
-        git archive "$base" generated | tar -x -C "$P/kernels" && mv "$P/kernels/generated" "$P/kernels/base"
+        if git cat-file -e "$base:generated/kernels" 2>/dev/null; then
+            git archive "$base" generated | tar -x -C "$P/kernels" && mv "$P/kernels/generated" "$P/kernels/base"
+        elif [[ "$(git rev-parse "$base")" == "$(git rev-parse HEAD)" ]] && git diff --quiet HEAD -- src templates specs; then
+            mkdir -p "$P/kernels/base" && cp -r generated/manifest.json generated/kernels "$P/kernels/base/"
+        else
+            wt="$(mktemp -d)/base" && abs="$PWD/$P/kernels/base" && target="$PWD/target/peers-base"
+            git worktree add --quiet --detach "$wt" "$base"
+            (cd "$wt" && CARGO_TARGET_DIR="$target" cargo build --release --quiet &&
+                "$target/release/mla-gen" generate --out "$abs" --quiet)
+            git worktree remove --force "$wt"
+        fi
     fi
     "$M" generate python/bench/peers/token-major.toml --templates templates --out "$P/kernels/new-tm" --quiet
     for item in ${PEERS_TEMPLATES:-}; do
@@ -60,7 +75,7 @@ build)
     find "$P/kernels" -name '*.cu' -delete
     { echo "base: $([[ "$base" == none ]] && echo none || git rev-parse --short "$base")"; echo "new: generated/ at $(git rev-parse --short HEAD)";
       echo "experiments: ${PEERS_TEMPLATES:-none}"; echo "candidates: ${PEERS_CANDIDATES:-none}"; } > "$P/built.txt"
-    echo "built $P ($(du -sh "$P" | cut -f1)); on the GPU machine: scripts/gpu/peers.sh run (carry .device)"
+    echo "built $P ($(du -sh "$P" | cut -f1)); on the GPU machine: scripts/gpu/peers.sh run (carry .device and generated/kernels)"
     ;;
 run)
     OUT="${OUT:-.device/out}/peers"; mkdir -p "$OUT"

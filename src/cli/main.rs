@@ -12,10 +12,10 @@ use clap::{Args, Parser, Subcommand};
 use failure::Failure;
 
 use mla_gen::emit::{self, WriteOutcome};
-use mla_gen::nvrtc;
 use mla_gen::render::Templates;
 use mla_gen::spec::{self, Spec};
 
+mod check;
 mod doctor;
 mod failure;
 mod gpu;
@@ -44,6 +44,7 @@ const AFTER_HELP: &str = "Examples:
   mla-gen list my.toml                  # kernel names, one per line
   mla-gen render --kernel merge_attn_states_bf16_d128_thr_lse
   mla-gen check                         # exit 1 if generated/ is stale, 2 if it cannot check
+  mla-gen verify                        # generated/'s images are the ones its manifest hashes
   mla-gen doctor                        # where NVRTC is, which PTX it emits
   mla-gen completions bash > ~/.local/share/bash-completion/completions/mla-gen
 
@@ -97,7 +98,7 @@ enum Command {
     /// Compile every kernel of the spec and write sources, PTX, CUBIN and manifest.json.
     ///
     /// The output folder is replaced atomically: on any error it is left as it was, and files
-    /// whose content did not change keep their timestamps.
+    /// whose content did not change keep their timestamps. A README.md in it is kept.
     Generate {
         #[command(flatten)]
         spec: SpecArgs,
@@ -138,6 +139,11 @@ enum Command {
     },
     /// Exit 0 when a folder matches a fresh generation, 1 naming each stale, missing or extra
     /// file, 2 when the check could not run (bad spec, no NVRTC, unreadable folder).
+    ///
+    /// A folder with no image at all (PTX, CUBIN: build outputs, e.g. a checkout that keeps only
+    /// manifest.json in git) passes when its manifest and other text files are fresh: the
+    /// manifest records every image's sha256. A README.md in the folder is a person's and not
+    /// compared.
     Check {
         #[command(flatten)]
         spec: SpecArgs,
@@ -154,6 +160,18 @@ enum Command {
         /// The verdict as JSON on stdout: {"fresh", "stale", "missing", "extra"}.
         #[arg(long)]
         json: bool,
+    },
+    /// Exit 0 when every image (PTX, CUBIN) a folder's manifest.json names is there with the size
+    /// and sha256 it records, 1 naming each missing or differing one, 2 when there is no
+    /// manifest to read. Compiles nothing: it says whether a folder's images are built and
+    /// intact, not whether the manifest is fresh (that is `check`).
+    Verify {
+        /// Folder to verify.
+        #[arg(long, short, default_value = "generated")]
+        out: PathBuf,
+        /// Nothing on stderr when every image is there.
+        #[arg(long, short)]
+        quiet: bool,
     },
     /// Compile and show registers, spills, stack and shared memory per kernel and architecture.
     Inspect {
@@ -266,8 +284,11 @@ fn generate(
     let spec = load_spec(args)?;
     let templates = load_templates(args)?;
     let started = std::time::Instant::now();
-    let (files, manifest) =
+    let (mut files, manifest) =
         mla_gen::generate_files_with_c_prefix(&spec, &templates, jobs, !quiet, extra, c_prefix)?;
+    if let Ok(notes) = std::fs::read(out.join(check::KEPT)) {
+        files.insert(check::KEPT.to_string(), notes);
+    }
     let outcome = emit::write(out, &files)?;
     if !quiet {
         let archs = manifest.spec.archs.join(", ");
@@ -287,67 +308,6 @@ fn generate(
         );
     }
     Ok(())
-}
-
-fn check(
-    args: &SpecArgs,
-    out: &Path,
-    jobs: usize,
-    extra: &[mla_gen::bindings::Emit],
-    c_prefix: &mla_gen::bindings::CPrefix,
-    json: bool,
-) -> Result<(), Failure> {
-    // Anything that stops the comparison itself exits 2, so that 1 always means "stale".
-    let cannot = |Failure(msg, _): Failure| Failure(msg, 2);
-    let spec = load_spec(args).map_err(cannot)?;
-    let templates = load_templates(args).map_err(cannot)?;
-    let (files, manifest) =
-        mla_gen::generate_files_with_c_prefix(&spec, &templates, jobs, true, extra, c_prefix)
-            .map_err(|e| Failure(e.to_string(), 2))?;
-    let actual = emit::read_tree(out).map_err(|e| Failure(e.to_string(), 2))?;
-    let d = emit::diff(&files, &actual);
-    if json {
-        report::check_json(&d)?;
-        return if d.is_clean() {
-            Ok(())
-        } else {
-            Err(Failure(format!("{} is out of date", out.display()), 1))
-        };
-    }
-    if d.is_clean() {
-        eprintln!("{}: up to date ({} files)", out.display(), files.len());
-        return Ok(());
-    }
-    let mut msg = format!(
-        "{} is out of date with a fresh generation:\n",
-        out.display()
-    );
-    for (label, list) in [
-        ("stale", &d.stale),
-        ("missing", &d.missing),
-        ("extra", &d.extra),
-    ] {
-        for f in list {
-            msg.push_str(&format!("  {label:8}{}\n", out.join(f).display()));
-        }
-    }
-    // A different NVRTC rewrites every PTX: say so rather than leave a wall of "stale".
-    if let Some(old) = actual
-        .get(emit::MANIFEST)
-        .and_then(|b| mla_gen::host::manifest::NvrtcView::of(b))
-        .map(|n| n.release)
-    {
-        if old != manifest.nvrtc.release {
-            msg.push_str(&format!(
-                "note: {} was generated with NVRTC {old}, this run used {}; install the same one ({}) or regenerate.\n",
-                out.display(),
-                manifest.nvrtc.release,
-                nvrtc::INSTALL_COMMAND
-            ));
-        }
-    }
-    msg.push_str("Run `mla-gen generate` to update it.");
-    Err(Failure(msg, 1))
 }
 
 fn inspect(args: &SpecArgs, json: bool, jobs: usize) -> Result<(), Failure> {
@@ -478,7 +438,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             emit,
             c_prefix,
             json,
-        } => check(&spec, &out, jobs.jobs, &emit, &c_prefix.c_prefix, json),
+        } => check::check(&spec, &out, jobs.jobs, &emit, &c_prefix.c_prefix, json),
+        Command::Verify { out, quiet } => check::verify(&out, quiet),
         Command::Inspect { spec, json, jobs } => inspect(&spec, json, jobs.jobs),
         Command::Doctor { json } => doctor::doctor(json),
         Command::Schema => report::schema(),

@@ -33,9 +33,11 @@ pub fn list(spec: &Spec, as_json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-pub fn check_json(d: &Diff) -> Result<(), Failure> {
+/// `images_built`: false when the folder holds no image and only its text (manifest) was compared.
+pub fn check_json(d: &Diff, images_built: bool) -> Result<(), Failure> {
     let v = json!({
         "fresh": d.is_clean(),
+        "images_built": images_built,
         "stale": d.stale,
         "missing": d.missing,
         "extra": d.extra,

@@ -41,11 +41,18 @@ pub fn dir_of(var: Option<&str>) -> Option<PathBuf> {
         }
         None => {
             let in_repo = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/generated"));
-            Some(if in_repo.exists() {
+            let dir = if in_repo.exists() {
                 in_repo
             } else {
                 PathBuf::from("generated")
-            })
+            };
+            // Git holds the manifest only: the images are build outputs (generated/README.md).
+            assert!(
+                dir.join("kernels").is_dir(),
+                "{} has no kernels/: its images are build outputs; build them with scripts/images.sh (or scripts/generate.sh) and, for a GPU machine, carry generated/kernels",
+                dir.display()
+            );
+            Some(dir)
         }
     }
 }

@@ -1,5 +1,5 @@
-//! Hot L2, CUDA graphs: the producer kernel that writes a merge's inputs just before it (its PTX
-//! embedded, so the bench needs no compiler), stream capture, and replay timing.
+//! Hot L2, CUDA graphs: the producer kernel that writes a merge's inputs just before it (compiled
+//! by NVRTC for the GPU at hand when the bench starts), stream capture, and replay timing.
 //!
 //! A measurement captures R iterations of [producer, X] in one graph and R producers alone in
 //! another, replays each `replays` times (after 3 unrecorded replays) with CUDA events around
@@ -16,14 +16,37 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use super::cold::median;
 use crate::host::runtime::RuntimeError;
 
-/// The producer's CUDA source and its PTX (NVRTC 13.0.88, compute_80; the test below checks it).
-#[cfg(all(test, feature = "codegen"))]
+/// The producer's CUDA source: NVRTC compiles it to a CUBIN for the bench's GPU (a CUBIN, not
+/// PTX, so that an NVRTC newer than the driver still gives an image the driver loads).
 const PRODUCER_SOURCE: &str = include_str!("producer.cu");
-const PRODUCER_PTX: &str = include_str!("producer.ptx");
 const PRODUCER_NAME: &str = "mla_gen_bench_copy";
 /// Ranges one producer launch copies (one per `blockIdx.y`).
 pub(super) const MAX_RANGES: usize = 4;
 const PRODUCER_THREADS: u32 = 256;
+
+/// NVRTC options of the producer for `arch` (an `sm_XY` or `compute_XY`).
+fn options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "-std=c++17".to_string(),
+    ]
+}
+
+/// The producer's CUBIN for `arch` (`sm_XY`).
+fn compile(arch: &str) -> Result<Vec<u8>, RuntimeError> {
+    let fail = |detail: String| {
+        RuntimeError::Bench(format!(
+            "the hot mode compiles its producer kernel (src/host/bench/producer.cu) with NVRTC for {arch}: {detail}"
+        ))
+    };
+    let nvrtc = crate::nvrtc::load().map_err(|e| fail(e.to_string()))?;
+    nvrtc
+        .compile("producer.cu", PRODUCER_SOURCE, &options(arch), false, true)
+        .map_err(|e| fail(e.to_string()))?
+        .map_err(|f| fail(format!("{} {}", f.message, f.log)))?
+        .cubin
+        .ok_or_else(|| fail("NVRTC gave no CUBIN".to_string()))
+}
 
 /// (source, destination, bytes): one range the producer copies.
 pub(super) type Range = (u64, u64, u64);
@@ -46,21 +69,26 @@ impl Drop for Producer {
 }
 
 impl Producer {
-    /// Load the embedded PTX (the driver compiles it for this GPU) and check, once, that a
-    /// launch copies what it should.
+    /// Compile the producer for this GPU, load it, and check, once, that a launch copies what
+    /// it should.
     pub(super) fn load(
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
     ) -> Result<Producer, RuntimeError> {
         ctx.bind_to_thread()?;
-        let mut image = PRODUCER_PTX.as_bytes().to_vec();
-        image.push(0);
+        let cc = |a| ctx.attribute(a).map(|v| v.to_string());
+        let arch = format!(
+            "sm_{}{}",
+            cc(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            cc(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
+        );
+        let image = compile(&arch)?;
         let why = |e: cudarc::driver::DriverError| {
             RuntimeError::Bench(format!(
-                "the hot mode's producer kernel (PTX ISA 9.0 embedded in mla-gen, which needs a CUDA 13.0 driver) cannot be loaded: {e}"
+                "the hot mode's producer kernel (compiled by NVRTC for {arch}) cannot be loaded: {e}"
             ))
         };
-        // SAFETY: NUL-terminated PTX text, alive for the call; the context is current.
+        // SAFETY: a CUBIN image, alive for the call; the context is current.
         let module =
             unsafe { result::module::load_data(image.as_ptr() as *const c_void) }.map_err(why)?;
         let name = CString::new(PRODUCER_NAME)
@@ -293,43 +321,24 @@ pub(super) unsafe fn producer_graph_us(
 mod tests {
     use super::*;
 
-    fn options() -> Vec<String> {
-        vec![
-            "--gpu-architecture=compute_80".to_string(),
-            "-std=c++17".to_string(),
-        ]
-    }
-
-    /// producer.ptx is producer.cu as NVRTC compiles it (MLA_GEN_BLESS_PRODUCER=1 rewrites it),
-    /// and ptxas takes it for sm_90 without spills. Skipped with a message when the NVRTC found
-    /// is not the one the PTX names (another release may print other PTX).
+    /// producer.cu compiles to a CUBIN for each architecture the default spec serves (the bench
+    /// compiles it for the GPU it runs on), naming the kernel the bench looks up, and ptxas
+    /// takes it for sm_90 without spills.
     #[test]
-    fn producer_ptx_is_fresh_and_assembles() {
-        let nvrtc = crate::nvrtc::load().expect("NVRTC (scripts/install-nvrtc.sh)");
-        let compiled = nvrtc
-            .compile("producer.cu", PRODUCER_SOURCE, &options(), true, false)
-            .expect("NVRTC runs")
-            .unwrap_or_else(|f| panic!("producer.cu: {} {}", f.message, f.log));
-        let ptx = String::from_utf8(compiled.ptx.expect("PTX")).expect("utf-8");
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/host/bench/producer.ptx");
-        if std::env::var_os("MLA_GEN_BLESS_PRODUCER").is_some() {
-            std::fs::write(path, &ptx).expect("write producer.ptx");
-        }
-        let release = crate::nvrtc::ptx_toolkit_release(ptx.as_bytes());
-        if release == crate::nvrtc::ptx_toolkit_release(PRODUCER_PTX.as_bytes()) {
-            assert_eq!(
-                ptx, PRODUCER_PTX,
-                "producer.ptx is stale: MLA_GEN_BLESS_PRODUCER=1 cargo test producer_ptx"
+    fn producer_compiles_for_every_default_arch_without_spills() {
+        for arch in ["sm_80", "sm_90", "sm_100", "sm_120"] {
+            let cubin = compile(arch).unwrap_or_else(|e| panic!("{e}"));
+            let name = PRODUCER_NAME.as_bytes();
+            assert!(
+                cubin.windows(name.len()).any(|w| w == name),
+                "{arch}: no {PRODUCER_NAME} in the CUBIN"
             );
-        } else {
-            eprintln!("skipped the comparison: NVRTC {release:?} differs from producer.ptx's");
         }
-        assert!(PRODUCER_PTX.contains(".entry mla_gen_bench_copy("));
-        let mut sm90 = options();
-        sm90[0] = "--gpu-architecture=sm_90".to_string();
-        sm90.push("--ptxas-options=-v".to_string());
+        let nvrtc = crate::nvrtc::load().expect("NVRTC (scripts/install-nvrtc.sh)");
+        let mut verbose = options("sm_90");
+        verbose.push("--ptxas-options=-v".to_string());
         let cubin = nvrtc
-            .compile("producer.cu", PRODUCER_SOURCE, &sm90, false, true)
+            .compile("producer.cu", PRODUCER_SOURCE, &verbose, false, true)
             .expect("NVRTC runs")
             .unwrap_or_else(|f| panic!("producer.cu for sm_90: {} {}", f.message, f.log));
         assert!(cubin.cubin.is_some_and(|c| !c.is_empty()));

@@ -2,8 +2,8 @@
 // per blockIdx.y, so one launch writes every input of a merge just before the merge reads them,
 // as the attention kernels before it would. 16-byte loads and stores over a grid-stride loop; a
 // range's last (bytes % 16) bytes as 4-byte words (every range the bench copies is a multiple
-// of 4 bytes, and every address a multiple of 16). producer.ptx is this file compiled by NVRTC
-// for compute_80 (src/host/bench/graph.rs's test checks that it is fresh).
+// of 4 bytes, and every address a multiple of 16). The bench compiles this file with NVRTC for the
+// GPU it runs on (src/host/bench/graph.rs).
 typedef unsigned long long u64;
 
 __device__ __forceinline__ void copy_range(const char* src, char* dst, u64 bytes) {
