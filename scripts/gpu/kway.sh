@@ -11,11 +11,11 @@
 #                                                  1d8fd14, before the branch-free bodies)
 #                                         candidates, runtime K only (the list below): one
 #                                                  `{%- set kway_* %}` of merge_states.cu.tera changed
-#                                                  (IEEE math; 8 or 2 unrolled K; two passes; chunks
-#                                                  of 2) and/or schedule keys (min_blocks_per_sm 10,
-#                                                  12, 16: at most 48, 40, 32 registers; 256-thread
-#                                                  blocks; 16 heads per block, FlashInfer's block at
-#                                                  H = 16, D = 128)
+#                                                  (4 unrolled K; chunks of 8; IEEE math) or schedule
+#                                                  keys (min_blocks_per_sm 8, 12: at most 64, 40
+#                                                  registers). Run 2026-12-04 (GPU-VERIFICATION.md)
+#                                                  tried two passes, chunks of 2, 256-thread blocks and
+#                                                  16 heads per block too: all slower
 #                                         inplace  base-2 token-major merge_state_in_place
 #                                         check    python/bench/kway-check.toml (semantic cases)
 #                                         flashinfer-api   tests/gpu-flashinfer.toml (KWAY_FI_CHECK=1)
@@ -57,18 +57,11 @@ build)
     gen specs/kway-candidates-3.toml "$K/templates-old" old
     # label | sed expression for merge_states.cu.tera (none: templates/ as is) | schedule keys (;)
     candidates=(
+        'u4|s/kway_unrolled = 8/kway_unrolled = 4/|'
+        'c8|s/kway_chunk = 4/kway_chunk = 8/|'
         'ieee|s/kway_math = "fast"/kway_math = "ieee"/|'
-        'u8|s/kway_unrolled = 4/kway_unrolled = 8/|'
-        'u2|s/kway_unrolled = 4/kway_unrolled = 2/|'
-        'tp|s/kway_passes = 1/kway_passes = 2/|'
-        'c2|s/kway_chunk = 4/kway_chunk = 2/|'
-        'c2m12|s/kway_chunk = 4/kway_chunk = 2/|min_blocks_per_sm = 12'
-        'c2m16|s/kway_chunk = 4/kway_chunk = 2/|min_blocks_per_sm = 16'
-        'm10||min_blocks_per_sm = 10'
+        'm8||min_blocks_per_sm = 8'
         'm12||min_blocks_per_sm = 12'
-        'm16||min_blocks_per_sm = 16'
-        'b256||block_threads = 256'
-        'b256h16||block_threads = 256;heads_per_block = 16'
     )
     labels="new old"
     for item in "${candidates[@]}"; do
