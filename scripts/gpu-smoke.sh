@@ -12,8 +12,9 @@
 #          python/tests against it (the compiled op required)
 #       4. the quick Rust GPU suite (MLA_GEN_GPU_QUICK=1) and the Rust fault suite
 #          (tests/gpu_faults.rs) on the installed wheel's kernels
-#    Each step's last line goes to $OUT/smoke.txt (default .device/smoke/out); logs beside it.
-#    Exit status 1 when any step fails.
+#    Each step's last non-empty line goes to $OUT/smoke.txt (default .device/smoke/out), every
+#    log into $OUT/logs.tar.gz (the device tool returns at most 8 files). Exit status 1 when any
+#    step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=.device/smoke
@@ -42,31 +43,33 @@ for line in sys.stdin:
 run)
     OUT="${OUT:-$S/out}"; mkdir -p "$OUT"
     REPORT="$OUT/smoke.txt"; : > "$REPORT"
+    LOGS="$(mktemp -d)"
     export PYTHONUNBUFFERED=1
     status=0
     say() { echo "$*" | tee -a "$REPORT"; }
     # A step: its label, then the command; its last output line goes to the report.
+    last() { grep -v '^[[:space:]]*$' "$1" | tail -n 1; }
     step() {
         local label="$1"; shift
         echo "== $label"
-        if "$@" > "$OUT/$label.log" 2>&1; then
-            say "$label: $(tail -n 1 "$OUT/$label.log")"
+        if "$@" > "$LOGS/$label.log" 2>&1; then
+            say "$label: $(last "$LOGS/$label.log")"
         else
-            say "$label: FAILED ($(tail -n 1 "$OUT/$label.log"); see $label.log)"; status=1
-            tail -n 20 "$OUT/$label.log"
+            say "$label: FAILED ($(last "$LOGS/$label.log"); see $label.log)"; status=1
+            tail -n 20 "$LOGS/$label.log"
         fi
     }
     say "commit: $(cat "$S/commit.txt"), run $(date -u +%Y-%m-%dT%H:%MZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
     step example-engine "$S/bin/example-engine"
     c_example() {  # source, launcher folder, binary
         gcc -std=c11 -O2 -I/usr/local/cuda/include -I"$2/c" "$1" "$2/c/mla_kernels.c" \
-            -L/usr/local/cuda/lib64/stubs -lcuda -pthread -lm -o "$OUT/$3" && "$OUT/$3"
+            -L/usr/local/cuda/lib64/stubs -lcuda -pthread -lm -o "$LOGS/$3" && "$LOGS/$3"
     }
     step c-merge c_example examples/c/merge.c "$S/c-example" c-merge
     step c-families c_example examples/c/families.c "$S/c-families" c-families
     step c-devices c_example examples/c/devices.c "$S/c-example" c-devices
     site="$(mktemp -d)"
-    trap 'rm -rf "$site"' EXIT
+    trap 'rm -rf "$site" "$LOGS"' EXIT
     wheel="$(ls "$S"/wheel/mla_gen-*.whl | head -n 1)"
     step wheel-install python3 -m pip install --no-deps --target "$site" "$wheel"
     for ex in python/examples/*.py; do
@@ -78,9 +81,10 @@ print("ran", sys.argv[1], "without error")' "$ex"
     done
     repo="$PWD"
     step wheel-pytest bash -c "cd '$site' && PYTHONPATH='$site' MLA_GEN_EXPECT_COMPILED=1 timeout 500 python3 -m pytest -q -p no:cacheprovider '$repo/python/tests'"
-    step rust-quick env MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" MLA_GEN_GPU_REPORT="$OUT/rust-quick-report.txt" \
+    step rust-quick env MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" MLA_GEN_GPU_REPORT="$LOGS/rust-quick-report.txt" \
         "$S/bin/test-gpu" --test-threads=1
     step rust-faults env MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" "$S/bin/test-gpu_faults" --test-threads=1 --nocapture
+    tar -czf "$OUT/logs.tar.gz" -C "$LOGS" .
     echo "== smoke"; cat "$REPORT"
     exit $status
     ;;
