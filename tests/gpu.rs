@@ -142,7 +142,7 @@ fn run_any(
 /// the most that fit (4096 tokens: 128 heads at D = 64, 64 at D = 128, 14 at D = 576; 613
 /// tokens: 95 heads at D = 576). The host's random inputs and float64 reference are the suite's
 /// time, and uncapped the whole suite (857 kernels) needs about a session of the GPU machine,
-/// half of it in the 4096 x 128 cases of the large head sizes (docs/PERFORMANCE.md, session 14).
+/// half of it in the 4096 x 128 cases of the large head sizes (docs/HISTORY.md, session 14).
 /// Capped, each case still spans up to 2^18 rows (thousands of blocks: every block order and
 /// index path), and the odd head counts exercise the flat rows' division.
 const MAX_CASE_ELEMENTS: usize = 1 << 25;

@@ -2,7 +2,7 @@
 in Python as peers.py measures (its Shape and hot_l2.hot_us): torch.add(src, 0, out=arena)
 (peers.py's), arena.copy_(src) (a copy-engine memcpy node) and arena.add_(0) in place; and the
 mla-gen inputs in an arena of their own with the lse first. Why peers.py's hot time of mla-gen's
-kernel at 512 x 32 x 64 differs from scripts/gpu/peer_harness.cu's (docs/PERFORMANCE.md, session 11).
+kernel at 512 x 32 x 64 differs from scripts/gpu/peer_harness.cu's (docs/HISTORY.md, session 11).
 
     MLA_GEN_KERNELS=generated python3 python/bench/producers.py DIR   (DIR: libpeers_fi.so and
     libpeers_vllm.so, built as scripts/gpu/peers.sh run builds them)

@@ -1,4 +1,4 @@
-"""Size rules from `mla-gen tune --l2 both --json` runs (docs/PERFORMANCE.md, session 7).
+"""Size rules from `mla-gen tune --l2 both --json` runs (docs/HISTORY.md, session 7).
 
     python3 python/bench/size_rules.py choose RUN.json [RUN.json ...]
         Per (dtype, head size): the current schedule, the two best single schedules and the three

@@ -2,7 +2,7 @@
 // from the headers scripts/gpu/peers.sh extracts into .device/peers/include), hot in one CUDA graph
 // after a producer that rewrites the inputs, from C++ only, on the same buffers: 100 interleaved
 // rounds, medians of (graph[producer, X] - graph[producer]) / 20. Without Python and torch between
-// them, it measures the kernels alone (docs/PERFORMANCE.md, session 11). bf16, dense [T, H, D],
+// them, it measures the kernels alone (docs/HISTORY.md, session 11). bf16, dense [T, H, D],
 // lse [H, T] for mla-gen and base-2 [T, H] for FlashInfer.
 //
 //   peer_harness CUBIN KERNEL TOKENS_PER_BLOCK HEADS_PER_BLOCK BLOCK_THREADS T H D

@@ -110,7 +110,7 @@ const THRESHOLD: &str = "prefill_tokens_with_context";
 /// head of 8, run 112-113). The inputs' dtype: at most half as many, and at least
 /// `FLAT_MIN_BLOCKS` blocks' tokens: with 3 heads of 4, or a flat grid of fewer blocks than the
 /// GPU has SMs (<= 4096 rows at D = 64), flat rows were 2-12% slower in hot L2; within both
-/// bounds 0.99-1.43x the speed of the blocks (runs 120-121, docs/PERFORMANCE.md session 15).
+/// bounds 0.99-1.43x the speed of the blocks (runs 120-121, docs/HISTORY.md, session 15).
 fn few_heads(mut params: Vec<Param>, v: &MergeVariant, launch: &Launch) -> Vec<Param> {
     let held = launch.heads_per_block;
     let (most_heads, fewest_tokens) = if v.output == OutputKind::Same {
