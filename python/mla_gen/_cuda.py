@@ -68,7 +68,8 @@ def lib():
         with _lock:
             if _lib is None:
                 # $MLA_GEN_LIBCUDA: another library (tests: a stand-in driver), as the compiled op reads it
-                name = os.environ.get("MLA_GEN_LIBCUDA") or ("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+                name = (os.environ.get("MLA_GEN_LIBCUDA")
+                        or ("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"))
                 try:
                     cuda = ctypes.CDLL(name)
                 except OSError as e:

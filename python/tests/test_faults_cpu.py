@@ -148,7 +148,8 @@ def test_the_fix_follows_where_the_folder_came_from(tmp_path, origin, fix):
 def test_each_image_is_checked_once_per_process(driver, folder, monkeypatch):
     checked = []
     real = manifest.KernelFolder.image
-    monkeypatch.setattr(manifest.KernelFolder, "image", lambda self, e, k: checked.append(e["file"]) or real(self, e, k))
+    monkeypatch.setattr(manifest.KernelFolder, "image",
+                        lambda self, e, k: checked.append(e["file"]) or real(self, e, k))
     for _ in range(3):
         works(driver)
     assert len(checked) == 1 and driver.loads == 1

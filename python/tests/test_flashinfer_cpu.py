@@ -4,27 +4,14 @@ functions return, and a call no base-2 kernel serves names lse_base. Launches ar
 (conftest's `cpu_launch`); the GPU check against FlashInfer's own kernels is
 python/bench/flashinfer_check.py."""
 
-import json
-import pathlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from mla_gen import flashinfer  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 BF16 = torch.bfloat16
 T, H, D = 8, 4, 128
-
-
-@pytest.fixture
-def select_folder(tmp_path, monkeypatch):
-    kernels = json.loads((ROOT / "tests/contract/select_kernels.json").read_text())["kernels"]
-    m = {"schema_version": 2, "generator": {"name": "mla-gen", "version": "test"}, "nvrtc": {}, "spec": {},
-         "kernels": kernels}
-    (tmp_path / "manifest.json").write_text(json.dumps(m))
-    monkeypatch.setenv("MLA_GEN_KERNELS", str(tmp_path))
 
 
 def test_merge_state_runs_the_base_2_token_major_kernel_and_returns_new_tensors(select_folder, cpu_launch):
