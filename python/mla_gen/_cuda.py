@@ -22,6 +22,8 @@ import struct
 import sys
 import threading
 
+from .errors import KernelFolderError
+
 CUDA_ERROR_NOT_INITIALIZED = 3
 CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222
 
@@ -152,10 +154,20 @@ def _check(cuda, err: int, what: str, nvrtc: dict | None = None):
         detail += f" ({text.value.decode()})"
     if err == CUDA_ERROR_UNSUPPORTED_PTX_VERSION and nvrtc:
         detail += (f": PTX ISA {nvrtc.get('ptx_isa')} from NVRTC {nvrtc.get('release')} needs a CUDA "
-                   f"{nvrtc.get('oldest_driver_cuda')} driver; use CUBIN or the pinned NVRTC 13.0.88")
+                   f"{nvrtc.get('oldest_driver_cuda')} driver{_driver_version(cuda)}; use CUBIN or the pinned "
+                   "NVRTC 13.0.88")
     elif err in _HINTS:
         detail += f": {_HINTS[err]}"
     raise CudaError(what, err, detail)
+
+
+def _driver_version(cuda) -> str:
+    """", this one is CUDA X.Y" from cuDriverGetVersion, or "" where it cannot say."""
+    version = ctypes.c_int()
+    get = getattr(cuda, "cuDriverGetVersion", None)
+    if get is None or get(ctypes.byref(version)) != 0 or version.value <= 0:
+        return ""
+    return f", this one is CUDA {version.value // 1000}.{version.value % 1000 // 10}"
 
 
 def primary_context(device: int) -> int:
@@ -251,8 +263,9 @@ class Kernel:
         entry = pick_image(self.meta, cc)
         if entry is None:
             archs = ", ".join(a["arch"] for a in self.meta["archs"]) or "none"
-            raise RuntimeError(f"{self.name}: no CUBIN or PTX in {self.folder.label} runs on sm_{cc} (its archs: "
-                               f"{archs}); generate the folder for sm_{cc} (mla-gen generate --arch sm_{cc})")
+            raise KernelFolderError(f"{self.name}: no CUBIN or PTX in {self.folder.label} runs on sm_{cc} (its "
+                                    f"archs: {archs}); generate the folder for sm_{cc} (mla-gen generate --arch "
+                                    f"sm_{cc})")
         return entry
 
     def _image(self, entry: dict) -> bytes:

@@ -228,6 +228,36 @@ def test_a_failed_load_raises_and_the_next_call_loads(driver, folder, code, name
     assert driver.loads == 1 and _cuda.stats["module_loads"] >= 1
 
 
+def test_a_ptx_newer_than_the_driver_names_both_versions(driver, folder):
+    driver.set("load_error", 222)
+    with pytest.raises(mla_gen.CudaError) as e:
+        call()
+    nvrtc = manifest.folder().manifest["nvrtc"]
+    want = (f"CUDA_ERROR_UNSUPPORTED_PTX_VERSION (stub driver): PTX ISA {nvrtc['ptx_isa']} from NVRTC "
+            f"{nvrtc['release']} needs a CUDA {nvrtc['oldest_driver_cuda']} driver, this one is CUDA 12.8")
+    assert want in str(e.value)
+    driver.set("load_error", 0)
+    works(driver)
+
+
+def test_a_folder_built_for_other_archs_names_them(driver, folder, monkeypatch):
+    path, _ = folder
+
+    def other_arch(m):
+        for k in m["kernels"]:
+            k["archs"][0]["arch"] = "sm_120"
+
+    good = edit_manifest(path, other_arch)
+    with pytest.raises(mla_gen.KernelFolderError, match=r"no CUBIN or PTX in .* runs on sm_90 \(its archs: sm_120\); "
+                                                        r"generate the folder for sm_90"):
+        call()
+    assert driver.loads == 0
+    (path / "manifest.json").write_bytes(good)  # a valid manifest stays read: the fixed folder as a new process sees it
+    monkeypatch.setattr(manifest, "_folders", {})
+    monkeypatch.setattr(manifest, "_by_path_cache", {})
+    works(driver)
+
+
 def test_a_failed_launch_raises_and_the_next_call_launches(driver, folder):
     works(driver)
     driver.set("launch_error", 700)

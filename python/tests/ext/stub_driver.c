@@ -18,6 +18,7 @@ CUresult cuGetErrorName(CUresult r, const char** name) {
     switch (r) {
     case 2: *name = "CUDA_ERROR_OUT_OF_MEMORY"; break;
     case 200: *name = "CUDA_ERROR_INVALID_IMAGE"; break;
+    case 222: *name = "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"; break;
     case 700: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
     default: *name = "CUDA_ERROR_STUB";
     }
@@ -25,6 +26,7 @@ CUresult cuGetErrorName(CUresult r, const char** name) {
 }
 /* The few more the Python path opens, so that both paths can share this driver in one process. */
 CUresult cuInit(unsigned flags) { (void)flags; return 0; }
+CUresult cuDriverGetVersion(int* v) { *v = 12080; return 0; } /* CUDA 12.8 */
 CUresult cuGetErrorString(CUresult r, const char** s) { (void)r; *s = "stub driver"; return 0; }
 CUresult cuDeviceGet(int* d, int ordinal) { *d = ordinal; return 0; }
 CUresult cuCtxGetDevice(int* d) { *d = 0; return 0; }
