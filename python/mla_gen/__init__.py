@@ -14,6 +14,9 @@ current stream with no device-to-host sync, so CUDA graphs can capture them.
 - Other engines' conventions: ``mla_gen.flashinfer`` (``merge_state``, ``merge_state_in_place``,
   ``merge_states``: lse in base 2, token-major) and ``mla_gen.sglang`` (``merge_state_v2``).
 - Checking without a GPU: ``check_args(kernel, args)`` -> ``(values, grid)`` or ``ArgumentError``.
+- Faults: a kernel folder that cannot serve raises ``KernelFolderError`` (``ManifestError``;
+  ``ImageError``, ``MissingImageError``: every image is checked against the manifest's size and
+  sha256 before the driver sees it), a driver call ``CudaError``; each names the fix.
 
 Kernels: ``$MLA_GEN_KERNELS`` (read at every lookup), else those shipped in the package, else a
 source checkout's ``generated/``. The checker and ``supports`` import without torch.
@@ -22,7 +25,9 @@ source checkout's ``generated/``. The checker and ``supports`` import without to
 from __future__ import annotations
 
 from ._version import __version__
+from ._cuda import CudaError
 from .contract import ArgumentError, Buffer, check_args
+from .errors import ImageError, KernelFolderError, ManifestError, MissingImageError
 from .manifest import supports
 
 try:
@@ -69,7 +74,7 @@ def stats() -> dict:
 
 
 __all__ = ["__version__", "ArgumentError", "Buffer", "check_args", "supports", "kernels_dir", "available_kernels",
-           "stats"]
+           "stats", "CudaError", "KernelFolderError", "ManifestError", "ImageError", "MissingImageError"]
 if _torch_module is not None:
     __all__ += ["merge_attn_states", "merge_attn_states_fp8_group", "merge_states", "merge_state_in_place",
                 "mask_empty_context_lse", "launch_kernel", "ops"]

@@ -1,10 +1,16 @@
 """The CUDA driver through ctypes: libcuda is opened at the first load or launch, never at import.
 
 Kernels are loaded once per process with cuLibraryLoadData (context-independent, CUDA >= 12.0
-drivers); each device gets its function with cuKernelGetFunction in that device's primary
-context, which this module retains. A launch runs in the primary context of the tensors' device:
-when another context is current on the calling thread (another device's, or one made with
-cuCtxCreate), the primary context is pushed around the launch and popped after it.
+drivers), each image checked against its manifest entry (size, sha256) first, so a truncated or
+corrupt file is an ImageError, never a driver crash; each device gets its function with
+cuKernelGetFunction in that device's primary context, which this module retains. A launch runs in
+the primary context of the tensors' device: when another context is current on the calling thread
+(another device's, or one made with cuCtxCreate), the primary context is pushed around the launch
+and popped after it.
+
+Nothing is cached until it fully succeeded (a failed or interrupted load is retried by the next
+call). In a child forked after this module opened the driver, every call raises CudaError (CUDA
+is not fork-safe): the parent's handles are forgotten, never reused.
 """
 
 from __future__ import annotations
@@ -16,27 +22,56 @@ import struct
 import sys
 import threading
 
+from .errors import KernelFolderError
+
+CUDA_ERROR_NOT_INITIALIZED = 3
 CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222
 
 _lib = None
 _lock = threading.RLock()
 _primary: dict = {}  # device ordinal -> primary context (int)
 stats = {"module_loads": 0, "launches": 0}
+_forked = False  # this process was forked from one that had opened the driver
 
 
 class CudaError(RuntimeError):
+    """A CUDA driver call failed; ``code`` is its CUresult. The message names the call, the
+    error and, for the usual causes, what to do."""
+
     def __init__(self, what: str, code: int, detail: str):
         super().__init__(f"{what} failed: {detail}")
         self.code = code
+
+
+# What the user can do about the driver errors a load or launch meets (appended to the message).
+_OOM_HINT = ("the GPU is out of memory: free some (e.g. torch.cuda.empty_cache()) and call again; nothing of this "
+             "attempt was kept, so the next call loads afresh")
+_STICKY_HINT = ("the CUDA context was left unusable by an earlier fault on this device (a kernel that ran before "
+                "this call, not necessarily mla-gen's); every later CUDA call in this process fails the same way: "
+                "find the faulting kernel (CUDA_LAUNCH_BLOCKING=1, compute-sanitizer) and restart the process")
+_IMAGE_HINT = ("the image matched its manifest entry but this device or driver cannot run it: the kernel folder was "
+               "built for other archs (see the manifest's archs) or for a newer driver")
+_INIT_HINT = ("the driver is not usable in this process (a child forked after CUDA was used in its parent needs the "
+              "'spawn' start method instead)")
+_HINTS = {2: _OOM_HINT, 3: _INIT_HINT, 4: _INIT_HINT, 200: _IMAGE_HINT, 209: _IMAGE_HINT, 218: _IMAGE_HINT,
+          **dict.fromkeys((700, 710, 714, 715, 716, 717, 718, 719), _STICKY_HINT)}
+_FORK_DETAIL = ("this process was forked from one that had already used CUDA through mla_gen, and the CUDA driver "
+                "cannot be used again in a forked child (CUDA is not fork-safe; the parent's modules and contexts "
+                "mean nothing here). Start such workers with the 'spawn' method (multiprocessing.set_start_method("
+                "'spawn')), or make the first mla_gen call in the children")
 
 
 def lib():
     """libcuda, opened and initialized at first use."""
     global _lib
     if _lib is None:
+        if _forked:
+            raise CudaError("mla_gen in a forked child", CUDA_ERROR_NOT_INITIALIZED, _FORK_DETAIL)
         with _lock:
             if _lib is None:
-                name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+                # $MLA_GEN_LIBCUDA: another library (tests: a stand-in driver), as the compiled op reads it
+                name = (os.environ.get("MLA_GEN_LIBCUDA")
+                        or ("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"))
                 try:
                     cuda = ctypes.CDLL(name)
                 except OSError as e:
@@ -119,8 +154,20 @@ def _check(cuda, err: int, what: str, nvrtc: dict | None = None):
         detail += f" ({text.value.decode()})"
     if err == CUDA_ERROR_UNSUPPORTED_PTX_VERSION and nvrtc:
         detail += (f": PTX ISA {nvrtc.get('ptx_isa')} from NVRTC {nvrtc.get('release')} needs a CUDA "
-                   f"{nvrtc.get('oldest_driver_cuda')} driver; use CUBIN or the pinned NVRTC 13.0.88")
+                   f"{nvrtc.get('oldest_driver_cuda')} driver{_driver_version(cuda)}; use CUBIN or the pinned "
+                   "NVRTC 13.0.88")
+    elif err in _HINTS:
+        detail += f": {_HINTS[err]}"
     raise CudaError(what, err, detail)
+
+
+def _driver_version(cuda) -> str:
+    """", this one is CUDA X.Y" from cuDriverGetVersion, or "" where it cannot say."""
+    version = ctypes.c_int()
+    get = getattr(cuda, "cuDriverGetVersion", None)
+    if get is None or get(ctypes.byref(version)) != 0 or version.value <= 0:
+        return ""
+    return f", this one is CUDA {version.value // 1000}.{version.value % 1000 // 10}"
 
 
 def primary_context(device: int) -> int:
@@ -198,6 +245,7 @@ class Kernel:
         self.loaded_from: dict = {}  # device -> image file
         self.functions: dict = {}  # device -> CUfunction (int)
         self.modules: dict = {}  # device -> CUmodule, where the driver has no cuLibraryLoadData
+        self.images: dict = {}  # image file -> checked bytes, for those modules
 
     def function(self, device: int) -> int:
         f = self.functions.get(device)
@@ -209,39 +257,56 @@ class Kernel:
                 f = self.functions[device] = self._load(device)
         return f
 
-    def _image(self, device: int) -> tuple:
-        from .manifest import pick_artifact
+    def _entry(self, device: int) -> dict:
+        from .manifest import pick_image
         cc = compute_capability(device)
-        choice = pick_artifact(self.meta, cc)
-        if choice is None:
-            raise RuntimeError(f"{self.name}: no CUBIN or PTX in {self.folder.label} runs on sm_{cc}")
-        data = self.folder.read_bytes(choice)
-        if choice.endswith(".ptx"):
-            data += b"\0"
-        return choice, data
+        entry = pick_image(self.meta, cc)
+        if entry is None:
+            archs = ", ".join(a["arch"] for a in self.meta["archs"]) or "none"
+            raise KernelFolderError(f"{self.name}: no CUBIN or PTX in {self.folder.label} runs on sm_{cc} (its "
+                                    f"archs: {archs}); generate the folder for sm_{cc} (mla-gen generate --arch "
+                                    f"sm_{cc})")
+        return entry
+
+    def _image(self, entry: dict) -> bytes:
+        """The image's bytes, checked against the manifest entry (KernelFolder.image: ImageError
+        on any difference) before the driver may see them; PTX NUL-terminated."""
+        data = self.folder.image(entry, self.name)
+        return data + b"\0" if entry["file"].endswith(".ptx") else data
 
     def _load(self, device: int) -> int:
         cuda = lib()
         nvrtc = self.folder.manifest.get("nvrtc")
+        entry = self._entry(device)
+        choice = entry["file"]
         ctx = primary_context(device)
         name = self.name.encode()
         handle = ctypes.c_void_p()
-        choice, data = self._image(device)
         with _Current(ctx):
             if hasattr(cuda, "cuLibraryLoadData"):
                 # One library per image (devices of different archs pick different images).
                 loaded = self.libraries.get(choice)
                 if loaded is None:
+                    data = self._image(entry)
                     library, kern = ctypes.c_void_p(), ctypes.c_void_p()
                     _check(cuda, cuda.cuLibraryLoadData(ctypes.byref(library), data, None, None, 0, None, None, 0),
                            f"cuLibraryLoadData({choice})", nvrtc)
-                    _check(cuda, cuda.cuLibraryGetKernel(ctypes.byref(kern), library, name),
-                           f"cuLibraryGetKernel({self.name})")
+                    try:
+                        _check(cuda, cuda.cuLibraryGetKernel(ctypes.byref(kern), library, name),
+                               f"cuLibraryGetKernel({self.name})")
+                    except BaseException:  # KeyboardInterrupt too: no library left behind unrecorded
+                        unload = getattr(cuda, "cuLibraryUnload", None)
+                        if unload is not None:
+                            unload(library)
+                        raise
                     loaded = self.libraries[choice] = (library, kern)
                     stats["module_loads"] += 1
                 _check(cuda, cuda.cuKernelGetFunction(ctypes.byref(handle), loaded[1]),
                        f"cuKernelGetFunction({self.name}) on device {device}", nvrtc)
-            else:  # drivers before CUDA 12.0: one module per context
+            else:  # drivers before CUDA 12.0: one module per context (the image checked once)
+                data = self.images.get(choice)
+                if data is None:
+                    data = self.images[choice] = self._image(entry)
                 module = ctypes.c_void_p()
                 _check(cuda, cuda.cuModuleLoadData(ctypes.byref(module), data), f"cuModuleLoadData({choice})", nvrtc)
                 _check(cuda, cuda.cuModuleGetFunction(ctypes.byref(handle), module, name),
@@ -253,6 +318,20 @@ class Kernel:
 
 
 _kernels: dict = {}
+
+
+def _forget_after_fork():
+    """In a forked child: the parent's driver, contexts, modules and locks are not this process's
+    (a lock another thread held at the fork would never be released). Where the parent had opened
+    the driver, every call now raises (lib())."""
+    global _lib, _forked, _lock, _launch_lock
+    _forked = _forked or _lib is not None
+    _lib = None
+    _primary.clear()
+    _kernels.clear()
+    _cc.clear()
+    _lock = threading.RLock()
+    _launch_lock = threading.Lock()
 
 
 def kernel(folder, meta: dict) -> Kernel:
@@ -467,3 +546,7 @@ def launch_source(launcher: Launcher, gx: int, gy: int, stream: str, values: str
     used = set(re.findall(r"\bL_\w+", text)) - {"L_s", "L_err"}
     names = tuple(n for n in every if n in used)
     return text, names, tuple(every[n] for n in names)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

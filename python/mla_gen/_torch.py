@@ -26,6 +26,8 @@ about what this path costs; not yet measured on the GPU).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import _cuda, _plan
@@ -336,6 +338,18 @@ def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None
     device = torch.cuda.current_device() if device is None or device < 0 else device
     _cuda.launch(_plan.make_launcher(kf, meta, checked, device), checked.values, checked.grid[0], checked.grid[1],
                  _stream(device))
+
+
+def _forget_plans_after_fork():
+    """In a forked child the parent's plans would launch the parent's functions: the child's
+    first call plans again (and _cuda raises where the parent had used the driver)."""
+    _plans.clear()
+    for slot in (_last_pair, _last_pair_op, _last_ctx):
+        slot[:] = (None, None, None, None)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_plans_after_fork)
 
 
 __all__ = ["merge_attn_states", "merge_attn_states_fp8_group", "merge_states", "merge_state_in_place",

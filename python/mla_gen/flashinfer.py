@@ -5,8 +5,10 @@ its lse as is, with no conversion kernel.
 
 They run kernels generated with ``lse_base = "2"`` (docs/SEMANTICS.md, "lse in base 2"), FlashInfer's
 rules included: a row with no keys on either side is zeros with lse -inf. Where mla-gen's rules
-are stricter they stay (a NaN lse gives a NaN row, +inf reads as "no keys"). The kernel folder
-needs such kernels, e.g.::
+are stricter they stay (a NaN lse gives a NaN row, +inf reads as "no keys"), except for
+``merge_states`` of one state, which returns that state's rows and lse as they are, as FlashInfer
+does (a copy: no kernel runs, any lse comes back as given). The kernel folder needs such kernels,
+e.g.::
 
     [[merge_attn_states]]        # merge_state
     dtype = ["f16", "bf16"]
@@ -78,9 +80,19 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None) -> None:
 
 def merge_states(v, s):
     """Merge K states per token: v [T, K, H, D], s [T, K, H] lse in base 2. Returns
-    ``(v_merged [T, H, D], s_merged [T, H] float32)``."""
+    ``(v_merged [T, H, D], s_merged [T, H] float32)``. With one state (K = 1), FlashInfer's
+    result: the state's rows and lse as they are, empty rows (-inf) included (a copy, no kernel)."""
     T, K, H, D = _plan.dims(v, "v", 4)
     v_merged = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
     s_merged = torch.empty((T, H), dtype=torch.float32, device=v.device)
+    if K == 1:
+        if v.device.type != _torch._DEVICE_TYPE:
+            raise ValueError(f"v is on {v.device}; the kernels run on a CUDA device")
+        if not isinstance(s, torch.Tensor) or tuple(s.shape) != (T, 1, H) or s.device != v.device:
+            raise ValueError(f"s must be [T, K, H] = {(T, 1, H)} on {v.device} for v of shape {tuple(v.shape)}, got "
+                             f"{tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__}")
+        v_merged.copy_(v[:, 0])
+        s_merged.copy_(s[:, 0])
+        return v_merged, s_merged
     _torch._call(_STATES, _OPTIONS[1:], (v_merged, s_merged, v, _f32(s)), ())
     return v_merged, s_merged

@@ -9,13 +9,17 @@ kernel choices are cached per resolved folder.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import threading
 from importlib import resources
 from pathlib import Path
 
 from . import _select
+from ._version import __version__
+from .errors import ImageError, ManifestError, MissingImageError
 
 __all__ = ["KernelFolder", "folder", "load", "supports", "select", "call", "family_of", "launch_pdl", "SCHEMA_VERSION"]
 
@@ -45,12 +49,33 @@ def env_value():
     return os.environ.get(ENV) or None
 
 
-class KernelFolder:
-    """A folder of generated kernels: its manifest, read once, and its files."""
+def _parts(rel) -> list:
+    """A manifest path's parts, refusing any that leaves the folder: absolute, ``..``, ``.``,
+    empty parts, a backslash or a drive (ValueError)."""
+    if not isinstance(rel, str) or not rel:
+        raise ValueError(f"{rel!r} is not a relative path")
+    parts = rel.split("/")
+    if "" in parts or "." in parts or ".." in parts or "\\" in rel or "\0" in rel or ":" in parts[0]:
+        raise ValueError(f"{rel!r} is not a plain relative path inside the folder")
+    return parts
 
-    def __init__(self, root, label: str):
+
+_SHA256 = re.compile("[0-9a-f]{64}")
+
+
+def _is_sha256(text) -> bool:
+    return isinstance(text, str) and _SHA256.fullmatch(text) is not None
+
+
+class KernelFolder:
+    """A folder of generated kernels: its manifest, read once, and its files. `origin` says where
+    it came from ("package", "env": $MLA_GEN_KERNELS, "source": a checkout's generated/), for the
+    fix an error names."""
+
+    def __init__(self, root, label: str, origin: str = "env"):
         self.root = root  # a Path or an importlib.resources Traversable
         self.label = label
+        self.origin = origin
         self._manifest = None
         self._lock = threading.Lock()
         self.selected: dict = {}  # selection key -> kernel entry (or None)
@@ -60,9 +85,50 @@ class KernelFolder:
 
     def read_bytes(self, rel: str) -> bytes:
         node = self.root
-        for part in rel.split("/"):
+        for part in _parts(rel):
             node = node.joinpath(part)
         return node.read_bytes()
+
+    def fix(self) -> str:
+        """The command that makes this folder whole again."""
+        if self.origin == "package":
+            return ("reinstall the package (pip install --force-reinstall --no-deps mla-gen), or set "
+                    f"${ENV} to a complete kernel folder")
+        if self.origin == "source":
+            return "regenerate the checkout's images with scripts/generate.sh"
+        spec = "the spec that made it"
+        m = self._manifest
+        if m is not None and isinstance(m.get("spec"), dict) and m["spec"].get("source"):
+            spec += f", {m['spec']['source']}"
+        return (f"regenerate it with `mla-gen generate SPEC --out {self.root}` ({spec}), or set ${ENV} to a "
+                "complete kernel folder")
+
+    def image(self, entry: dict, kernel: str) -> bytes:
+        """The bytes of an image (a manifest artifact entry: ``file``, ``bytes``, ``sha256``) after
+        checking them against the entry: ImageError (MissingImageError) names the file, what was
+        expected and found, and the fix. Nothing unchecked reaches the driver."""
+        rel = entry["file"]
+        want = (entry.get("bytes"), entry.get("sha256"))
+        where = f"{self.label}/{rel}"
+        try:
+            data = self.read_bytes(rel)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise MissingImageError(
+                f"{kernel} needs {where}, which is missing: the kernel folder is incomplete (a partial copy or "
+                f"an interrupted install); {self.fix()}", file=where, kernel=kernel, expected=want,
+                found=None) from e
+        except OSError as e:
+            raise ImageError(f"cannot read {where} (for {kernel}): {e}; {self.fix()}", file=where, kernel=kernel,
+                             expected=want, found=None) from e
+        found = (len(data), hashlib.sha256(data).hexdigest())
+        if found != want:
+            what = (f"{found[0]} bytes where the manifest says {want[0]} (truncated or padded)" if found[0] != want[0]
+                    else "the right size but other contents (corrupted)")
+            raise ImageError(
+                f"{where} (for {kernel}) does not match manifest.json: {what}; expected {want[0]} bytes, sha256 "
+                f"{want[1]}; found {found[0]} bytes, sha256 {found[1]}. Refused before the driver saw it; "
+                f"{self.fix()}", file=where, kernel=kernel, expected=want, found=found)
+        return data
 
     @property
     def manifest(self) -> dict:
@@ -70,33 +136,72 @@ class KernelFolder:
         if m is None:
             with self._lock:
                 if self._manifest is None:
-                    try:
-                        data = json.loads(self.read_bytes("manifest.json"))
-                    except (OSError, ValueError) as e:
-                        raise RuntimeError(f"cannot read {self.label}/manifest.json: {e}; run `mla-gen generate`, "
-                                           f"or set {ENV} to a generated folder") from e
-                    version = data.get("schema_version")
-                    if version != SCHEMA_VERSION:
-                        raise RuntimeError(f"{self.label}/manifest.json has schema_version {version}; this package "
-                                           f"reads {SCHEMA_VERSION} (regenerate with a matching mla-gen)")
-                    data["_by_name"] = {k["name"]: k for k in data["kernels"]}
-                    # Kernels a launch reaches only through another: a size rule's ranges, the
-                    # specializations (docs/MANIFEST.md); selection never returns them.
-                    reached: dict = {}  # a dict, not a set: the manifest stays JSON
-                    for k in data["kernels"]:
-                        rule = k["launch"].get("size_rule") or {}
-                        reached.update(dict.fromkeys(r["kernel"] for r in rule.get("ranges", ())))
-                        reached.update(dict.fromkeys(k["launch"].get("specializations", ())))
-                    data["_reached"] = reached
-                    self._manifest = data
+                    self._manifest = self._read_manifest()
                 m = self._manifest
         return m
+
+    def _read_manifest(self) -> dict:
+        where = f"{self.label}/manifest.json"
+        try:
+            raw = self.read_bytes("manifest.json")
+        except OSError as e:
+            raise ManifestError(f"cannot read {where}: {e}; run `mla-gen generate`, or set {ENV} to a generated "
+                                "folder") from e
+        try:
+            data = json.loads(raw)
+        except ValueError as e:
+            raise ManifestError(f"{where} is not valid JSON ({e}; the file has {len(raw)} bytes): truncated or "
+                                f"corrupt; {self.fix()}") from e
+        if not isinstance(data, dict):
+            raise ManifestError(f"{where} holds a {type(data).__name__}, not an mla-gen manifest; {self.fix()}")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+                hint = (f"written by a newer mla-gen than this package ({__version__}); upgrade the mla_gen "
+                        f"package, or regenerate the folder with mla-gen {__version__}")
+            else:
+                hint = "regenerate with a matching mla-gen"
+            raise ManifestError(f"{where} has schema_version {version}; this package reads {SCHEMA_VERSION} ({hint})")
+        try:
+            _check_images(data, where, self.fix)
+            data["_by_name"] = {k["name"]: k for k in data["kernels"]}
+            # Kernels a launch reaches only through another: a size rule's ranges, the
+            # specializations (docs/MANIFEST.md); selection never returns them.
+            reached: dict = {}  # a dict, not a set: the manifest stays JSON
+            for k in data["kernels"]:
+                rule = k["launch"].get("size_rule") or {}
+                reached.update(dict.fromkeys(r["kernel"] for r in rule.get("ranges", ())))
+                reached.update(dict.fromkeys(k["launch"].get("specializations", ())))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ManifestError(f"{where} is malformed ({type(e).__name__}: {e}); {self.fix()}") from e
+        data["_reached"] = reached
+        return data
 
     def kernel(self, name: str) -> dict:
         try:
             return self.manifest["_by_name"][name]
         except KeyError:
             raise KeyError(f"no kernel {name!r} in {self.label}/manifest.json") from None
+
+
+def _check_images(data: dict, where: str, fix) -> None:
+    """Every image entry names a file inside the folder, with its size and sha256 (ManifestError)."""
+    for k in data["kernels"]:
+        for a in k["archs"]:
+            for kind in ("cubin", "ptx"):
+                art = a.get(kind)
+                if art is None:
+                    continue
+                what = f"{where}: {k['name']}'s {a.get('arch')} {kind}"
+                try:
+                    _parts(art.get("file"))
+                except ValueError as e:
+                    raise ManifestError(f"{what}: {e}, refused (an image must lie inside its kernel folder); "
+                                        f"{fix()}") from None
+                size = art.get("bytes")
+                if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not _is_sha256(art.get("sha256")):
+                    raise ManifestError(f"{what} ({art.get('file')}) lacks a valid size and sha256 (`bytes`, "
+                                        f"`sha256`): an image is checked against them before it loads; {fix()}")
 
 
 _folders: dict = {}
@@ -122,15 +227,15 @@ def folder() -> KernelFolder:
     if raw is not None:
         text = raw.decode(errors="surrogateescape") if isinstance(raw, bytes) else raw
         path = Path(text).expanduser().resolve()
-        f = _by_path(str(path), lambda: KernelFolder(path, f"{path} (${ENV})"))
+        f = _by_path(str(path), lambda: KernelFolder(path, f"{path} (${ENV})", "env"))
         _folders[raw] = f
         return f
     root = _packaged_root()
     if root is not None:
-        f = _by_path(str(root), lambda: KernelFolder(root, f"{root} (installed package)"))
+        f = _by_path(str(root), lambda: KernelFolder(root, f"{root} (installed package)", "package"))
     else:
         repo = Path(__file__).resolve().parents[2] / "generated"
-        f = _by_path(str(repo), lambda: KernelFolder(repo, str(repo)))
+        f = _by_path(str(repo), lambda: KernelFolder(repo, str(repo), "source"))
     _folders[_PACKAGED] = f
     return f
 
@@ -143,6 +248,16 @@ def _by_path(key, make):
     if f is None:
         f = _by_path_cache[key] = make()
     return f
+
+
+def _new_locks_after_fork():
+    # A folder's lock held by another thread at a fork would never be released in the child.
+    for f in _by_path_cache.values():
+        f._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_locks_after_fork)
 
 
 def load() -> dict:
@@ -267,9 +382,16 @@ def launch_pdl(kernel: dict) -> bool:
 
 
 def pick_artifact(kernel: dict, cc: int) -> str | None:
-    """The file to load on a device of compute capability `cc` (major*10 + minor): the CUBIN of
-    the same major with the largest arch <= cc (an `sm_XYa` only when XY == cc), else the PTX
-    of the largest non-arch-specific arch <= cc, else None (docs/MANIFEST.md, artifact rule)."""
+    """The file to load on a device of compute capability `cc` (see pick_image), or None."""
+    entry = pick_image(kernel, cc)
+    return entry["file"] if entry else None
+
+
+def pick_image(kernel: dict, cc: int) -> dict | None:
+    """The image entry (``file``, ``bytes``, ``sha256``) to load on a device of compute
+    capability `cc` (major*10 + minor): the CUBIN of the same major with the largest arch <= cc
+    (an `sm_XYa` only when XY == cc), else the PTX of the largest non-arch-specific arch <= cc,
+    else None (docs/MANIFEST.md, artifact rule)."""
     best_cubin = best_ptx = None
     for a in kernel["archs"]:
         arch = a["arch"]
@@ -279,8 +401,8 @@ def pick_artifact(kernel: dict, cc: int) -> str | None:
         if arch.startswith("sm_") and a.get("cubin"):
             ok = n == cc if specific else (n // 10 == cc // 10 and n <= cc)
             if ok and (best_cubin is None or n > best_cubin[0]):
-                best_cubin = (n, a["cubin"]["file"])
+                best_cubin = (n, a["cubin"])
         if not specific and n <= cc and a.get("ptx") and (best_ptx is None or n > best_ptx[0]):
-            best_ptx = (n, a["ptx"]["file"])
+            best_ptx = (n, a["ptx"])
     pick = best_cubin or best_ptx
     return pick[1] if pick else None

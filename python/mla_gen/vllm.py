@@ -12,12 +12,19 @@ access cannot take)::
     import mla_gen.vllm
     mla_gen.vllm.patch()          # before the model runs; returns a handle with .undo()
 
-The patched dispatcher takes vLLM's arguments (``output_scale``: FP8 e4m3 output with a
-per-tensor scale) and two more keywords, ``query_start_loc`` and ``context_start_loc``: the
-empty-context mask fused into the merge, in place of masking ``prefix_lse`` before the call
+The patched dispatcher takes vLLM's arguments, its newest signature's included:
+``output_scale`` (FP8 e4m3 output with a per-tensor scale) and ``output_block_scale``,
+``quant_group_size``, ``quant_scale_ue8m0`` (e4m3 output with one float32 scale per group of
+``quant_group_size`` elements, UE8M0-rounded when set, written at ``t * stride(0) + group *
+stride(1)`` of the scale tensor: [T, H*D/G] row- or column-major, its strides passed as given, to
+a kernel generated with ``output = "fp8_e4m3_group"`` of that group size and ue8m0; vLLM's own
+kernel where the folder has none), and two more keywords, ``query_start_loc`` and
+``context_start_loc``: the empty-context mask fused into the merge, in place of masking
+``prefix_lse`` before the call
 (docs/PYTHON.md). A fused call handed back to vLLM runs that mask first, on a copy of
 ``prefix_lse``, with torch ops. The default kernels serve every f32/f16/bf16 call of the default
-head sizes, with the inputs' dtype or FP8 output, fused or not.
+head sizes, with the inputs' dtype or FP8 output, fused or not; a group-FP8 call needs a folder
+with ``fp8_e4m3_group`` kernels of its group size and ue8m0 (until then vLLM's kernel serves it).
 
 The patch also rebinds modules that imported the dispatcher by name (``from ... import
 merge_attn_states``). Counters: ``mla_gen.stats()["fallbacks"]``.
@@ -30,10 +37,14 @@ import sys
 
 from .manifest import env_value, supports
 
-__all__ = ["patch", "route", "mask_empty_context", "MODULES", "stats"]
+__all__ = ["patch", "route", "group_scales", "mask_empty_context", "MODULES", "TRAILING", "stats"]
 
 MODULES = ("vllm.v1.attention.ops.merge_attn_states", "vllm.attention.ops.merge_attn_states")
 stats = {"fallbacks": 0, "routed": 0}
+# vLLM's arguments after output_lse, in its newest signature's order
+TRAILING = ("prefill_tokens_with_context", "output_scale", "output_block_scale", "quant_group_size",
+            "quant_scale_ue8m0")
+_TRAILING = frozenset(TRAILING)
 
 _SAME = {"torch.float32", "torch.float16", "torch.bfloat16"}
 _routes: dict = {}  # (dtype, head size, options, $MLA_GEN_KERNELS) -> supports()
@@ -50,10 +61,13 @@ def _merge(*args, **kwargs):
 
 def route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
           prefill_tokens_with_context=None, output_scale=None, query_start_loc=None,
-          context_start_loc=None) -> bool:
+          context_start_loc=None, *, output_block_scale=None, quant_group_size=None,
+          quant_scale_ue8m0=None) -> bool:
     """Whether mla-gen takes this call: tensors on a CUDA device, f32/f16/bf16 inputs, an
-    output of the inputs' dtype (or e4m3 with output_scale), and a kernel in the folder (with
-    the start locations: a ``_ctxmask`` kernel)."""
+    output of the inputs' dtype (or e4m3 with output_scale, or e4m3 with output_block_scale: a
+    float32 [T, H*D/G] scale tensor, quant_group_size G dividing the head size, no
+    output_scale), and a kernel in the folder (with the start locations: a ``_ctxmask``
+    kernel)."""
     try:
         fused = query_start_loc is not None
         if not (_on_cuda(output) and _on_cuda(prefix_output) and _on_cuda(suffix_output)):
@@ -63,7 +77,13 @@ def route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_l
         dtype = str(prefix_output.dtype)
         if dtype not in _SAME or str(suffix_output.dtype) != dtype:
             return False
-        if output_scale is None:
+        group = None
+        if output_block_scale is not None:
+            group = _group(output, output_block_scale, output_scale, quant_group_size)
+            if group is None:
+                return False
+            kind = "fp8_e4m3_group"
+        elif output_scale is None:
             if str(output.dtype) != dtype:
                 return False
             kind = "same"
@@ -72,15 +92,40 @@ def route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_l
                 return False
             kind = "fp8_e4m3"
         n = prefill_tokens_with_context
+        ue8m0 = bool(quant_scale_ue8m0) and group is not None
         key = (dtype, prefix_output.shape[-1], output_lse is not None, n is not None and n != output.shape[0], kind,
-               fused, env_value())
+               fused, group, ue8m0, env_value())
         hit = _routes.get(key)
         if hit is None:
             hit = _routes[key] = supports(dtype, key[1], output_lse=key[2], threshold=key[3], output=kind,
-                                          mask_empty_context=fused)
+                                          group_size=group, ue8m0=ue8m0, mask_empty_context=fused)
         return hit
     except (AttributeError, IndexError, TypeError, ValueError):
         return False
+
+
+def _group(output, block_scale, output_scale, group_size):
+    """The group size of a per-token-group FP8 call mla-gen can take (vLLM's rules: a group size,
+    no per-tensor scale, e4m3 output; a float32 2-D scale tensor on the device), else None."""
+    if output_scale is not None or group_size is None or isinstance(group_size, bool):
+        return None
+    g = int(group_size)
+    if g < 1 or output.shape[-1] % g or str(output.dtype) != "torch.float8_e4m3fn":
+        return None
+    if not _on_cuda(block_scale) or str(block_scale.dtype) != "torch.float32" or block_scale.dim() != 2:
+        return None
+    return g
+
+
+def group_scales(output, block_scale, group_size: int):
+    """The scale tensor as the group kernels take it, [T, H*D/G], at the strides vLLM's kernel
+    addresses it by (its own two strides, whatever its shape): the tensor itself where its shape
+    is that already (row-major, column-major, padded alike)."""
+    T, H, D = output.shape
+    shape = (T, H * D // group_size)
+    if tuple(block_scale.shape) == shape:
+        return block_scale
+    return block_scale.as_strided(shape, block_scale.stride(), block_scale.storage_offset())
 
 
 class Patch:
@@ -120,14 +165,40 @@ def _make_wrapper(original, strict: bool):
 
     def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
                           *args, query_start_loc=None, context_start_loc=None, **kwargs):
-        # vLLM's trailing arguments: prefill_tokens_with_context, output_scale (newer releases).
-        n = args[0] if len(args) > 0 else kwargs.get("prefill_tokens_with_context")
-        scale = args[1] if len(args) > 1 else kwargs.get("output_scale")
+        # vLLM's trailing arguments (TRAILING), by position or name; anything else is vLLM's to judge.
+        nargs = len(args)
+        n = args[0] if nargs > 0 else kwargs.get("prefill_tokens_with_context")
+        scale = args[1] if nargs > 1 else kwargs.get("output_scale")
+        block = args[2] if nargs > 2 else kwargs.get("output_block_scale")
         fused = query_start_loc is not None or context_start_loc is not None
         if fused:
             both_or_neither(query_start_loc, context_start_loc)
-        if route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale,
-                 query_start_loc, context_start_loc):
+        known = nargs <= len(TRAILING) and (not kwargs or _TRAILING.issuperset(kwargs))
+        if block is not None and known:
+            group = args[3] if nargs > 3 else kwargs.get("quant_group_size")
+            ue8m0 = args[4] if nargs > 4 else kwargs.get("quant_scale_ue8m0")
+            scales = None
+            if route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale,
+                     query_start_loc, context_start_loc, output_block_scale=block, quant_group_size=group,
+                     quant_scale_ue8m0=ue8m0):
+                try:
+                    scales = group_scales(output, block, int(group))
+                except RuntimeError:  # strides reaching past the tensor's storage: vLLM's to judge
+                    if strict:
+                        raise
+            if scales is not None:
+                try:
+                    locations = ({"query_start_loc": query_start_loc, "context_start_loc": context_start_loc}
+                                 if fused else {})
+                    _merge(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, None,
+                           output_group_scales=scales, ue8m0=bool(ue8m0), **locations)
+                    stats["routed"] += 1
+                    return None
+                except ArgumentError:
+                    if strict:
+                        raise
+        elif known and route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale,
+                             query_start_loc, context_start_loc):
             try:
                 if fused:
                     _merge(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale,

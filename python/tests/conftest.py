@@ -126,6 +126,18 @@ def contract_kernels(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def select_folder(tmp_path, monkeypatch):
+    """MLA_GEN_KERNELS pointing at the selection table's kernels (tests/contract/select_kernels.json:
+    base-2 and token-major kernels, group FP8 of group size 64 with and without UE8M0; no images)."""
+    kernels = json.loads((ROOT / "tests/contract/select_kernels.json").read_text())["kernels"]
+    m = {"schema_version": 2, "generator": {"name": "mla-gen", "version": "test"}, "nvrtc": {}, "spec": {},
+         "kernels": kernels}
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(tmp_path))
+    return tmp_path
+
+
 class Recorder:
     def __init__(self):
         self.launches = []

@@ -4,27 +4,14 @@ functions return, and a call no base-2 kernel serves names lse_base. Launches ar
 (conftest's `cpu_launch`); the GPU check against FlashInfer's own kernels is
 python/bench/flashinfer_check.py."""
 
-import json
-import pathlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from mla_gen import flashinfer  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 BF16 = torch.bfloat16
 T, H, D = 8, 4, 128
-
-
-@pytest.fixture
-def select_folder(tmp_path, monkeypatch):
-    kernels = json.loads((ROOT / "tests/contract/select_kernels.json").read_text())["kernels"]
-    m = {"schema_version": 2, "generator": {"name": "mla-gen", "version": "test"}, "nvrtc": {}, "spec": {},
-         "kernels": kernels}
-    (tmp_path / "manifest.json").write_text(json.dumps(m))
-    monkeypatch.setenv("MLA_GEN_KERNELS", str(tmp_path))
 
 
 def test_merge_state_runs_the_base_2_token_major_kernel_and_returns_new_tensors(select_folder, cpu_launch):
@@ -74,3 +61,26 @@ def test_sglang_merge_state_v2_runs_the_base_e_token_major_kernel_and_writes_giv
     r = sglang.merge_state_v2(v_a, s_a, v_b, s_b, *given)
     assert r[0] is given[0] and r[1] is given[1]
     assert cpu_launch.last()[1]["output"] == given[0].data_ptr()
+
+
+def test_merge_states_of_one_state_returns_it_unchanged(select_folder, cpu_launch):
+    """FlashInfer's K = 1: the state's rows and lse as they are, empty rows (-inf) included, in
+    new contiguous tensors; no kernel launches (the folder has no K = 1 kernel anyway)."""
+    base = torch.randn(T, 1, H, D + 16).to(BF16)
+    v = base[..., :D]  # a padded state: strided rows
+    s = torch.randn(T, 1, H)
+    s[0, 0, :] = float("-inf")  # an empty row: FlashInfer returns the row (here random), not zeros
+    s[1, 0, 1], s[2, 0, 2] = float("inf"), float("nan")
+    out, lse = flashinfer.merge_states(v, s)
+    assert not cpu_launch.launches
+    assert out.is_contiguous() and out.data_ptr() != v.data_ptr() and lse.data_ptr() != s.data_ptr()
+    assert torch.equal(out.view(torch.int16), v[:, 0].contiguous().view(torch.int16)), "rows bit for bit"
+    assert torch.equal(lse.view(torch.int32), s[:, 0].contiguous().view(torch.int32)), "lse bit for bit"
+    assert lse[0].eq(float("-inf")).all() and lse.dtype == torch.float32
+    half = s.half()  # any float lse, read as float32
+    got = flashinfer.merge_states(v, half)[1]
+    assert torch.equal(got.view(torch.int32), half[:, 0].float().view(torch.int32))
+    with pytest.raises(ValueError, match=r"s must be \[T, K, H\]"):
+        flashinfer.merge_states(v, s[:, :, :1])  # would broadcast
+    with pytest.raises(ValueError, match="the kernels run on a CUDA device"):
+        flashinfer.merge_states(v.to("meta"), s.to("meta"))

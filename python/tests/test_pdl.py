@@ -9,6 +9,7 @@ Needs, from the environment (nothing is generated here):
 - MLA_GEN_PDL_KERNELS: a kernel folder generated with ``pdl = true``.
 """
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -33,21 +34,16 @@ from test_ops import close, reference  # noqa: E402
 BF16 = torch.bfloat16
 
 
-class _PtxFolder:
-    """The one-file folder _cuda.Kernel loads the producer from."""
-
-    def __init__(self, path: Path):
-        self.root, self.label, self.manifest = path.parent, str(path.parent), {}
-        self.file = path.name
-
-    def read_bytes(self, rel):
-        return (self.root / rel).read_bytes()
-
-
 def _producer(device: int):
+    """The late writer, loaded as _cuda loads a kernel: from a one-file folder, its image checked
+    against the size and sha256 given here."""
     path = Path(PRODUCER)
-    meta = {"name": "pdl_late_writer", "archs": [{"arch": "compute_90", "ptx": {"file": path.name}}]}
-    function = _cuda.Kernel(_PtxFolder(path), meta).function(device)
+    data = path.read_bytes()
+    folder = manifest.KernelFolder(path.parent, str(path.parent))
+    folder._manifest = {}
+    image = {"file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    meta = {"name": "pdl_late_writer", "archs": [{"arch": "compute_90", "ptx": image}]}
+    function = _cuda.Kernel(folder, meta).function(device)
     return _cuda.Launcher(function, _cuda.primary_context(device), 4, 256, 0, None, "pdl_late_writer", "QQqq")
 
 

@@ -1,5 +1,6 @@
-"""mla_gen.vllm.patch against a stand-in of vLLM's dispatcher (its module path and signature,
-fake functions, no GPU): supported calls go to mla-gen, the rest to the original."""
+"""mla_gen.vllm.patch against a stand-in of vLLM's dispatcher (its module path and newest
+signature, fake functions, no GPU): supported calls go to mla-gen, the rest to the original,
+per-token-group FP8 (output_block_scale, quant_group_size, quant_scale_ue8m0) included."""
 
 import sys
 import types
@@ -21,8 +22,10 @@ def standin(monkeypatch):
     calls = {"vllm": [], "mla_gen": []}
 
     def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
-                          prefill_tokens_with_context=None, output_scale=None):
-        calls["vllm"].append((output, output_lse, prefill_tokens_with_context, output_scale, prefix_lse))
+                          prefill_tokens_with_context=None, output_scale=None, output_block_scale=None,
+                          quant_group_size=None, quant_scale_ue8m0=None):  # vLLM's newest signature
+        calls["vllm"].append((output, output_lse, prefill_tokens_with_context, output_scale, prefix_lse,
+                              output_block_scale, quant_group_size, quant_scale_ue8m0))
 
     names = ["vllm", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.ops", MODULE, "vllm_backend_standin"]
     mods = {n: types.ModuleType(n) for n in names}
@@ -31,8 +34,8 @@ def standin(monkeypatch):
     for n, m in mods.items():
         monkeypatch.setitem(sys.modules, n, m)
 
-    def fake_merge(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale, **locations):
-        calls["mla_gen"].append((output, output_lse, n, scale, locations))
+    def fake_merge(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale, **keywords):
+        calls["mla_gen"].append((output, output_lse, n, scale, keywords))
 
     monkeypatch.setattr(mv, "_merge", fake_merge)
     monkeypatch.setattr(mv, "_on_cuda", lambda t: t.device.type == "cpu")  # CPU stands for CUDA here
@@ -179,3 +182,90 @@ def test_the_torch_mask_matches_the_semantics():
             if csl[b + 1] == csl[b]:
                 want[:, qsl[b]:qsl[b + 1]] = float("-inf")
         assert torch.equal(got, want), (qsl, csl)
+
+
+# ---- vLLM's newest signature: per-token-group FP8 ----
+
+def group_call(dtype=torch.bfloat16, D=128, layout="row-major", groups=None, T=8, H=4):
+    """An FP8 output, the inputs and a float32 scale tensor addressed as [T, groups] (groups =
+    H*D/64 unless given): row-major, column-major (the transpose's storage) or padded rows."""
+    out, p, pl, s, sl = tensors(dtype, D=D, T=T, H=H)
+    fp8 = torch.empty(T, H, D, dtype=torch.float8_e4m3fn)
+    g = groups or H * D // 64
+    block = {"row-major": lambda: torch.empty(T, g), "column-major": lambda: torch.empty(g, T).t(),
+             "padded": lambda: torch.empty(T, g + 3)[:, :g]}[layout]()
+    return fp8, p, pl, s, sl, block
+
+
+@pytest.mark.parametrize("layout", ["row-major", "column-major", "padded"])
+@pytest.mark.parametrize("ue8m0", [False, True])
+@pytest.mark.parametrize("style", ["positional", "keywords"])
+def test_group_fp8_calls_launch_the_group_kernel_with_the_scales_strides_as_given(standin, cpu_launch, select_folder,
+                                                                                  monkeypatch, layout, ue8m0, style):
+    from conftest import launched
+
+    calls, mods, original = standin
+    monkeypatch.setattr(mv, "_merge", REAL_MERGE)
+    handle = mv.patch()
+    dispatch = mods[MODULE].merge_attn_states
+    fp8, p, pl, s, sl, block = group_call(layout=layout)
+    out_lse, n = torch.empty(4, 8), 6
+    if style == "positional":
+        dispatch(fp8, p, pl, s, sl, out_lse, n, None, block, 64, ue8m0)
+    else:
+        dispatch(fp8, p, pl, s, sl, output_lse=out_lse, prefill_tokens_with_context=n, output_block_scale=block,
+                 quant_group_size=64, quant_scale_ue8m0=ue8m0)
+    assert not calls["vllm"], "routed, not handed back"
+    name, values, _ = cpu_launch.last()
+    base = "merge_attn_states_bf16_d128_thr_lse_fp8g64" + ("_ue8m0" if ue8m0 else "")
+    assert name == launched(base, 8, 4, threshold=n), name
+    assert values["output"] == fp8.data_ptr() and values["output_lse"] == out_lse.data_ptr()
+    assert values["output_scales"] == block.data_ptr() and values["prefill_tokens_with_context"] == n
+    assert (values["scale_token_stride"], values["scale_group_stride"]) == block.stride()
+    handle.undo()
+
+
+def test_group_fp8_arguments_map_onto_mla_gens(standin, monkeypatch):
+    calls, mods, original = standin
+    monkeypatch.setattr(mv, "supports", lambda *args, **kwargs: True)  # the mapping alone: any folder serves
+    monkeypatch.setattr(mv, "_routes", {})
+    handle = mv.patch()
+    fp8, p, pl, s, sl, block = group_call(layout="column-major")
+    with_mask = {"query_start_loc": torch.tensor([0, 8], dtype=torch.int32),
+                 "context_start_loc": torch.tensor([0, 3], dtype=torch.int32)}
+    for keywords in ({}, with_mask):
+        mods[MODULE].merge_attn_states(fp8, p, pl, s, sl, None, 5, None, block, 64, None, **keywords)
+        output, lse, n, scale, given = calls["mla_gen"][-1]
+        assert output is fp8 and lse is None and n == 5 and scale is None
+        assert given.pop("output_group_scales") is block and given.pop("ue8m0") is False
+        assert given == keywords
+    assert not calls["vllm"]
+    # A scale tensor of another shape is addressed by its own two strides, as vLLM's kernel does.
+    odd = torch.empty(64)
+    view = mv.group_scales(fp8, odd.as_strided((8, 4), (1, 8)), 64)
+    assert view.shape == (8, 8) and view.stride() == (1, 8) and view.data_ptr() == odd.data_ptr()
+    handle.undo()
+
+
+@pytest.mark.parametrize("case", ["no kernel for the group size", "output_scale too", "no group size",
+                                  "float16 scales", "group size not dividing D", "no kernel for the dtype",
+                                  "an unknown keyword"])
+def test_group_fp8_calls_mla_gen_cannot_take_go_to_vllm_as_given(standin, select_folder, case):
+    calls, mods, original = standin
+    handle = mv.patch()
+    dtype = torch.float16 if case == "no kernel for the dtype" else torch.bfloat16
+    fp8, p, pl, s, sl, block = group_call(dtype, groups=16 if case == "no kernel for the group size" else None)
+    group = {"no kernel for the group size": 32, "no group size": None, "group size not dividing D": 48}.get(case, 64)
+    scale = torch.ones(1) if case == "output_scale too" else None
+    if case == "float16 scales":
+        block = block.half()
+    if case == "an unknown keyword":  # vLLM's to judge: this stand-in has no such argument
+        with pytest.raises(TypeError, match="quant_col_major"):
+            mods[MODULE].merge_attn_states(fp8, p, pl, s, sl, None, 5, scale, block, group, True, quant_col_major=True)
+        assert not calls["mla_gen"] and not calls["vllm"]
+        return handle.undo()
+    mods[MODULE].merge_attn_states(fp8, p, pl, s, sl, None, 5, scale, block, group, True)
+    assert not calls["mla_gen"] and len(calls["vllm"]) == 1
+    _, _, n, got_scale, _, got_block, got_group, ue8m0 = calls["vllm"][0]
+    assert (n, got_scale, got_block, got_group, ue8m0) == (5, scale, block, group, True), "as given"
+    handle.undo()
