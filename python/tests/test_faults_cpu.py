@@ -9,6 +9,8 @@ load; 32 threads making their first calls at once; os.fork() after the first cal
 
 from __future__ import annotations
 
+import linecache
+import sys
 import threading
 
 import pytest
@@ -313,6 +315,72 @@ def test_an_interrupted_first_call_leaves_the_next_one_working(driver, folder, m
     works(driver)
     # A library loaded before the interrupt and not kept (unrecorded, or unloaded) is loaded again, once.
     assert driver.loads == 1 + (at in ("cuLibraryLoadData", "cuLibraryGetKernel"))
+
+
+def test_an_interrupt_at_any_line_of_a_first_call_leaves_the_next_one_working(driver, folder, monkeypatch):
+    """KeyboardInterrupt raised at the n-th line the first call runs in _cuda and manifest (the
+    driver opened, the manifest read, the image checked and loaded, the plan's launcher made, the
+    launch), for every n until a call runs through: each time the next call launches, with at
+    most one more load of the image, and no lock is left held. Lines holding a `with` or a `try:`
+    are not interrupted: a trace function can raise there where CPython's signal handling cannot
+    (after a `with`'s __enter__; at a `try:`'s no-op, where CPython 3.11 then skips the enclosing
+    `with`'s exit), and would leave locks held that no Ctrl-C could."""
+    files = {_cuda.__file__, manifest.__file__}
+    lines = [0]
+    stop_at = [0]
+
+    def line_tracer(frame, event, arg):
+        if event == "line" and not linecache.getline(frame.f_code.co_filename, frame.f_lineno).lstrip().startswith(
+                ("with ", "try:")):
+            lines[0] += 1
+            if lines[0] == stop_at[0]:
+                raise KeyboardInterrupt
+        return line_tracer
+
+    def tracer(frame, event, arg):
+        return line_tracer if frame.f_code.co_filename in files else None
+
+    for n in range(1, 10_000):
+        # A process that has done nothing yet: no driver, contexts, kernels, plans or manifest.
+        monkeypatch.setattr(_cuda, "_lib", None)
+        for name in ("_cc", "_primary", "_kernels"):
+            monkeypatch.setattr(_cuda, name, {})
+        monkeypatch.setattr(_torch, "_plans", {})
+        for slot in ("_last_pair", "_last_pair_op", "_last_ctx"):
+            monkeypatch.setattr(_torch, slot, [None] * 4)
+        monkeypatch.setattr(manifest, "_folders", {})
+        monkeypatch.setattr(manifest, "_by_path_cache", {})
+        lines[0], stop_at[0], loads = 0, n, driver.loads
+        sys.settrace(tracer)
+        try:
+            call()
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            sys.settrace(None)
+        works(driver)
+        assert driver.loads - loads <= 2, f"interrupted at line {n}: loaded {driver.loads - loads} times"
+        held = [lock for lock in (_cuda._lock, _cuda._launch_lock, manifest.folder()._lock) if not free(lock)]
+        assert not held, f"interrupted at line {n}: {held} left held"
+        if not interrupted:
+            break
+    assert n > 100, f"only {n} lines traced: the sweep did not cover the load"
+
+
+def free(lock) -> bool:
+    """Whether another thread can take `lock` now."""
+    got = []
+
+    def take():
+        if lock.acquire(timeout=5):
+            got.append(True)
+            lock.release()
+
+    t = threading.Thread(target=take)
+    t.start()
+    t.join()
+    return bool(got)
 
 
 def test_32_threads_making_their_first_calls_load_each_module_once(driver, tmp_path, monkeypatch):
