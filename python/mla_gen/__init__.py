@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from ._version import __version__
 from ._cuda import CudaError
-from .contract import ArgumentError, Buffer, check_args
+from .contract import ArgumentError, Buffer
 from .errors import ImageError, KernelFolderError, ManifestError, MissingImageError
-from .manifest import supports
+from .manifest import check_args, supports
 
 try:
     import torch as _torch_module  # noqa: F401

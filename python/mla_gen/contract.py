@@ -444,15 +444,13 @@ def plan_for(kernel: str, contract: dict) -> Plan:
     return hit[1]
 
 
-def check_args(kernel: str, args: dict, manifest=None) -> tuple:
+def check_args(kernel: str, args: dict, manifest) -> tuple:
     """Check `args` (by name) against `kernel`'s contract; ``(values, grid)`` or
     :class:`ArgumentError`. No GPU, no driver, no launch.
 
-    `manifest`: a manifest dict (``{"kernels": [...]}``), a dict of contracts keyed by kernel
-    name (tests/contract/contracts.json), or None for the current kernel folder's manifest."""
-    if manifest is None:
-        from . import manifest as _m
-        manifest = _m.load()
+    `manifest`: a manifest dict (``{"kernels": [...]}``) or a dict of contracts keyed by kernel
+    name (tests/contract/contracts.json); ``mla_gen.check_args`` defaults it to the current
+    kernel folder's (this module reads no folder: the manifest module, above it, does)."""
     contract = _contract_of(kernel, manifest)
     checked = plan_for(kernel, contract).check(args)
     return checked.values, checked.grid

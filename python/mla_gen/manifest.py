@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 from . import _select
+from . import contract as _contract
 from ._version import __version__
 from .errors import ImageError, ManifestError, MissingImageError
 
@@ -263,6 +264,14 @@ if hasattr(os, "register_at_fork"):
 def load() -> dict:
     """The current folder's manifest."""
     return folder().manifest
+
+
+def check_args(kernel: str, args: dict, manifest=None) -> tuple:
+    """Check `args` (by name) against `kernel`'s contract; ``(values, grid)`` or
+    :class:`~mla_gen.contract.ArgumentError`. No GPU, no driver, no launch. `manifest`: a
+    manifest dict, a dict of contracts keyed by kernel name, or None for the current kernel
+    folder's manifest."""
+    return _contract.check_args(kernel, args, load() if manifest is None else manifest)
 
 
 def family_of(kernel: dict) -> tuple:

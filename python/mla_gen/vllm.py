@@ -55,8 +55,8 @@ def _on_cuda(t) -> bool:
 
 
 def _merge(*args, **kwargs):
-    import mla_gen
-    return mla_gen.merge_attn_states(*args, **kwargs)
+    from . import _torch  # torch only once vLLM calls
+    return _torch.merge_attn_states(*args, **kwargs)
 
 
 def route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
