@@ -36,7 +36,7 @@ build)
     cp target/release/mla-gen .device/bin/
     # generated/'s images (build outputs, not in git) for the run there: carry generated/kernels too.
     MLA_GEN_BIN=.device/bin/mla-gen scripts/images.sh
-    for t in gpu; do
+    for t in gpu gpu_faults; do
         exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
             python3 -c 'import json,sys
 for l in sys.stdin:
