@@ -54,7 +54,8 @@ def test_one_state_is_returned_as_it_is(dtype, T, H, D):
     torch.cuda.synchronize()
     assert torch.equal(out.view(torch.int16), v[:, 0].contiguous().view(torch.int16)), "rows bit for bit"
     assert torch.equal(lse.view(torch.int32), s[:, 0].contiguous().view(torch.int32)), "lse bit for bit"
-    assert (lse[::5] == -INF).all() and out[::5].abs().sum() > 0, "empty rows keep their row, not zeros"
+    empty = s[:, 0] == -INF  # the rows states() left without keys, less those set to +inf or NaN above
+    assert empty.any() and out[empty].abs().sum() > 0, "empty rows keep their row, not zeros"
 
 
 HAS_BASE2_STATES = any(mla_gen.manifest.family_of(k)[0] == "merge_states" and k["variant"].get("lse_base") == "2"
