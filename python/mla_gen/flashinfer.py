@@ -35,6 +35,8 @@ A call no kernel serves raises the error that names what is missing.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import _plan, _torch
@@ -81,7 +83,9 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None) -> None:
 def merge_states(v, s):
     """Merge K states per token: v [T, K, H, D], s [T, K, H] lse in base 2. Returns
     ``(v_merged [T, H, D], s_merged [T, H] float32)``. With one state (K = 1), FlashInfer's
-    result: the state's rows and lse as they are, empty rows (-inf) included (a copy, no kernel)."""
+    result: the state's rows and lse as they are, empty rows (-inf) included (a copy, no kernel);
+    but with one token too, FlashInfer's kernel for states >= tokens merges, and a row without
+    keys becomes zeros (lse -inf), as in every merge of its."""
     T, K, H, D = _plan.dims(v, "v", 4)
     v_merged = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
     s_merged = torch.empty((T, H), dtype=torch.float32, device=v.device)
@@ -91,7 +95,10 @@ def merge_states(v, s):
         if not isinstance(s, torch.Tensor) or tuple(s.shape) != (T, 1, H) or s.device != v.device:
             raise ValueError(f"s must be [T, K, H] = {(T, 1, H)} on {v.device} for v of shape {tuple(v.shape)}, got "
                              f"{tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__}")
-        v_merged.copy_(v[:, 0])
+        if T <= K:  # FlashInfer stages states >= tokens through shared memory and merges them
+            v_merged.copy_(v[:, 0].masked_fill((s[:, 0] == -math.inf)[..., None], 0))
+        else:
+            v_merged.copy_(v[:, 0])
         s_merged.copy_(s[:, 0])
         return v_merged, s_merged
     _torch._call(_STATES, _OPTIONS[1:], (v_merged, s_merged, v, _f32(s)), ())

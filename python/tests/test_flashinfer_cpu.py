@@ -84,3 +84,20 @@ def test_merge_states_of_one_state_returns_it_unchanged(select_folder, cpu_launc
         flashinfer.merge_states(v, s[:, :, :1])  # would broadcast
     with pytest.raises(ValueError, match="the kernels run on a CUDA device"):
         flashinfer.merge_states(v.to("meta"), s.to("meta"))
+
+
+def test_one_state_is_copied_or_merged_as_flashinfer_dispatches(cpu_launch):
+    """K = 1: FlashInfer's MergeStates copies the state (rows without keys too) when tokens
+    outnumber states; with one token its kernel for states >= tokens merges, and a row without
+    keys becomes zeros. No kernel runs either way."""
+    g = torch.Generator().manual_seed(3)
+    v = torch.randn(3, 1, 2, 64, generator=g).to(torch.bfloat16)
+    s = torch.randn(3, 1, 2, generator=g) * 4
+    s[1, 0, 0] = -float("inf")
+    out, lse = flashinfer.merge_states(v, s)
+    assert torch.equal(out, v[:, 0]) and torch.equal(lse, s[:, 0])
+    s1 = s[1:2].clone()
+    out, lse = flashinfer.merge_states(v[1:2], s1)
+    assert torch.equal(out[0, 0], torch.zeros_like(out[0, 0])), "one token: no keys gives zeros"
+    assert torch.equal(out[0, 1], v[1, 0, 1]) and torch.equal(lse, s1[:, 0])
+    assert cpu_launch.launches == []

@@ -52,10 +52,13 @@ def test_one_state_is_returned_as_it_is(dtype, T, H, D):
     s[2::7, 0, 0] = math.nan
     out, lse = flashinfer.merge_states(v, s)
     torch.cuda.synchronize()
-    assert torch.equal(out.view(torch.int16), v[:, 0].contiguous().view(torch.int16)), "rows bit for bit"
-    assert torch.equal(lse.view(torch.int32), s[:, 0].contiguous().view(torch.int32)), "lse bit for bit"
     empty = s[:, 0] == -INF  # the rows states() left without keys, less those set to +inf or NaN above
-    assert empty.any() and out[empty].abs().sum() > 0, "empty rows keep their row, not zeros"
+    want = v[:, 0].contiguous()
+    if T == 1:  # states >= tokens: FlashInfer's other kernel, which merges (no keys: zeros)
+        want = want.masked_fill(empty[..., None], 0)
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16)), "rows bit for bit"
+    assert torch.equal(lse.view(torch.int32), s[:, 0].contiguous().view(torch.int32)), "lse bit for bit"
+    assert empty.any() and (T == 1 or out[empty].abs().sum() > 0), "empty rows keep their row, not zeros"
 
 
 HAS_BASE2_STATES = any(mla_gen.manifest.family_of(k)[0] == "merge_states" and k["variant"].get("lse_base") == "2"
