@@ -38,7 +38,7 @@ def reference(v, s):
     m0 = torch.where(empty, torch.zeros_like(m), m)
     w = torch.exp2(s - m0[:, None, :])
     total = w.sum(dim=1)
-    out = (v.double() * (w / torch.where(empty, 1.0, total))[:, :, :, None]).sum(dim=1)
+    out = (v.double() * (w / torch.where(empty, 1.0, total)[:, None, :])[:, :, :, None]).sum(dim=1)
     out = torch.where(empty[..., None], torch.zeros_like(out), out)
     lse = torch.where(empty, torch.full_like(m, -INF), torch.log2(total) + m0)
     return out, lse
