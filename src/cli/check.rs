@@ -14,7 +14,8 @@ use mla_gen::host::manifest::ManifestView;
 use mla_gen::nvrtc;
 
 use crate::failure::Failure;
-use crate::{load_spec, load_templates, report, SpecArgs};
+use crate::report;
+use crate::spec_args::{load_spec, load_templates, SpecArgs};
 
 /// A file a person keeps beside the generated ones: `generate` carries it over, `check` ignores it.
 pub const KEPT: &str = "README.md";

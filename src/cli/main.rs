@@ -10,16 +10,16 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use failure::Failure;
+use spec_args::{load_spec, load_templates, SpecArgs};
 
 use mla_gen::emit::{self, WriteOutcome};
-use mla_gen::render::Templates;
-use mla_gen::spec::{self, Spec};
 
 mod check;
 mod doctor;
 mod failure;
 mod gpu;
 mod report;
+mod spec_args;
 
 const ABOUT: &str =
     "Spec-driven, ahead-of-time CUDA for attention-state merges (merge_attn_states).
@@ -64,18 +64,6 @@ NVRTC: install the pinned version with
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Args, Clone)]
-struct SpecArgs {
-    /// Spec file (TOML); the embedded default spec when omitted.
-    spec: Option<PathBuf>,
-    /// Architectures to build for, replacing the spec's (e.g. --arch sm_90 or --arch sm_80,sm_90).
-    #[arg(long, value_delimiter = ',')]
-    arch: Vec<String>,
-    /// Read templates from this folder instead of the embedded ones (template development).
-    #[arg(long, value_name = "DIR")]
-    templates: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -251,26 +239,6 @@ enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
-}
-
-fn load_spec(args: &SpecArgs) -> Result<Spec, Failure> {
-    let mut spec = match &args.spec {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Failure(format!("cannot read spec {}: {e}", path.display()), 1))?;
-            spec::parse(&path.display().to_string(), &text)?
-        }
-        None => spec::default_spec()?,
-    };
-    spec::apply_arch_override(&mut spec, Some(&args.arch))?;
-    Ok(spec)
-}
-
-fn load_templates(args: &SpecArgs) -> Result<Templates, Failure> {
-    Ok(match &args.templates {
-        Some(dir) => Templates::from_dir(dir)?,
-        None => Templates::embedded()?,
-    })
 }
 
 fn generate(
