@@ -88,6 +88,17 @@ impl std::error::Error for NoMatch {}
 /// The most reasons [`Selector::why_none`] spells out.
 pub const WHY_LINES: usize = 8;
 
+impl Candidate {
+    /// Does the call state exactly the options this kernel's `select` block names, alike?
+    fn states_alike(&self, call: &Call) -> bool {
+        self.select.len() == call.options.len()
+            && self
+                .select
+                .iter()
+                .all(|(key, value)| call.options.iter().any(|(o, v)| o == key && v == value))
+    }
+}
+
 /// A size rule: the two parameters whose product counts rows, and per range (bound, kernel).
 type Rule = ([usize; 2], Vec<(u64, usize)>);
 
@@ -193,11 +204,7 @@ impl Selector {
             // Alike both ways: an option the call states that the kernel does not name (an
             // `lse_base` of "2" before a base-e kernel) rules it out as surely as a value that
             // differs.
-            let stated = k.select.len() == call.options.len()
-                && k.select
-                    .iter()
-                    .all(|(key, value)| call.options.iter().any(|(o, v)| o == key && v == value));
-            if !stated {
+            if !k.states_alike(call) {
                 continue;
             }
             let (near, unused) = match k.plan.fits(call.args) {
@@ -283,11 +290,7 @@ impl Selector {
                 all.join(", ")
             }
         };
-        let stated = k.select.len() == call.options.len()
-            && k.select
-                .iter()
-                .all(|(key, value)| call.options.iter().any(|(o, v)| o == key && v == value));
-        if !stated {
+        if !k.states_alike(call) {
             let kernel = named(&mut k.select.iter().map(|(o, v)| (o.as_str(), v.as_str())));
             let given = named(&mut call.options.iter().copied());
             return Some(format!(
