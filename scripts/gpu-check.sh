@@ -36,14 +36,7 @@ build)
     cp target/release/mla-gen .device/bin/
     # generated/'s images (build outputs, not in git) for the run there: carry generated/kernels too.
     MLA_GEN_BIN=.device/bin/mla-gen scripts/images.sh
-    for t in gpu gpu_faults; do
-        exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
-            python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("executable") and m.get("target",{}).get("kind")==["test"]: print(m["executable"])')
-        cp "$exe" ".device/bin/test-$t"
-    done
+    for t in gpu gpu_faults; do scripts/gpu/test-binary.sh "$t" ".device/bin/test-$t"; done
     CARGO_TARGET_DIR=target/engine cargo build --release --quiet --manifest-path examples/engine/Cargo.toml
     cp target/engine/release/mla-gen-example-engine .device/bin/example-engine
     .device/bin/mla-gen generate examples/c/spec.toml --out .device/c-example --emit c --quiet

@@ -23,14 +23,7 @@ build)
     scripts/install-nvrtc.sh
     rm -rf "$S" && mkdir -p "$S/bin"
     cargo build --release --quiet --bin mla-gen
-    for t in gpu gpu_faults; do
-        exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null | python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("executable") and m.get("target", {}).get("kind") == ["test"]:
-        print(m["executable"])')
-        cp "$exe" "$S/bin/test-$t"
-    done
+    for t in gpu gpu_faults; do scripts/gpu/test-binary.sh "$t" "$S/bin/test-$t"; done
     CARGO_TARGET_DIR=target/engine cargo build --release --quiet --manifest-path examples/engine/Cargo.toml
     cp target/engine/release/mla-gen-example-engine "$S/bin/example-engine"
     strip "$S"/bin/*

@@ -30,12 +30,7 @@ build)
     cp target/release/mla-gen "$D/bin/"
     # generated/'s images (build outputs, not in git) for the run there: carry generated/kernels too.
     MLA_GEN_BIN="$D/bin/mla-gen" scripts/images.sh
-    exe=$(cargo test --release --test gpu --no-run --message-format=json 2>/dev/null |
-        python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("executable") and m.get("target",{}).get("kind")==["test"]: print(m["executable"])')
-    cp "$exe" "$D/bin/test-gpu"
+    scripts/gpu/test-binary.sh gpu "$D/bin/test-gpu"
     "$D/bin/mla-gen" generate tests/gpu-extra.toml --out "$D/extra" --quiet
     "$D/bin/mla-gen" generate tests/gpu-fp8.toml --arch compute_80 --out "$D/conv-integer" --quiet
     "$D/bin/mla-gen" generate tests/gpu-fp8.toml --arch sm_90 --out "$D/conv-instruction" --quiet

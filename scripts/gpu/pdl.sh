@@ -20,12 +20,7 @@ build)
     target/release/mla-gen generate tests/gpu-pdl.toml --out .device/pdl/gen --quiet
     # The producer: compiled by NVRTC in a test that writes it where MLA_GEN_PDL_OUT says.
     MLA_GEN_PDL_OUT=.device/pdl cargo test --release --quiet --test pdl the_producer_compiles_for_sm_90 > /dev/null
-    exe=$(cargo test --release --test gpu_pdl --no-run --message-format=json 2>/dev/null |
-        python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("executable") and m.get("target",{}).get("kind")==["test"]: print(m["executable"])')
-    cp "$exe" .device/pdl/test-gpu-pdl
+    scripts/gpu/test-binary.sh gpu_pdl .device/pdl/test-gpu-pdl
     ls .device/pdl/producer.sm_90.ptx .device/pdl/producer.sm_90.cubin .device/pdl/gen/manifest.json > /dev/null
     echo "built .device/pdl ($(du -sh .device/pdl | cut -f1)); run 'scripts/gpu/pdl.sh run' on the GPU machine with .device carried"
     ;;
