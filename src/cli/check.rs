@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use mla_gen::emit::{self, FileSet};
-use mla_gen::host::manifest::ManifestView;
+use mla_gen::host::manifest::{image_mismatch, ManifestView};
 use mla_gen::nvrtc;
 
 use crate::failure::Failure;
@@ -169,9 +169,8 @@ pub fn verify(out: &Path, quiet: bool) -> Result<(), Failure> {
         match std::fs::read(out.join(&f.file)) {
             Err(_) => missing.push(&f.file),
             Ok(bytes) => {
-                let same = f.bytes == Some(bytes.len() as u64)
-                    && f.sha256.as_deref() == Some(mla_gen::gen::sha256_hex(&bytes).as_str());
-                if !same {
+                // The runtime's own check: what verify passes, a load accepts.
+                if image_mismatch(f.bytes, f.sha256.as_deref(), &bytes).is_some() {
                     differ.push(&f.file);
                 }
             }
