@@ -5,7 +5,7 @@
 #      the CUDA "toolkit" is a stand-in root: the cuda.h the tests use (nvidia-cuda-runtime wheel,
 #      or CUDA_HOME) and tests/c/driver_stub.h built as lib64/stubs/libcuda.so (no GPU here);
 #   2. the C checks of tests/c run under ThreadSanitizer and under AddressSanitizer + UBSan;
-#   3. scripts/gpu/check_cost.c (the launcher's host cost on a GPU) compiles, and runs on the stub.
+#   3. bench/gpu/check_cost.c (the launcher's host cost on a GPU) compiles, and runs on the stub.
 # Needs the nvidia-cuda-runtime wheel (scripts/install-nvrtc.sh) or CUDA_HOME, gcc, and cmake
 # (installed with apt-get when missing).
 set -euo pipefail
@@ -77,7 +77,7 @@ sanitize families 'arch = "sm_90"\n[[merge_states]]\ndtype = "bf16"\nhead_size =
 sanitize prepared 'arch = "sm_90"\n[[merge_attn_states]]\ndtype = "bf16"\nhead_size = 128\n' prepared_check.c
 sanitize group 'arch = "sm_90"\n[[merge_attn_states]]\ndtype = "bf16"\nhead_size = 128\noutput = "fp8_e4m3_group"\ngroup_size = 64\nue8m0 = true\n[[merge_attn_states]]\ndtype = "bf16"\nhead_size = 128\noutput = "fp8_e4m3"\n' group_check.c
 
-echo "== scripts/gpu/check_cost.c (the C launcher's host cost, run on a GPU by scripts/gpu/check_cost.sh)"
+echo "== bench/gpu/check_cost.c (the C launcher's host cost, run on a GPU by bench/gpu/check_cost.sh)"
 # Built as the GPU machine builds it (compiled, not linked: no driver here), then against the stub
 # driver under AddressSanitizer + UBSan and run: its loops go through the launcher with no GPU.
 dir="$work/check-cost"
@@ -85,9 +85,9 @@ mkdir -p "$dir"
 "$mla_gen" generate examples/c/spec.toml --out "$dir/gen" --emit c --quiet
 for k in merge_attn_states_bf16_d128_thr_lse merge_attn_states_bf16_d128_thr_lse_dense; do
     gcc -std=c11 -O2 -Wall -Wextra -Werror -pedantic -pthread -DCHECK_COST_KERNEL="$k" -I"$include" -I"$dir/gen/c" \
-        -c scripts/gpu/check_cost.c -o "$dir/gpu.o"
+        -c bench/gpu/check_cost.c -o "$dir/gpu.o"
     gcc -std=c11 -g -O1 -Wall -Wextra -Werror -pedantic -pthread -fsanitize=address,undefined -fno-sanitize-recover=all \
-        -DCHECK_COST_STUB -DCHECK_COST_KERNEL="$k" -I"$include" -Itests/c -I"$dir/gen/c" scripts/gpu/check_cost.c \
+        -DCHECK_COST_STUB -DCHECK_COST_KERNEL="$k" -I"$include" -Itests/c -I"$dir/gen/c" bench/gpu/check_cost.c \
         -o "$dir/check_cost"
     "$dir/check_cost" --rounds 3 --calls 100 > "$dir/log" || { cat "$dir/log"; exit 1; }
     tail -n 1 "$dir/log" | sed "s/^/check_cost.c ($k, stub driver): /"

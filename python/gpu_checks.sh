@@ -9,9 +9,9 @@
 #      K-way and in-place tests and the ops' opcheck against those kernels;
 #   3. with .device/ctxmask (tests/gpu-ctxmask.toml, generated before the run: nothing is generated
 #      here), python/tests/test_ctxmask.py (each fused `_ctxmask` merge bit for bit against
-#      mask_empty_context_lse + the plain merge) and python/bench/bench_ctxmask.py (fused vs the pair,
+#      mask_empty_context_lse + the plain merge) and bench/bench_ctxmask.py (fused vs the pair,
 #      cold L2 and hot in a CUDA graph); without it, a line saying they were skipped;
-#   4. python/bench/host_cost.py (host cost per call: function, op (compiled where installed), the
+#   4. bench/host_cost.py (host cost per call: function, op (compiled where installed), the
 #      pure-Python op and function, Triton launcher, zero_).
 # Logs and host_cost.json go to $OUT (default .device/py-out); the last lines sum up.
 set -uo pipefail
@@ -57,8 +57,8 @@ if [ -d .device/ctxmask ]; then
     (cd "$site" && MLA_GEN_KERNELS="$OLDPWD/.device/ctxmask" timeout 600 "$PY" -m pytest -q -p no:cacheprovider \
         "$OLDPWD/python/tests/test_ctxmask.py" "$OLDPWD/python/tests/test_chunked_prefill_example.py" 2>&1) | tee "$OUT/pytest-ctxmask.log" | tail -n 6
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-    echo "== fused mask vs mask + merge (python/bench/bench_ctxmask.py)"
-    MLA_GEN_KERNELS="$PWD/.device/ctxmask" OUT="$OUT" timeout 300 "$PY" python/bench/bench_ctxmask.py 2>&1 \
+    echo "== fused mask vs mask + merge (bench/bench_ctxmask.py)"
+    MLA_GEN_KERNELS="$PWD/.device/ctxmask" OUT="$OUT" timeout 300 "$PY" bench/bench_ctxmask.py 2>&1 \
         | tee "$OUT/bench_ctxmask.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 else
@@ -74,8 +74,8 @@ if [ -n "${MLA_GEN_PDL_PRODUCER:-}" ] && [ -n "${MLA_GEN_PDL_KERNELS:-}" ]; then
 else
     echo "== MLA_GEN_PDL_PRODUCER / MLA_GEN_PDL_KERNELS unset: test_pdl.py skipped" | tee "$OUT/pdl-skipped.txt"
 fi
-echo "== host cost (python/bench/host_cost.py)"
-OUT="$OUT" "$PY" python/bench/host_cost.py 2>&1 | tee "$OUT/host_cost.txt" || status=1
+echo "== host cost (bench/host_cost.py)"
+OUT="$OUT" "$PY" bench/host_cost.py 2>&1 | tee "$OUT/host_cost.txt" || status=1
 echo "== summary"
 cat "$OUT/compiled.txt"
 echo "pytest: $(tail -n 1 "$OUT/pytest.log")"

@@ -17,12 +17,12 @@
 #                                        (the cold winners; copy it to specs/)
 #   scripts/gpu-check.sh bench   (there) the benchmark, cold and hot L2: Rust runtime and Python
 #                                        side by side, then the K-way merge against copy and
-#                                        chained in-place merges (scripts/gpu/hot.sh: the hot-L2
+#                                        chained in-place merges (bench/gpu/hot.sh: the hot-L2
 #                                        tuning run, its own build and carry)
 #   scripts/gpu-check.sh compare (there) same-run speed of the kernels against those of the base
 #                                        templates (BASE, built by `build`): mla-gen bench (cold L2) on both
 #                                        folders in alternation, base/new/base/new, then
-#                                        python/bench/compare_runs.py (slower beyond noise?)
+#                                        bench/compare_runs.py (slower beyond noise?)
 #   scripts/gpu-check.sh profile (there) K-way schedule candidates (round 2), Nsight Compute on the
 #                                        D = 512 outlier, threshold T/2 against none, and the FP8
 #                                        outputs; FP8 SASS counts; the threshold sweep
@@ -36,7 +36,7 @@ build)
     cp target/release/mla-gen .device/bin/
     # generated/'s images (build outputs, not in git) for the run there: carry generated/kernels too.
     MLA_GEN_BIN=.device/bin/mla-gen scripts/images.sh
-    for t in gpu gpu_faults; do scripts/gpu/test-binary.sh "$t" ".device/bin/test-$t"; done
+    for t in gpu gpu_faults; do scripts/gpu-test-binary.sh "$t" ".device/bin/test-$t"; done
     CARGO_TARGET_DIR=target/engine cargo build --release --quiet --manifest-path examples/engine/Cargo.toml
     cp target/engine/release/mla-gen-example-engine .device/bin/example-engine
     .device/bin/mla-gen generate examples/c/spec.toml --out .device/c-example --emit c --quiet
@@ -140,8 +140,8 @@ bench)
     OUT="${OUT:-.device/out}"; mkdir -p "$OUT"
     .device/bin/mla-gen bench --kernels generated --json "$OUT/bench-rust.json" > "$OUT/bench-rust.log"
     tail -n 1 "$OUT/bench-rust.log"
-    PYTHONUNBUFFERED=1 python3 python/bench/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-python.log"
-    MLA_GEN_KERNELS=.device/gpu-extra PYTHONUNBUFFERED=1 python3 python/bench/bench_families.py --out "$OUT" 2>&1 |
+    PYTHONUNBUFFERED=1 python3 bench/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-python.log"
+    MLA_GEN_KERNELS=.device/gpu-extra PYTHONUNBUFFERED=1 python3 bench/bench_families.py --out "$OUT" 2>&1 |
         tee "$OUT/bench-families.log"
     ;;
 compare)
@@ -151,7 +151,7 @@ compare)
         .device/bin/mla-gen bench --l2 cold --kernels .device/base-default --json "$OUT/cmp-base-$round.json" > "$OUT/cmp-base-$round.log"
         .device/bin/mla-gen bench --l2 cold --kernels .device/new-default --json "$OUT/cmp-new-$round.json" > "$OUT/cmp-new-$round.log"
     done
-    python3 python/bench/compare_runs.py "$OUT/cmp-base-1.json" "$OUT/cmp-new-1.json" \
+    python3 bench/compare_runs.py "$OUT/cmp-base-1.json" "$OUT/cmp-new-1.json" \
         "$OUT/cmp-base-2.json" "$OUT/cmp-new-2.json" --json "$OUT/compare.json" | tee "$OUT/compare.txt"
     ;;
 profile)
@@ -165,19 +165,19 @@ profile)
     MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_EXTRA=.device/kway-candidates-2 MLA_GEN_GPU_REPORT="$OUT/candidates-quick.txt" \
         .device/bin/test-gpu --test-threads=1 every_kernel_matches > "$OUT/candidates-quick.log" 2>&1 || true
     cat "$OUT/candidates-quick.txt"
-    MLA_GEN_KERNELS=.device/kway-candidates-2 python3 python/bench/bench_families.py --candidates --out "$OUT" \
+    MLA_GEN_KERNELS=.device/kway-candidates-2 python3 bench/bench_families.py --candidates --out "$OUT" \
         > "$OUT/candidates.log" 2>&1 || true
     cat "$OUT/candidates.log"
     metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum,sm__inst_executed.sum,sm__instruction_throughput.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,lts__t_sector_hit_rate.pct
     for cases in outlier threshold; do
         ncu --clock-control none --metrics "$metrics" --kernel-name regex:merge_attn \
-            python3 python/bench/profile_cases.py "$cases" > "$OUT/ncu-$cases.txt" 2>&1 || true
+            python3 bench/profile_cases.py "$cases" > "$OUT/ncu-$cases.txt" 2>&1 || true
     done
     MLA_GEN_KERNELS=.device/gpu-extra ncu --clock-control none --metrics "$metrics" --kernel-name regex:merge_attn \
-        python3 python/bench/profile_cases.py fp8 > "$OUT/ncu-fp8.txt" 2>&1 || true
+        python3 bench/profile_cases.py fp8 > "$OUT/ncu-fp8.txt" 2>&1 || true
     grep -E "merge_attn|duration|dram__|inst|warps|hit|launched|rror" "$OUT"/ncu-*.txt
     # Percent of copy at thresholds 0, T/4, T/2, 3T/4, T on the same tensors (where T/2 loses).
-    python3 python/bench/threshold_sweep.py --out "$OUT" | tee "$OUT/threshold-sweep.log"
+    python3 bench/threshold_sweep.py --out "$OUT" | tee "$OUT/threshold-sweep.log"
     for k in merge_attn_states_bf16_d128_thr_lse merge_attn_states_bf16_d128_thr_lse_fp8 \
              merge_attn_states_bf16_d128_thr_lse_fp8g128_ue8m0 merge_attn_states_bf16_d128_thr_lse_fp8g128; do
         ptxas -arch=sm_90 ".device/gpu-extra/kernels/$k.compute_90.ptx" -o "/tmp/$k.cubin" &&

@@ -23,7 +23,7 @@ build)
     scripts/install-nvrtc.sh
     rm -rf "$S" && mkdir -p "$S/bin"
     cargo build --release --quiet --bin mla-gen
-    for t in gpu gpu_faults; do scripts/gpu/test-binary.sh "$t" "$S/bin/test-$t"; done
+    for t in gpu gpu_faults; do scripts/gpu-test-binary.sh "$t" "$S/bin/test-$t"; done
     CARGO_TARGET_DIR=target/engine cargo build --release --quiet --manifest-path examples/engine/Cargo.toml
     cp target/engine/release/mla-gen-example-engine "$S/bin/example-engine"
     strip "$S"/bin/*

@@ -7,7 +7,7 @@
 //! --ignored) times producer -> merge pairs, eager and in a CUDA graph, with and without PDL.
 //!
 //! Environment: MLA_GEN_PDL_DIR (default .device/pdl): `gen/` generated from tests/gpu-pdl.toml and
-//! `producer.sm_90.{cubin,ptx}` (scripts/gpu/pdl.sh build); MLA_GEN_PDL_BENCH_JSON = where the
+//! `producer.sm_90.{cubin,ptx}` (bench/gpu/pdl.sh build); MLA_GEN_PDL_BENCH_JSON = where the
 //! bench writes its numbers.
 #![cfg(feature = "runtime")]
 
@@ -45,7 +45,7 @@ fn dir() -> PathBuf {
 
 fn gpu() -> Option<Gpu> {
     if !runtime::driver_present() {
-        say("SKIPPED PDL GPU test: no CUDA driver here; run scripts/gpu/pdl.sh run on a GPU machine");
+        say("SKIPPED PDL GPU test: no CUDA driver here; run bench/gpu/pdl.sh run on a GPU machine");
         return None;
     }
     let ctx = match CudaContext::new(0) {
@@ -66,7 +66,7 @@ fn gpu() -> Option<Gpu> {
     let dir = dir();
     let rt = Runtime::load(ctx.clone(), &dir.join("gen")).unwrap_or_else(|e| {
         panic!(
-            "{}: {e} (build it with scripts/gpu/pdl.sh build)",
+            "{}: {e} (build it with bench/gpu/pdl.sh build)",
             dir.display()
         )
     });
@@ -419,7 +419,7 @@ fn timed(g: &Gpu, reps: usize, per: usize, mut f: impl FnMut()) -> f64 {
 /// costs nothing); the producer triggers its dependents first, or never (they then launch as it
 /// ends). Inputs hot in L2, as after an attention kernel.
 #[test]
-#[ignore = "a benchmark: run with --ignored (scripts/gpu/pdl.sh run)"]
+#[ignore = "a benchmark: run with --ignored (bench/gpu/pdl.sh run)"]
 fn pdl_pair_bench() {
     const PAIRS: usize = 200;
     const REPS: usize = 9;

@@ -84,7 +84,7 @@ fn a_launcher_without_pdl_kernels_has_no_programmatic_launch() {
 
 /// The producer of the GPU tests and bench (tests/pdl/producer.cu) compiles with NVRTC for
 /// sm_90, its late writer triggering its dependents before any write. With MLA_GEN_PDL_OUT set
-/// (scripts/gpu/pdl.sh build), the PTX and CUBIN are written there for the GPU machine, which
+/// (bench/gpu/pdl.sh build), the PTX and CUBIN are written there for the GPU machine, which
 /// has no compiler.
 #[test]
 fn the_producer_compiles_for_sm_90() {

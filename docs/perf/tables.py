@@ -4,10 +4,10 @@
     python3 docs/perf/tables.py           # rewrite the section between the markers
     python3 docs/perf/tables.py --check   # exit 1 when the section differs from the JSON
 
-Input: docs/perf/peers-run<N>.json, one per run of `scripts/gpu/peers.sh run` (the times of
-python/bench/peers.py's JSON, kept without the per-schedule floor columns). The newest run gives
+Input: docs/perf/peers-run<N>.json, one per run of `bench/gpu/peers.sh run` (the times of
+bench/peers.py's JSON, kept without the per-schedule floor columns). The newest run gives
 the per-shape table; every run gives summary lines, so a loss can be seen repeated (or not) in a
-second run. Definitions follow python/bench/peers.py: x peer = the faster peer's time (FlashInfer's
+second run. Definitions follow bench/peers.py: x peer = the faster peer's time (FlashInfer's
 MergeState or the vLLM-style op) / mla-gen's; "slower" is x peer < 0.98.
 Standard library only.
 """

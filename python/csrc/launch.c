@@ -2,7 +2,7 @@
  * launch"). The Python launch path packs the configuration and the values into a buffer under a
  * lock, then makes two ctypes calls (cuCtxGetCurrent, cuLaunchKernelEx), each converting its
  * arguments and releasing and retaking the GIL: on the CPU machine with a driver that returns at
- * once, 1.3 of the 3.0 us the plain function costs (python/bench/host_cost_stub.py). Here the
+ * once, 1.3 of the 3.0 us the plain function costs (bench/host_cost_stub.py). Here the
  * values go to the stack and both driver calls are made with the GIL held, as a C extension's
  * launch is: on an H200 the function's path costs 5.2-5.4 us instead of 6.5-6.7 (host_cost.py,
  * docs/PYTHON.md).

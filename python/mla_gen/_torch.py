@@ -43,7 +43,7 @@ else:  # pragma: no cover - an os.environ without _data
 
 _MAX_PLANS = 4096
 # Tests without a GPU run the whole path on CPU tensors with the launch replaced (tests/conftest,
-# python/bench/host_cost_stub.py): they set these two here.
+# bench/host_cost_stub.py): they set these two here.
 _DEVICE_TYPE = "cuda"
 _plans: dict = {}
 
@@ -143,7 +143,7 @@ def _slotted(slot, kind, options, tensors, free):
 
 # The slots [options, go, plan, folder]: the function's, the operator's
 # (torch.ops.mla_gen.merge_attn_states), the function's with the start locations (a plan per
-# (T, B), reused while they stay). The plan stays at [2]: python/bench/host_cost.py reads it.
+# (T, B), reused while they stay). The plan stays at [2]: bench/host_cost.py reads it.
 _last_pair = [None, None, None, None]
 _last_pair_op = [None, None, None, None]
 _last_ctx = [None, None, None, None]
@@ -194,7 +194,7 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
                             prefill_tokens_with_context, output_scale, output_group_scales, ue8m0, lse_layout,
                             query_start_loc, context_start_loc)
     # _merge's body with the function's slot, inlined: one Python call less on the path engines
-    # call (0.1-0.2 us of the function's ~3 on the CPU machine, python/bench/host_cost_stub.py).
+    # call (0.1-0.2 us of the function's ~3 on the CPU machine, bench/host_cost_stub.py).
     last_layout, go, _, last_folder = _last_pair
     if (lse_layout != last_layout or _env_get(_ENV_KEY) != last_folder
             or not go(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,

@@ -1,11 +1,11 @@
-"""The benchmark's table text and hot-mode rules (python/bench/bench_table.py): no torch, no GPU."""
+"""The benchmark's table text and hot-mode rules (bench/bench_table.py): no torch, no GPU."""
 
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from bench_table import header, iterations, line, parse_shapes, ratios, summary  # noqa: E402
 
 

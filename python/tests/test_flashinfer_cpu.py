@@ -2,7 +2,7 @@
 kernels (the selection table's folder, tests/contract/select.toml), allocate what FlashInfer's
 functions return, and a call no base-2 kernel serves names lse_base. Launches are recorded
 (conftest's `cpu_launch`); the GPU check against FlashInfer's own kernels is
-python/bench/flashinfer_check.py."""
+bench/flashinfer_check.py."""
 
 import pytest
 

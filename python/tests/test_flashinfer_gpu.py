@@ -2,7 +2,7 @@
 a row with no keys in any state: zeros, lse -inf; one state: that state as it is). K = 1 needs no
 kernel and runs with any kernel folder; K > 1 runs where the folder has base-2 merge_states
 kernels (lse_base = "2", e.g. $MLA_GEN_KERNELS from tests/gpu-extra.toml), skipped otherwise.
-FlashInfer's own kernels are compared in python/bench/flashinfer_check.py."""
+FlashInfer's own kernels are compared in bench/flashinfer_check.py."""
 
 import math
 

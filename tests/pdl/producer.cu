@@ -1,6 +1,6 @@
 // Producers for the programmatic dependent launch (PDL) tests and bench: kernels that write a
 // merge's inputs just before the merge runs on the same stream. Self-contained (no headers), for
-// NVRTC; compiled for sm_90 by tests/pdl.rs (scripts/gpu/pdl.sh build). Every copy is of 32-bit
+// NVRTC; compiled for sm_90 by tests/pdl.rs (bench/gpu/pdl.sh build). Every copy is of 32-bit
 // words, grid-stride.
 
 __device__ __forceinline__ void trigger_dependents() {

@@ -84,8 +84,8 @@ pub fn parse_kernels(text: &str) -> Result<Vec<(String, u32)>, String> {
 }
 
 /// `bench` and `tune` time the pairwise merge that writes its inputs' dtype; the K-way and
-/// in-place merges are timed by python/bench/bench.py, FP8 outputs by
-/// python/bench/bench_families.py and the fused mask by python/bench/bench_ctxmask.py (a folder
+/// in-place merges are timed by bench/bench.py, FP8 outputs by
+/// bench/bench_families.py and the fused mask by bench/bench_ctxmask.py (a folder
 /// such as the default one holds them beside the plain merges).
 fn is_pairwise(k: &Kernel) -> bool {
     let v = &k.meta.variant;

@@ -2,7 +2,7 @@
 //! each L2 mode and how far the current and the plain schedules are from it; whether one
 //! schedule is within the tolerance (2%) of the best at every shape in every mode; and if none
 //! is, a size rule on rows = tokens x heads with a schedule per range, proposed (specs/tuned.toml's
-//! `[[size_rule]]` takes rules into the manifest, which every host applies; python/bench/size_rules.py
+//! `[[size_rule]]` takes rules into the manifest, which every host applies; bench/size_rules.py
 //! compares rules over several runs).
 
 use serde::Serialize;

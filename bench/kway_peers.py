@@ -1,0 +1,488 @@
+"""The K-way merge beside FlashInfer's MergeStates and a vLLM-style chunk loop, in one process,
+hot and cold L2 (issue #34, items 4 and 5), and the in-place merge beside FlashInfer's
+MergeStateInPlace:
+
+  <label>      mla-gen's runtime-K kernel (`num_states = "runtime"`) of each kernel folder given
+               with --kernels LABEL=DIR (candidates: other templates or schedules; the first is
+               "the default" the ratios and the summary use), FlashInfer's lse (base 2,
+               token-major), launched by name (mla_gen.launch_kernel); <label>-k: the folder's
+               kernel for this K fixed at compile time, where it has one
+  flashinfer   FlashInfer's MergeStates (and MergeStateInPlace), from the flashinfer-python
+               wheel's headers (bench/peers/peers.cu, libpeers_fi.so)
+  loop         what an engine without a K-way merge runs (vLLM's chunked prefill): K - 1 launches
+               of a pairwise merge over K separate [T, H, D] states with [H, T] lse, the running
+               result ping-ponging between two buffers. The pairwise merge is peers.cu's
+               "vLLM-style" kernel (written here the way vLLM's CUDA op works), not vLLM's own
+  copy         a device-to-device copy of the K-way merge's bytes (read + written): the limit
+
+Cold: every implementation captured in a CUDA graph (the loop's K - 1 launches in one), L2
+flushed (512 MB memset) before each replay, median of --reps replays timed with CUDA events.
+Hot: hot_l2.hot_us, graphs of R x [producer, X] minus R x [producer], the producer rewriting every
+input just before X. Rounds interleaved in rotating order, median per implementation.
+
+Each implementation's output is checked once per shape against a float64 reference on the first
+tokens before it is timed (a wrongly wired peer shows as `check failed`, not as a time). The
+`check` table first runs the semantic cases of kway_check.py (docs/SEMANTICS.md: +inf, NaN, empty
+rows, K = 1, padded strides, every element written, no output lse) on every kernel of the
+--check-kernels folder and the bf16 base-2 kernels of each --kernels folder but --unchecked ones.
+
+Per shape: times (us) and the ratios `x fi` = FlashInfer's time / the kernel's (>= 1: mla-gen
+at least as fast) and `x loop` = the loop's time / the default's. JSON in --out/kway.json.
+
+  python3 bench/kway_peers.py --peers DIR --kernels new=DIR [--kernels old=DIR ...]
+      [--inplace DIR] [--check-kernels DIR] [--unchecked LABEL]
+      [--tables check,candidates,states,inplace,grid]
+      [--cap SECONDS] [--out DIR]      (bench/gpu/kway.sh run: the lead's one command)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mla_gen  # noqa: E402
+import mla_gen.flashinfer as mfi  # noqa: E402
+from bench_table import iterations  # noqa: E402
+from hot_l2 import Arena, hot_us  # noqa: E402
+from kway_check import check_folder  # noqa: E402
+
+LOG2E = 1.4426950408889634
+BF16 = torch.bfloat16
+GRID_K = (2, 3, 4, 5, 8, 9, 16)
+GRID_T = (256, 2048, 8192, 32768)
+# (H, D) pairs in the order the grid runs them: the first three cover every H and every D, so
+# that a run stopped by --cap still has each; then the rest of the 3 x 3.
+GRID_HD = ((16, 128), (8, 64), (32, 256), (16, 64), (32, 128), (8, 256), (16, 256), (8, 128), (32, 64))
+CANDIDATE_SHAPES = ([(K, T, 16, 128) for T in (2048, 32768) for K in (2, 3, 5, 9, 16)]
+                    + [(K, T, H, D) for H, D in ((8, 64), (32, 256)) for T in (2048, 32768) for K in (2, 5, 16)])
+STATES_SHAPES = [(K, T, 16, 128) for T in (2048, 32768) for K in range(1, 17)]
+INPLACE_SHAPES = [(T, H, D) for D in (64, 128, 256) for H in (8, 32) for T in (256, 2048, 8192, 32768)]
+
+
+class Folder:
+    """A kernel folder: its bf16, base-2 merge_states kernels by (head size, K; None = runtime)."""
+
+    def __init__(self, label, path):
+        self.label, self.path = label, str(Path(path).resolve())
+        manifest = json.loads(Path(path, "manifest.json").read_text())
+        self.kway = {}
+        for k in manifest["kernels"]:
+            v = k["variant"]
+            fam = v["family"]
+            if not (isinstance(fam, dict) and "merge_states" in fam):
+                continue
+            if v["dtype"] == "bf16" and v.get("lse_base") == "2" and v["output_lse"]:
+                self.kway.setdefault((v["head_size"], fam["merge_states"]["num_states"]), k["name"])
+
+    def launcher(self, D, K, out, out_lse, v, s, fixed):
+        name = self.kway.get((D, K if fixed else None))
+        if name is None:
+            return None
+        values = {"output": out, "output_lse": out_lse, "states": v, "states_lse": s, "num_tokens": v.shape[0],
+                  "num_heads": v.shape[2], "output_token_stride": out.stride(0), "output_head_stride": out.stride(1),
+                  "states_token_stride": v.stride(0), "states_state_stride": v.stride(1),
+                  "states_head_stride": v.stride(2)}
+        if not fixed:
+            values["num_states"] = K
+
+        def call():
+            os.environ["MLA_GEN_KERNELS"] = self.path
+            mla_gen.launch_kernel(name, values)
+        return call
+
+
+class FlashInfer:
+    """libpeers_fi.so's MergeStates / MergeStateInPlace and libpeers_vllm.so's pairwise merge."""
+
+    def __init__(self, folder):
+        self.fi = ctypes.CDLL(str(Path(folder, "libpeers_fi.so")))
+        self.vllm = ctypes.CDLL(str(Path(folder, "libpeers_vllm.so")))
+
+    @staticmethod
+    def _ok(rc, what):
+        if rc != 0:
+            raise RuntimeError(f"{what}: cudaError {rc}")
+
+    def merge_states(self, v, s, out, out_lse):
+        T, K, H, D = v.shape
+        p = ctypes.c_void_p
+        self._ok(self.fi.fi_merge_states_bf16(
+            p(v.data_ptr()), p(s.data_ptr()), p(out.data_ptr()), p(out_lse.data_ptr()), ctypes.c_uint(K),
+            ctypes.c_uint(T), ctypes.c_uint(H), ctypes.c_uint(D), p(torch.cuda.current_stream().cuda_stream)),
+            "MergeStates")
+
+    def merge_state_in_place(self, v, s, v_other, s_other):
+        T, H, D = v.shape
+        p = ctypes.c_void_p
+        self._ok(self.fi.fi_merge_state_in_place_bf16(
+            p(v.data_ptr()), p(s.data_ptr()), p(v_other.data_ptr()), p(s_other.data_ptr()), ctypes.c_uint(T),
+            ctypes.c_uint(H), ctypes.c_uint(D), p(None), p(torch.cuda.current_stream().cuda_stream)),
+            "MergeStateInPlace")
+
+    def pair(self, out, out_lse, prefix, plse, suffix, slse):
+        T, H, D = out.shape
+        p = ctypes.c_void_p
+        self._ok(self.vllm.vllm_merge_bf16(p(out.data_ptr()), p(out_lse.data_ptr()), p(prefix.data_ptr()),
+                                           p(plse.data_ptr()), p(suffix.data_ptr()), p(slse.data_ptr()),
+                                           ctypes.c_uint(T), ctypes.c_uint(H), ctypes.c_uint(D), ctypes.c_uint(T),
+                                           p(torch.cuda.current_stream().cuda_stream)), "vllm-style merge")
+
+
+_flush = None
+
+
+def graph_of(fn):
+    """fn captured in a CUDA graph (run once first: kernels loaded before the capture)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def cold_us(graph, reps):
+    global _flush
+    if _flush is None:
+        _flush = torch.empty(512 << 20, dtype=torch.int8, device="cuda")
+    for _ in range(2):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        _flush.zero_()
+        starts[i].record()
+        graph.replay()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+
+
+class KwayShape:
+    """Inputs of one shape: [T, K, H, D] states and [T, K, H] base-2 lse in one arena (FlashInfer
+    and mla-gen read the same buffers), the loop's K states [T, H, D] and base-e lse [H, T] in
+    another, a copy source of the K-way merge's bytes in a third; outputs; the reference."""
+
+    def __init__(self, T, K, H, D, seed, loop=True):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        self.T, self.K, self.H, self.D = T, K, H, D
+        f32 = torch.float32
+        self.inputs = Arena([((T, K, H, D), BF16), ((T, K, H), f32)])
+        self.v, self.s2 = self.inputs.views
+        self.v.uniform_(-4, 4, generator=g)
+        self.s2.uniform_(-10, 10, generator=g).mul_(LOG2E)
+        self.inputs.seal()
+        self.loop_inputs = None
+        if loop and K >= 2:
+            self.loop_inputs = Arena([((T, H, D), BF16)] * K + [((H, T), f32)] * K)
+            views = self.loop_inputs.views
+            self.states, self.lses = views[:K], views[K:]
+            for k in range(K):
+                self.states[k].copy_(self.v[:, k])
+                self.lses[k].copy_(self.s2[:, k].t() / LOG2E)
+            self.loop_inputs.seal()
+            self.loop_tmp = (torch.empty(T, H, D, dtype=BF16, device="cuda"), torch.empty(H, T, device="cuda"))
+            self.loop_lse = torch.empty(H, T, device="cuda")
+        self.nbytes = T * H * (K * (2 * D + 4) + 2 * D + 4)
+        self.copy_src = Arena([((self.nbytes // 2,), torch.uint8)])
+        self.copy_src.seal()
+        self.copy_dst = torch.empty(self.nbytes // 2, dtype=torch.uint8, device="cuda")
+        self.out = torch.empty(T, H, D, dtype=BF16, device="cuda")
+        self.out_lse = torch.empty(T, H, device="cuda")
+        n = min(T, 48)
+        x = self.s2[:n].double()
+        m = x.max(dim=1).values
+        w = torch.exp2(x - m[:, None])
+        self.want = (self.v[:n].double() * w[..., None]).sum(1) / w.sum(1)[..., None]
+        self.want_lse = torch.log2(w.sum(1)) + m
+
+    def loop(self, fi):
+        """K - 1 pairwise merges; the last writes self.out and self.loop_lse (base e, [H, T])."""
+        bufs = ((self.out, self.loop_lse), self.loop_tmp)
+        prev = (self.states[0], self.lses[0])
+        for i in range(1, self.K):
+            dst = bufs[(self.K - 1 - i) % 2]
+            fi.pair(dst[0], dst[1], prev[0], prev[1], self.states[i], self.lses[i])
+            prev = dst
+
+    def check(self, name, call, lse2):
+        """None, or why `call`'s output differs from the reference (outputs poisoned first)."""
+        self.out.fill_(float("nan"))
+        self.out_lse.fill_(float("nan"))
+        if self.loop_inputs is not None:
+            self.loop_lse.fill_(float("nan"))
+        try:
+            call()
+            torch.cuda.synchronize()
+        except (ValueError, LookupError, RuntimeError) as e:
+            return f"not run: {name}: {str(e).splitlines()[0][:120]}"
+        n = self.want.shape[0]
+        err = ((self.out[:n].double() - self.want).abs() / (self.want.abs() + 1)).max().item()
+        lse_err = (lse2()[:n].double() - self.want_lse).abs().max().item()
+        if not (err <= 1.6e-2 and lse_err <= 1e-3):
+            return f"check failed: {name}: max error {err:.3g}, lse {lse_err:.3g}"
+        return None
+
+
+def implementations(sh, folders, fi, fixed_too, loop=True):
+    """name -> (call, producer, base-2 [T, H] lse of its result)."""
+    K, D = sh.K, sh.D
+    impls = {}
+    for i, f in enumerate(folders):
+        call = f.launcher(D, K, sh.out, sh.out_lse, sh.v, sh.s2, fixed=False)
+        if call:
+            impls[f.label] = (call, sh.inputs.producer, lambda: sh.out_lse)
+        fixed = f.launcher(D, K, sh.out, sh.out_lse, sh.v, sh.s2, fixed=True) if fixed_too and i < 2 else None
+        if fixed:
+            impls[f.label + "-k"] = (fixed, sh.inputs.producer, lambda: sh.out_lse)
+    impls["flashinfer"] = (lambda: fi.merge_states(sh.v, sh.s2, sh.out, sh.out_lse), sh.inputs.producer,
+                           lambda: sh.out_lse)
+    if loop and sh.loop_inputs is not None:
+        impls["loop"] = (lambda: sh.loop(fi), sh.loop_inputs.producer, lambda: sh.loop_lse.t() * LOG2E)
+    return impls
+
+
+def time_all(impls, copy, nbytes, args):
+    """{name: {"cold": us, "hot": us}}: interleaved rounds, median each."""
+    graphs = {name: graph_of(call) for name, (call, _, _) in impls.items()}
+    graphs["copy"] = graph_of(copy[0])
+    producers = {name: p for name, (_, p, _) in impls.items()} | {"copy": copy[1]}
+    calls = {name: c for name, (c, _, _) in impls.items()} | {"copy": copy[0]}
+    R = iterations(nbytes)
+    names = list(graphs)
+    times = {}
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times.setdefault((name, "cold"), []).append(cold_us(graphs[name], args.reps))
+            producers[name]()
+            calls[name]()
+            torch.cuda.synchronize()
+            times.setdefault((name, "hot"), []).append(hot_us(producers[name], calls[name], R, args.graph_reps)[0])
+    del graphs
+    out = {}
+    for (name, mode), ts in times.items():
+        out.setdefault(name, {})[mode] = statistics.median(ts)
+    return out
+
+
+def bench_kway(tag, K, T, H, D, folders, fi, args, fixed_too=True, loop=True):
+    sh = KwayShape(T, K, H, D, seed=T * 7 + K * 5 + H * 3 + D, loop=loop)
+    row = {"table": tag, "K": K, "T": T, "H": H, "D": D, "bytes": sh.nbytes, "errors": []}
+    impls = implementations(sh, folders, fi, fixed_too, loop)
+    for name, (call, _, lse2) in list(impls.items()):
+        problem = sh.check(name, call, lse2)
+        if problem:
+            row["errors"].append(problem)
+            del impls[name]
+    copy = (lambda: sh.copy_dst.copy_(sh.copy_src.views[0]), sh.copy_src.producer)
+    row["us"] = time_all(impls, copy, sh.nbytes, args)
+    ratios(row, folders[0].label)
+    del sh
+    return row
+
+
+def ratios(row, default):
+    us = row["us"]
+    row["x_fi"], row["x_loop"] = {}, {}
+    for mode in ("cold", "hot"):
+        fi_us = us.get("flashinfer", {}).get(mode)
+        for name, t in us.items():
+            if name not in ("flashinfer", "loop", "copy") and fi_us:
+                row["x_fi"].setdefault(name, {})[mode] = fi_us / t[mode]
+        if "loop" in us and default in us:
+            row["x_loop"][mode] = us["loop"][mode] / us[default][mode]
+        if "copy" in us and default in us:
+            row.setdefault("pct_copy", {})[mode] = 100 * us["copy"][mode] / us[default][mode]
+
+
+def print_kway(row, default):
+    head = f"K={row['K']:>2} T={row['T']:>5} H={row['H']:>2} D={row['D']:>3} {row['bytes'] / 1e6:>8.1f}MB"
+    parts = [head]
+    for mode in ("cold", "hot"):
+        us = {n: t[mode] for n, t in row["us"].items()}
+        nan = float("nan")
+        xs = " ".join(f"{n}:{x[mode]:.3f}" for n, x in row["x_fi"].items())
+        loop = row["x_loop"].get(mode)
+        parts.append(f"| {mode} {default} {us.get(default, nan):7.2f}us fi {us.get('flashinfer', nan):7.2f}us "
+                     f"copy {us.get('copy', nan):7.2f}us x fi {xs}" + (f" x loop {loop:.2f}" if loop else ""))
+    print(" ".join(parts) + ("  " + "; ".join(row["errors"]) if row["errors"] else ""), flush=True)
+
+
+def bench_inplace(T, H, D, folder, fi, args):
+    g = torch.Generator(device="cuda").manual_seed(T + H + D)
+    inputs = Arena([((T, H, D), BF16), ((T, H), torch.float32), ((T, H, D), BF16), ((T, H), torch.float32)])
+    v, s, vo, so = inputs.views
+    for x in (v, vo):
+        x.uniform_(-4, 4, generator=g)
+    for x in (s, so):
+        x.uniform_(-10, 10, generator=g)
+    inputs.seal()
+    nbytes = T * H * (3 * 2 * D + 12)
+    row = {"table": "inplace", "T": T, "H": H, "D": D, "bytes": nbytes, "errors": []}
+
+    def ours():
+        os.environ["MLA_GEN_KERNELS"] = folder
+        mfi.merge_state_in_place(v, s, vo, so)
+    impls = {"mla-gen": (ours, inputs.producer, None),
+             "flashinfer": (lambda: fi.merge_state_in_place(v, s, vo, so), inputs.producer, None)}
+    n = min(T, 48)
+    x = torch.stack([s[:n], so[:n]], 1).double()
+    m = x.max(1).values
+    w = torch.exp2(x - m[:, None])
+    want = (torch.stack([v[:n], vo[:n]], 1).double() * w[..., None]).sum(1) / w.sum(1)[..., None]
+    for name, (call, _, _) in list(impls.items()):
+        inputs.producer()
+        try:
+            call()
+            torch.cuda.synchronize()
+            err = ((v[:n].double() - want).abs() / (want.abs() + 1)).max().item()
+            if err > 1.6e-2:
+                row["errors"].append(f"check failed: {name}: max error {err:.3g}")
+                del impls[name]
+        except (ValueError, LookupError, RuntimeError) as e:
+            row["errors"].append(f"not run: {name}: {str(e).splitlines()[0][:120]}")
+            del impls[name]
+    src = Arena([((nbytes // 2,), torch.uint8)])
+    src.seal()
+    dst = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    row["us"] = time_all(impls, (lambda: dst.copy_(src.views[0]), src.producer), nbytes, args)
+    us = row["us"]
+    if "mla-gen" in us and "flashinfer" in us:
+        row["x_fi"] = {mode: us["flashinfer"][mode] / us["mla-gen"][mode] for mode in ("cold", "hot")}
+    print(f"in-place T={T:>5} H={H:>2} D={D:>3} {nbytes / 1e6:>7.1f}MB | " + " | ".join(
+        f"{mode} mla-gen {us.get('mla-gen', {}).get(mode, float('nan')):7.2f}us fi "
+        f"{us.get('flashinfer', {}).get(mode, float('nan')):7.2f}us copy {us['copy'][mode]:7.2f}us x fi "
+        f"{row.get('x_fi', {}).get(mode, float('nan')):.3f}" for mode in ("cold", "hot"))
+        + ("  " + "; ".join(row["errors"]) if row["errors"] else ""), flush=True)
+    return row
+
+
+def summary(rows, default):
+    lines = []
+    for table in ("candidates", "states", "grid"):
+        kway = [r for r in rows if r["table"] == table and "x_fi" in r]
+        labels = list(dict.fromkeys(n for r in kway for n in r["x_fi"]))
+        for mode in ("cold", "hot"):
+            for label in labels:
+                xs = [(r["x_fi"][label][mode], r) for r in kway if label in r["x_fi"]]
+                worst = min(xs, key=lambda p: p[0])
+                slower = sum(x < 0.98 for x, _ in xs)
+                lines.append(f"{table} {mode} {label}: x fi median {statistics.median(x for x, _ in xs):.3f}, min "
+                             f"{worst[0]:.3f} (K={worst[1]['K']} T={worst[1]['T']} H={worst[1]['H']} "
+                             f"D={worst[1]['D']}), {slower} of {len(xs)} below 0.98")
+    inplace = [r for r in rows if r["table"] == "inplace" and "x_fi" in r]
+    for mode in ("cold", "hot") if inplace else ():
+        xs = [r["x_fi"][mode] for r in inplace]
+        lines.append(f"inplace {mode}: x fi median {statistics.median(xs):.3f}, min {min(xs):.3f}, "
+                     f"{sum(x < 0.98 for x in xs)} of {len(xs)} below 0.98")
+    kway = [r for r in rows if r["table"] == "grid" and "x_loop" in r]
+    for mode in ("cold", "hot"):
+        loops = [(r["x_loop"][mode], r) for r in kway if mode in r["x_loop"] and r["K"] >= 4]
+        if loops:
+            worst = min(loops, key=lambda p: p[0])
+            lines.append(f"grid {mode} {default} x loop (K >= 4): min {worst[0]:.2f} (K={worst[1]['K']} "
+                         f"T={worst[1]['T']} H={worst[1]['H']} D={worst[1]['D']}), "
+                         f"{sum(x < 2 for x, _ in loops)} of {len(loops)} below 2")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peers", required=True, help="folder with libpeers_fi.so and libpeers_vllm.so")
+    ap.add_argument("--kernels", action="append", default=[], metavar="LABEL=DIR",
+                    help="kernel folder (specs/kway-candidates-3.toml); the first is the default")
+    ap.add_argument("--inplace", metavar="DIR", help="folder with base-2 token-major merge_state_in_place kernels")
+    ap.add_argument("--check-kernels", metavar="DIR", help="folder of bench/kway-check.toml for --tables check")
+    ap.add_argument("--unchecked", action="append", default=[], metavar="LABEL",
+                    help="a --kernels folder the semantic checks skip (the base templates' rules differ)")
+    ap.add_argument("--tables", default="check,candidates,states,inplace,grid")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--graph-reps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cap", type=float, default=1e9, help="seconds: stop starting shapes after this")
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    folders = [Folder(*item.split("=", 1)) for item in args.kernels]
+    if not folders:
+        sys.exit("kway_peers.py: give at least one --kernels LABEL=DIR")
+    fi = FlashInfer(args.peers)
+    tables = args.tables.split(",")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prop = torch.cuda.get_device_properties(0)
+    print(f"# {prop.name}, torch {torch.__version__}; default {folders[0].label}; "
+          f"folders {[f.label for f in folders]}", flush=True)
+    start = time.monotonic()
+    rows, failures = [], []
+
+    def save():
+        (out / "kway.json").write_text(json.dumps({"device": prop.name, "default": folders[0].label,
+                                                   "folders": [(f.label, f.path) for f in folders],
+                                                   "failures": failures, "rows": rows}, indent=1))
+
+    def run(label, shapes, fn):
+        print(f"\n## {label}", flush=True)
+        for shape in shapes:
+            if time.monotonic() - start > args.cap:
+                print(f"# --cap {args.cap:.0f} s reached: {label} stopped before {shape}", flush=True)
+                return
+            try:
+                row = fn(*shape)
+            except torch.cuda.OutOfMemoryError:
+                row = {"table": label, "shape": list(shape), "errors": ["out of memory"]}
+                print(row, flush=True)
+            failures.extend(e for e in row["errors"] if not e.startswith("not run"))
+            rows.append(row)
+            torch.cuda.empty_cache()
+            save()
+
+    if "check" in tables and args.check_kernels:
+        print("## semantic checks (bench/kway_check.py)", flush=True)
+        bad = check_folder(args.check_kernels)
+        for f in folders:
+            if f.label not in args.unchecked:
+                bad += check_folder(f.path, only_bf16_base2=True)
+        failures.extend(bad)
+        print(f"# semantic checks: {len(bad)} failures", flush=True)
+        save()
+    if "candidates" in tables:
+        run("candidates (every folder, x fi per label)", CANDIDATE_SHAPES,
+            lambda K, T, H, D: print_kway(r := bench_kway("candidates", K, T, H, D, folders, fi, args),
+                                          folders[0].label) or r)
+    first = folders[:1]
+    if "states" in tables:
+        run("states 1-16 (the default's runtime-K kernel)", STATES_SHAPES,
+            lambda K, T, H, D: print_kway(r := bench_kway("states", K, T, H, D, first, fi, args, fixed_too=False),
+                                          folders[0].label) or r)
+    if "inplace" in tables and args.inplace:
+        run("in-place beside MergeStateInPlace", INPLACE_SHAPES,
+            lambda T, H, D: bench_inplace(T, H, D, str(Path(args.inplace).resolve()), fi, args))
+    if "grid" in tables:
+        shapes = [(K, T, H, D) for H, D in GRID_HD for K in GRID_K for T in GRID_T]
+
+        def grid_row(K, T, H, D):
+            r = bench_kway("grid", K, T, H, D, folders[:2], fi, args)
+            print_kway(r, folders[0].label)
+            return r
+        run("target grid (default and the second folder, fixed-K kernels too)", shapes, grid_row)
+    print()
+    for line in summary(rows, folders[0].label):
+        print("#", line)
+    save()
+    if failures:
+        print(f"# {len(failures)} checks failed:", *failures[:20], sep="\n# ", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
