@@ -4,8 +4,9 @@ The wheel holds the ``mla_gen`` package, its kernels as package data (``mla_gen/
 ``manifest.json`` and every PTX and CUBIN it names, sha256-checked here) and, where it can be
 built, the compiled op ``mla_gen/_C.abi3.so``: host code only (C++ against the LibTorch stable
 ABI, torch >= 2.10, and the generated C launcher), no CUDA toolkit, so one binary serves every
-torch from 2.10 and every Python from 3.9. Without it the wheel is pure Python and the package
-registers its ops in Python, as before.
+torch from 2.10 and every Python from 3.9. It embeds no image: it reads them from
+``mla_gen/kernels/`` (the C launcher's file mode), so the wheel holds each image once. Without it
+the wheel is pure Python and the package registers its ops in Python, as before.
 
 Kernels: ``$MLA_GEN_WHEEL_KERNELS``, else ``mla_gen/kernels/`` in the source tree (an sdist),
 else ``../generated/`` (the repository's default-spec kernels). Git holds only that folder's
@@ -28,7 +29,8 @@ is found and says why not otherwise; ``1`` requires it; ``0`` never builds it) n
 - the C launcher of the same kernels (``mla_kernels.{h,c}``): ``$MLA_GEN_C_LAUNCHER``, else
   ``mla_gen_c/`` in the source tree (an sdist), else generated with the mla-gen binary
   (``$MLA_GEN_BIN``, ``../target/{release,debug}/mla-gen``, or ``mla-gen`` on PATH; it needs
-  NVRTC) and used only if the kernels it embeds are byte for byte the packaged ones;
+  NVRTC) and used only if the kernels it was generated with are byte for byte the packaged ones
+  (it checks each image it reads against the sizes and hashes it was generated with);
 - a C and C++ compiler, on Linux.
 """
 
@@ -281,7 +283,10 @@ def extension_plan():
         include_dirs=[str(csrc / "driver"), str(launcher), str(work), str(include)],
         library_dirs=[str(lib)],
         libraries=["torch_cpu", "torch_cuda", "dl"],  # libdl: where glibc < 2.34 has dlopen
-        define_macros=[("TORCH_TARGET_VERSION", "0x020a000000000000"), ("Py_LIMITED_API", "0x03090000")],
+        # MLA_IMAGES_FROM_FILES: the launcher embeds no image; it reads the package's kernels/ (each
+        # image once in the wheel), checking each file's size and sha256 before the driver sees it.
+        define_macros=[("TORCH_TARGET_VERSION", "0x020a000000000000"), ("Py_LIMITED_API", "0x03090000"),
+                       ("MLA_IMAGES_FROM_FILES", "1")],
         extra_compile_args=["-O2", "-fvisibility=hidden", "-fno-strict-aliasing"],
         extra_link_args=["-Wl,--no-as-needed", "-Wl,-z,defs", "-Wl,--allow-shlib-undefined"],
         py_limited_api=True,

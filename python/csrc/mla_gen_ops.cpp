@@ -23,6 +23,8 @@
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/stableivalue_conversions.h>
 
+#include <dlfcn.h>
+
 #include <atomic>
 #include <cstdarg>
 #include <cstdint>
@@ -33,6 +35,11 @@
 
 #include "cuda.h"  // driver/cuda.h: the driver through dlopen
 #include "mla_kernels.h"
+
+#if defined(__GLIBC__) && defined(__x86_64__)
+// dladdr's first version, which every glibc has (driver/driver.c does the same for dlopen).
+__asm__(".symver dladdr,dladdr@GLIBC_2.2.5");
+#endif
 
 // Declared by shim.h only for CUDA builds of torch (USE_CUDA); libtorch_cuda.so defines it.
 extern "C" AOTI_TORCH_EXPORT AOTITorchError aoti_torch_get_current_cuda_stream(int32_t device_index,
@@ -553,7 +560,24 @@ void merge_attn_states_boxed(StableIValue* stack, uint64_t num_args, uint64_t nu
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(mla_gen, CUDA, m) { m.impl("merge_attn_states", &merge_attn_states_boxed); }
+// The images: the C launcher is compiled with MLA_IMAGES_FROM_FILES (python/setup.py), so this
+// library embeds none and reads each, on its first load, from the package's kernels/ folder beside
+// it (mla_gen/kernels: the manifest the launcher was generated from, and its files), checking its
+// size and sha256 first. A failure here leaves no folder set: every launch then says so.
+static void use_the_package_images() {
+    Dl_info self{};
+    if (!dladdr((const void*)&use_the_package_images, &self) || !self.dli_fname) return;
+    char dir[4096];
+    const char* slash = std::strrchr(self.dli_fname, '/');
+    const int n = slash ? (int)(slash - self.dli_fname) : 1;
+    if (snprintf(dir, sizeof dir, "%.*s/kernels", n, slash ? self.dli_fname : ".") >= (int)sizeof dir) return;
+    mla_set_image_dir(dir);
+}
+
+STABLE_TORCH_LIBRARY_IMPL(mla_gen, CUDA, m) {
+    use_the_package_images();
+    m.impl("merge_attn_states", &merge_attn_states_boxed);
+}
 
 // Tests without a GPU (python/tests/test_extension_cpu.py): with $MLA_GEN_EXT_CPU set when the
 // extension loads, CPU tensors go through the same path into a stand-in driver ($MLA_GEN_LIBCUDA).

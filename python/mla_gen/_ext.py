@@ -1,12 +1,15 @@
 """The compiled op, chosen at import: ``mla_gen/_C.abi3.so`` (python/csrc, built by setup.py
 against the LibTorch stable ABI) implements ``torch.ops.mla_gen.merge_attn_states`` for CUDA in
-C++, through the generated C launcher with the package's kernels built in.
+C++, through the generated C launcher of the package's kernels. It embeds no image: it reads
+each from the package's ``kernels/`` folder beside it (the images the wheel ships once), checked
+against the manifest's size and sha256 before the driver sees it.
 
 It is used where it loads; otherwise the Python implementation of today serves the op. Why not
 (``reason``): no such file (a pure-Python wheel: another platform, or built without torch >=
-2.10's headers), torch older than 2.10 (before the stable ABI), torch without CUDA (no
-libtorch_cuda), ``$MLA_GEN_PURE_PYTHON`` set, or ``$MLA_GEN_KERNELS`` set at import (the
-compiled op serves only the kernels built into it, the Python path any folder).
+2.10's headers), no ``kernels/manifest.json`` beside it, torch older than 2.10 (before the
+stable ABI), torch without CUDA (no libtorch_cuda), ``$MLA_GEN_PURE_PYTHON`` set, or
+``$MLA_GEN_KERNELS`` set at import (the compiled op's launcher is generated from the package's
+manifest, so it serves only the package's folder; the Python path serves any folder).
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ def load() -> bool:
     path = candidate()
     if path is None:
         reason = "the package has no compiled op (a pure-Python wheel)"
+        return False
+    if not (path.parent / "kernels" / "manifest.json").is_file():
+        reason = f"the compiled op's images are missing: no {path.parent / 'kernels' / 'manifest.json'}"
         return False
     if _torch_version() < MIN_TORCH:
         reason = f"torch {torch.__version__} predates the stable ABI the compiled op needs (2.10)"

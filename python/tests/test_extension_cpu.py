@@ -155,6 +155,76 @@ def test_without_the_extension_file_the_python_path_serves(tmp_path):
     assert r.returncode == 0 and "fallback ok" in r.stdout, r.stdout + r.stderr
 
 
+def _stub(tmp_path):
+    stub = tmp_path / "libcuda_stub.so"
+    subprocess.run([_gcc(), "-shared", "-fPIC", "-O1", str(HERE / "ext" / "stub_driver.c"), "-o", str(stub)],
+                   check=True)
+    return stub
+
+
+def test_the_compiled_op_embeds_no_image():
+    # Each image once in the wheel: the op's library holds none of the package's PTX (a run of
+    # text from the middle of each of a few files is not in it).
+    _need_compiled()
+    pkg = Path(mla_gen.__file__).resolve().parent
+    library = _ext.candidate().read_bytes()
+    ptx = sorted((pkg / "kernels").rglob("*.ptx"))[:5]
+    if not ptx:
+        pytest.skip("the package's kernels have no PTX")
+    for f in ptx:
+        text = f.read_bytes()
+        middle = text[len(text) // 2:len(text) // 2 + 200]
+        assert len(middle) == 200 and middle not in library, f"{f.name}'s text is inside {_ext.candidate().name}"
+
+
+def test_the_compiled_op_reads_and_checks_the_package_images(tmp_path):
+    # A copy of the package whose images are damaged: the op refuses to load the one it needs
+    # (size and sha256 against the manifest, before the driver sees it), naming the file; and it
+    # reads the copy's own kernels/, not the installed package's.
+    _need_compiled()
+    stub = _stub(tmp_path)
+    pkg = Path(mla_gen.__file__).resolve().parent
+    copy = tmp_path / "site" / "mla_gen"
+    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for f in (copy / "kernels").rglob("*"):
+        if f.suffix in (".cubin", ".ptx"):
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    code = ("import torch, mla_gen\n"
+            "from mla_gen import ops\n"
+            "assert ops.compiled and mla_gen.__file__.startswith(%r), mla_gen.__file__\n"
+            "o, p, s = (torch.zeros(4, 2, 128, dtype=torch.bfloat16) for _ in range(3))\n"
+            "l = torch.zeros(2, 4)\n"
+            "try:\n"
+            "    torch.ops.mla_gen.merge_attn_states(o, None, p, l, s, l.clone(), 2)\n"
+            "except RuntimeError as e:\n"
+            "    print('refused:', str(e).splitlines()[0])\n") % str(copy)
+    env = {"MLA_GEN_EXT_CPU": "1", "MLA_GEN_LIBCUDA": str(stub)}
+    r_env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), **env)
+    r_env.pop("MLA_GEN_KERNELS", None)
+    r_env.pop("MLA_GEN_PURE_PYTHON", None)
+    r = subprocess.run([sys.executable, "-c", code], env=r_env, capture_output=True, text=True, cwd=str(tmp_path),
+                       timeout=300)
+    assert "refused:" in r.stdout, r.stdout + r.stderr
+    line = r.stdout.split("refused:", 1)[1]
+    assert str(copy / "kernels") in line and "is not the image the manifest records" in line, line
+
+
+def test_without_the_kernel_folder_the_python_path_serves(tmp_path):
+    _need_compiled()
+    pkg = Path(mla_gen.__file__).resolve().parent
+    copy = tmp_path / "site" / "mla_gen"
+    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("kernels", "__pycache__"))
+    code = ("import mla_gen\n"
+            "from mla_gen import ops, _ext\n"
+            "assert not ops.compiled and 'images are missing' in _ext.reason, _ext.reason\n"
+            "print('fallback ok')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MLA_GEN_KERNELS", "MLA_GEN_PURE_PYTHON")}
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=str(tmp_path),
+                       timeout=300)
+    assert r.returncode == 0 and "fallback ok" in r.stdout, r.stdout + r.stderr
+
+
 def test_driver_header_agrees_with_a_real_cuda_h(tmp_path):
     # The stand-in cuda.h carries the values and layouts of the toolkit's; compare the two where a
     # real one is at hand ($CUDA_HOME, the nvidia-cuda-runtime wheels of CUDA 13 and 12).
