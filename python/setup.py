@@ -222,36 +222,193 @@ def _c_launcher():
     return out / "c", None
 
 
-def _table(launcher_dir: Path, dest: Path):
-    """mla_gen_table.h: the launcher of each merge_attn_states kernel a call can name, and the
-    argument fields only some folders have."""
+def _binding_modules():
+    """mla_gen._binding (the torch layer's table) and mla_gen.contract, read from this source tree
+    as a package of their own (importing mla_gen would import torch where it is installed)."""
+    import importlib.util
+    import types
+    pkg = types.ModuleType("mla_gen_build")
+    pkg.__path__ = [str(ROOT / PACKAGE)]
+    sys.modules["mla_gen_build"] = pkg
+    mods = []
+    for name in ("_binding", "contract"):
+        spec = importlib.util.spec_from_file_location(f"mla_gen_build.{name}", ROOT / PACKAGE / f"{name}.py")
+        mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mods.append(mod)
+    return mods
+
+
+def _c(text) -> str:
+    return json.dumps(str(text))  # a C string literal: the texts are ASCII
+
+
+def _ops_header(launcher_dir: Path, dest: Path):
+    """mla_gen_ops.h: mla_gen/_binding.py's table (the ops, their kinds, the refusals' texts) and,
+    per kernel a call can name, how its parameters read the call's tensors (the contract's dims,
+    resolved by mla_gen/contract.py), in the C launcher's argument structs (every field 8 bytes:
+    a field is its index). python/csrc/mla_gen_ops.cpp declares the types."""
+    binding, contract = _binding_modules()
     manifest = json.loads((kernels_folder() / "manifest.json").read_text())
-    reached = set()
-    for k in manifest["kernels"]:
-        rule = k["launch"].get("size_rule") or {}
-        reached.update(r["kernel"] for r in rule.get("ranges", []))
-        reached.update(k["launch"].get("specializations", []))
-    # The launchers by name only: which kernel serves a call is mla_select's (the C launcher's).
-    rows = [f'    {{"{k["name"]}", &mla_{k["name"]}}},' for k in manifest["kernels"]
-            if k["variant"].get("family") == "merge_attn_states" and k["name"] not in reached]
-    if not rows:
-        rows.append('    {"", nullptr},')  # no merge kernel: every call is refused
     header = (launcher_dir / "mla_kernels.h").read_text()
-    struct = re.search(r"typedef struct mla_merge_attn_states_args \{(.*?)\} mla_merge_attn_states_args;", header, re.S)
-    fields = set(re.findall(r"(\w+);", struct.group(1))) if struct else set()
-    sets = []
-    for name, view in (("output_scale", "scale"), ("query_start_loc", "qsl"), ("context_start_loc", "csl")):
-        if name in fields:
-            sets.append(f"if ({view}.h) {{ a.{name} = (decltype(a.{name}))(uintptr_t){view}.addr; "
-                        f"a.{name}_numel = {view}.span; }}")
-    if "num_requests" in fields:
-        sets.append("if (qsl.h) a.num_requests = B;")
-    label = f"{PACKAGE}'s compiled kernels ({manifest['spec']['source']})"
-    text = ("/* Written by python/setup.py from the packaged manifest.json. */\n"
-            "static const Entry kEntries[] = {\n" + "\n".join(rows) + "\n};\n"
-            f"static const char kKernelsLabel[] = {json.dumps(label)};\n"
-            "#define MLA_GEN_SET_OPTIONAL_FIELDS(a) " + " ".join(sets) + "\n")
-    (dest / "mla_gen_table.h").write_text(text)
+    families = []  # family names with an argument struct, in the header's order
+    fields = {}
+    for fam, body in re.findall(r"typedef struct mla_(\w+)_args \{(.*?)\} mla_\1_args;", header, re.S):
+        families.append(fam)
+        fields[fam] = re.findall(r"(\w+);", re.sub(r"/\*.*?\*/", "", body, flags=re.S))
+    out = ["/* Written by python/setup.py from mla_gen/_binding.py and the packaged manifest.json. */"]
+    out += [f"static const char* const kText_{k} = {_c(v)};" for k, v in binding.TEXTS.items()]
+    out.append(f"static const char kKernelsLabel[] = {_c(PACKAGE + chr(39) + 's compiled kernels (' + manifest['spec']['source'] + ')')};")
+    out.append("static const char* const kLseLayouts[] = {" + ", ".join(_c(x) for x in binding.LSE_LAYOUTS) + "};")
+    out.append("static const NamePair kElems[] = {" + ", ".join(f"{{{_c(k)}, {_c(v)}}}" for k, v in binding.ELEMS.items())
+               + "};")
+
+    def slot(fam, name):
+        return fields[fam].index(name) if fam in fields and name in fields[fam] else -1
+
+    def strings(values):
+        return "{" + ", ".join(_c(v) for v in values) + "}" if values else "{nullptr}"
+
+    out.append("static const Family kFamilies[] = {")
+    for fam in families:
+        out.append(f"    {{{_c(fam)}, []() {{ static const mla_{fam}_args a = MLA_{fam.upper()}_ARGS_INIT; return (const void*)&a; }}(), "
+                   f"sizeof(mla_{fam}_args)}},")
+    out.append("};")
+    # The kinds: names and free integers as struct fields; the describe rules.
+    kinds = []
+    for op in binding.OPS.values():
+        for k in op.kinds:
+            if k not in kinds:
+                kinds.append(k)
+    plans = {}  # family -> the plans of the kernels selection considers
+    reached = set()
+    for kk in manifest["kernels"]:
+        rule = kk["launch"].get("size_rule") or {}
+        reached.update(r["kernel"] for r in rule.get("ranges", []))
+        reached.update(kk["launch"].get("specializations", []))
+    for kk in manifest["kernels"]:
+        if kk["name"] not in reached:
+            plans.setdefault(kk["family"], []).append(contract.plan_for(kk["name"], kk))
+
+    def free_dims(fam, name):
+        """Per dim of tensor `name` (8): the integer it gives in every kernel of the family (its
+        field, and the size's addend), where no other size reads that integer: selection then
+        reads only that the tensors agree on it (mla_gen/_select.py's fits), so a selection made
+        for one value serves every other. -1: the size itself decides."""
+        fam_plans = plans.get(fam, [])
+        read = set()  # integers a size that is no bare integer reads
+        for plan in fam_plans:
+            for q in plan.params:
+                for _, size, _ in q.dims or ():
+                    if not (size.mul == 1 and len(size.factors) == 1):
+                        read.update(plan.names[f] for f in size.factors)
+        out = []
+        for d in range(8):
+            seen = set()
+            for plan in fam_plans:
+                for q in plan.params:
+                    if q.name == name and q.dims and len(q.dims) > d:
+                        size = q.dims[d][1]
+                        bare = size.mul == 1 and len(size.factors) == 1
+                        seen.add((plan.names[size.factors[0]], size.add) if bare else None)
+            one = next(iter(seen)) if len(seen) == 1 else None
+            out.append((slot(fam, one[0]), one[1]) if one and one[0] not in read and slot(fam, one[0]) >= 0
+                       else (-1, 0))
+        return out
+
+    for i, k in enumerate(kinds):
+        fam = k.family
+        dims = [free_dims(fam, n) for n in k.names]
+        out.append(f"static const FreeDim kFreeDims{i}[][8] = {{"
+                   + ", ".join("{" + ", ".join(f"{{{a}, {b}}}" for a, b in row) + "}" for row in dims) + "};")
+        rules = []
+        for name, r in k.fields:
+            kind = ("dtype", "size", "given", "option", "group_size").index(r[0])
+            a = (list(r[1:]) + [0, 0, 0])[:3]
+            tensor = k.names.index(a[0]) if r[0] != "option" else k.options.index(a[0])
+            second = k.names.index(a[1]) if r[0] == "group_size" else (a[1] if r[0] == "size" else 0)
+            texts = (a[1], a[2]) if r[0] == "given" else ("", "")
+            rules.append(f"{{{_c(name)}, {kind}, {tensor}, {second}, {_c(texts[0])}, {_c(texts[1])}}}")
+        checks = []
+        for c in k.checks:
+            if c[0] == "rank":
+                checks.append(f"{{0, {k.names.index(c[1])}, 0, {_c(c[2])}, {c[3]}}}")
+            else:
+                checks.append(f"{{1, {k.names.index(c[1])}, {k.names.index(c[2])}, {_c(c[3])}, 0}}")
+        out.append(f"static const Rule kRules{i}[] = {{{', '.join(rules) or '{}'}}};")
+        out.append(f"static const Check kChecks{i}[] = {{{', '.join(checks) or '{}'}}};")
+        out.append(f"static const char* const kNames{i}[] = {strings(k.names)};")
+        out.append(f"static const int kSlots{i}[] = {{{', '.join(str(slot(fam, n)) for n in k.names)}}};")
+        out.append(f"static const char* const kFree{i}[] = {strings(k.free)};")
+        out.append(f"static const int kFreeSlots{i}[] = {{{', '.join(str(slot(fam, n)) for n in k.free) or '-1'}}};")
+        out.append(f"static const char* const kOptions{i}[] = {strings(k.options)};")
+    out.append("static const KindRow kKinds[] = {")
+    for i, k in enumerate(kinds):
+        typed = [k.names.index(t) for t in k.typed]
+        out.append(f"    {{{_c(k.family)}, {families.index(k.family) if k.family in families else -1}, kNames{i}, kSlots{i}, "
+                   f"{len(k.names)}, kFree{i}, kFreeSlots{i}, {len(k.free)}, kOptions{i}, {len(k.options)}, "
+                   f"{typed[0]}, {_c(k.what)}, kRules{i}, {len(k.fields)}, kChecks{i}, {len(k.checks)}, kFreeDims{i}}},")
+    out.append("};")
+    # The ops: each schema argument's role (0 tensor, 1 free integer, 2 option) and index in its kind.
+    out.append("static const OpRow kOps[] = {")
+    for name, op in binding.OPS.items():
+        base = op.kinds[-1]  # the kind with every tensor (the start locations too)
+        first = op.kinds[0]
+        assert base.names[:len(first.names)] == first.names and base.free == first.free, name
+        # each schema argument's type: optional ("?"), a string
+        types = [a.split()[0] for a in binding.SCHEMAS[name].split("(", 1)[1].rsplit(") ->", 1)[0].split(", ")]
+        assert len(types) == len(op.args), name
+        args = []
+        for (role, what), t in zip(op.args, types):
+            index = (base.names if role == "tensor" else base.free if role == "free" else base.options).index(what)
+            args.append(f"{{{('tensor', 'free', 'option').index(role)}, {index}, {int(t.endswith('?'))}, "
+                        f"{int(t == 'str')}}}")
+        fixed = [(base.options.index(k), v) for k, v in op.options.items()]
+        alloc = [base.names.index(n) for n in op.allocated]
+        out.append(f"    {{{_c(name)}, {len(op.args)}, {{{', '.join(args)}}}, {{{kinds.index(op.kinds[0])}, "
+                   f"{kinds.index(op.kinds[-1])}}}, {{{', '.join(f'{{{i}, {_c(v)}}}' for i, v in fixed) or '{-1, nullptr}'}}}, "
+                   f"{len(fixed)}, {{{', '.join(map(str, alloc)) or '-1'}}}, {len(alloc)}}},")
+    out.append("};")
+    # The kernels a call can name (not a size rule's range or a specialization: the launcher
+    # reaches those itself), each parameter as the contract reads it.
+    rows = []
+    arrays = {}  # an array's rows -> its name: kernels of one family mostly read their tensors alike
+
+    def array(kind, rows_text):
+        name = arrays.get((kind, rows_text))
+        if name is None:
+            name = arrays[(kind, rows_text)] = f"k{kind}{len(arrays)}"
+            out.append(f"static const {kind} {name}[] = {{{rows_text}}};")
+        return name
+
+    for k in manifest["kernels"]:
+        fam = k["family"]
+        if k["name"] in reached or fam not in families:
+            continue
+        plan = contract.plan_for(k["name"], k)
+
+        def expr(e):
+            f = [slot(fam, plan.names[j]) for j in e.factors]
+            return f"{{{e.mul}, {len(f)}, {{{', '.join(map(str, (f + [0, 0, 0, 0])[:4]))}}}, {e.add}}}"
+
+        params = []
+        for q in plan.params:
+            dims = q.dims or ()
+            drows = []
+            for label, size, stride in dims:
+                bind = size.factors[0] if size.mul == 1 and len(size.factors) == 1 else None
+                sp = stride.param()
+                drows.append(f"{{{_c(label)}, {expr(size)}, {expr(stride)}, "
+                             f"{-1 if bind is None else slot(fam, plan.names[bind])}, "
+                             f"{-1 if sp is None else slot(fam, plan.names[sp])}}}")
+            params.append(f"{{{_c(q.name)}, {slot(fam, q.name)}, {int(q.pointer)}, {_c(q.elem or '')}, "
+                          f"{len(dims)}, {array('Dim', ', '.join(drows)) if dims else 'nullptr'}}}")
+        rows.append(f"    {{{_c(k['name'])}, {families.index(fam)}, {array('Param', ', '.join(params))}, "
+                    f"{len(params)}}},")
+    out.append("static const KernelRow kKernels[] = {")
+    out += rows or ['    {"", -1, nullptr, 0},']  # no kernel: every call is refused
+    out.append("};")
+    (dest / "mla_gen_ops.h").write_text("\n".join(out) + "\n")
 
 
 def extension_plan():
@@ -273,7 +430,7 @@ def extension_plan():
     launcher, why = _c_launcher()
     if launcher is None:
         return None, why
-    _table(launcher, work)
+    _ops_header(launcher, work)
     csrc = ROOT / "csrc"
     sources = [csrc / "mla_gen_ops.cpp", csrc / "driver" / "driver.c", launcher / "mla_kernels.c"]
     ext = Extension(

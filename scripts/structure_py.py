@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "python" / "mla_gen"
 # optional compiled C module (no .py).
 LAYERS = [
     ("ground", ["_version", "errors", "_ext", "_launch"]),
-    ("contract", ["contract"]),
+    ("contract", ["contract", "_binding"]),
     ("select", ["_select"]),
     ("manifest", ["manifest"]),
     ("driver", ["_cuda"]),

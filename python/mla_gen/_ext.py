@@ -1,6 +1,7 @@
 """The compiled op, chosen at import: ``mla_gen/_C.abi3.so`` (python/csrc, built by setup.py
-against the LibTorch stable ABI) implements ``torch.ops.mla_gen.merge_attn_states`` for CUDA in
-C++, through the generated C launcher of the package's kernels. It embeds no image: it reads
+against the LibTorch stable ABI) implements every ``torch.ops.mla_gen`` op for CUDA in C++,
+from the table the Python path reads too (mla_gen._binding), through the generated C launcher of
+the package's kernels. It embeds no image: it reads
 each from the package's ``kernels/`` folder beside it (the images the wheel ships once), checked
 against the manifest's size and sha256 before the driver sees it.
 
@@ -41,8 +42,8 @@ def candidate():
 
 
 def load() -> bool:
-    """Load the compiled op (once): its CUDA implementation of merge_attn_states registers as
-    the library loads. Call after the schemas are defined. False with ``reason`` set where the
+    """Load the compiled op (once): its CUDA implementations of the ops register as the library
+    loads. Call after the schemas are defined. False with ``reason`` set where the
     Python implementation is to serve."""
     global loaded, reason, _counter, _plans
     if loaded is not None:
@@ -51,7 +52,7 @@ def load() -> bool:
         reason = "MLA_GEN_PURE_PYTHON is set"
         return False
     if os.environ.get("MLA_GEN_KERNELS"):
-        reason = "MLA_GEN_KERNELS is set: the compiled op serves only the kernels built into it"
+        reason = "MLA_GEN_KERNELS is set: the compiled op serves only the package's kernels"
         return False
     path = candidate()
     if path is None:

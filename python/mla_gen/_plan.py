@@ -12,8 +12,9 @@ head dim).
 ``prepare`` runs that full check once per layout (shapes, strides, dtypes, device) and returns a
 plan, whose generated fast path (_fastpath) checks later calls with the same layouts only for what
 depends on the pointers and on the free integers. The storage-length rule needs no per-call work:
-torch keeps every tensor inside its storage, and the plan checked these layouts. The kinds at the
-end say, per way of calling, which tensors bind which parameters and which kernel serves.
+torch keeps every tensor inside its storage, and the plan checked these layouts. The kinds (which
+tensors bind which parameters, how an error names a call) and the refusals' texts are _binding's,
+the table the compiled op reads too.
 
 Nothing here reads a global setting of the calls: the device type and the stream function come
 in as arguments (_torch holds them, tests and the benches replace them there).
@@ -25,14 +26,11 @@ import torch
 
 from . import _cuda, _fastpath
 from . import manifest as _m
+from ._binding import ELEMS, TEXTS, Kind, shape_text
+from ._binding import GROUP, GROUP_CTX, IN_PLACE, MASK, PAIR, PAIR_CTX, STATES  # noqa: F401 (the kinds, here too)
 from .contract import ArgumentError, Buffer, plan_for
 
-_FP8 = getattr(torch, "float8_e4m3fn", None)
-_ELEM = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32",
-         torch.uint8: "u8", torch.bool: "u8", torch.float64: "f64", torch.int64: "i64", torch.int8: "i8",
-         torch.int16: "i16"}
-if _FP8 is not None:
-    _ELEM[_FP8] = "fp8_e4m3"
+_ELEM = {getattr(torch, name): elem for name, elem in ELEMS.items() if hasattr(torch, name)}
 
 # Where an empty tensor has no storage (data_ptr 0) it stands at this address: nothing is read
 # or written through it (its extent is 0, or the check refuses it as too short).
@@ -65,17 +63,6 @@ def layout_key(t):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
 
 
-class Kind:
-    """One way of calling: the family, the kernel parameters its tensors bind (in call order),
-    its free integers, the names of its options (the manifest's ``select`` keys), how an error
-    names a call no kernel serves (``describe(tensors by name, options) -> text``), and the
-    tensors whose element type selects the kernel (the others' are the check's to name)."""
-
-    def __init__(self, family, names, free, options, describe, typed):
-        self.family, self.names, self.free, self.options = family, names, free, options
-        self.describe, self.typed = describe, typed
-
-
 class Prepared:
     """A plan: the kernel, its launcher (None: nothing to launch), grid and device, and the fast
     path (run, go, set_guard: _fastpath.build) with its layout guard."""
@@ -85,8 +72,8 @@ class Prepared:
 
 def _layout_error(name, t, sizes, strides, labels):
     want = ", ".join(f"{lab}={s}" for lab, s in zip(labels, sizes))
-    return ValueError(f"{name} has shape {tuple(t.shape)} and strides {tuple(t.stride())}; the kernel addresses it "
-                      f"as [{want}] with strides {tuple(strides)} (strides of size-1 dims do not matter)")
+    return ValueError(TEXTS["layout"].format(name=name, shape=shape_text(t.shape), strides=shape_text(t.stride()),
+                                             want=want, want_strides=shape_text(strides)))
 
 
 def _shaped(plan, tmap):
@@ -107,11 +94,11 @@ def _arguments(kind: Kind, tensors: tuple, free: tuple, device_type: str):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.device.type != device_type:
-            raise ValueError(f"{name} is on {t.device}; the kernels run on a CUDA device")
+            raise ValueError(TEXTS["not_on_device"].format(name=name, device=t.device))
         if device is None:
             device, first = t.device, name
         elif t.device != device:
-            raise ValueError(f"{name} is on {t.device}, {first} on {device}; all tensors must be on one device")
+            raise ValueError(TEXTS["two_devices"].format(name=name, device=t.device, first=first, first_device=device))
     given_free = {}
     for name, v in zip(kind.free, free):
         if v is None:
@@ -146,8 +133,8 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
     ints = {}
     for p, t in _shaped(plan, tmap):
         if t.dim() != len(p.dims):
-            raise ValueError(f"{p.name} must have {len(p.dims)} dimensions [{', '.join(d[0] for d in p.dims)}], "
-                             f"got shape {tuple(t.shape)}")
+            raise ValueError(TEXTS["param_rank"].format(name=p.name, rank=len(p.dims), shape=shape_text(t.shape),
+                                                        labels=", ".join(d[0] for d in p.dims)))
         for k, (_, size, _) in enumerate(p.dims):
             if size.mul == 1 and len(size.factors) == 1:
                 j = size.factors[0]
@@ -381,9 +368,6 @@ def set_guard(prep: Prepared, tensors: tuple):
 
 # ---- which kernel serves a call: the kinds and their selection ----
 
-_CTX_MASK = " with the empty-context mask (mask_empty_context = true)"
-
-
 def select(kind: Kind, kf, tmap: dict, options: tuple, free: dict) -> dict:
     """The manifest entry that serves a call of `kind` (manifest.select over the call's tensors:
     element types and sizes; its free integers, given, their values left to each call; its
@@ -395,8 +379,7 @@ def select(kind: Kind, kf, tmap: dict, options: tuple, free: dict) -> dict:
     named = {k: (("true" if v else "false") if isinstance(v, bool) else v) for k, v in zip(kind.options, options)}
     hit = _m.select(kf, kind.family, args, named)
     if hit is None:
-        raise ValueError(f"no generated {kind.family} kernel for {what} in {kf.label}; add it to the spec "
-                         f"([[{kind.family}]]) and regenerate, or set MLA_GEN_KERNELS")
+        raise ValueError(TEXTS["no_kernel"].format(family=kind.family, what=what, label=kf.label))
     return hit[0]
 
 
@@ -404,62 +387,5 @@ def dims(t, name, rank):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != rank:
-        raise ValueError(f"{name} must have {rank} dimensions, got shape {tuple(t.shape)}")
+        raise ValueError(TEXTS["rank"].format(name=name, rank=rank, shape=shape_text(t.shape)))
     return t.shape
-
-
-# What a call that no kernel serves asked for, in its error (text only: selection is select's).
-
-def _describe_merge(tmap, options):
-    prefix = tmap["prefix_output"]
-    lse_layout = options[-1]
-    if "output_scales" in tmap:
-        T, H, D = dims(prefix, "prefix_output", 3)
-        scales = tmap["output_scales"]
-        dims(scales, "output_group_scales", 2)
-        groups = scales.shape[1]
-        if groups < 1 or (H * D) % groups:
-            raise ValueError(f"output_group_scales must be [T, H * D / G] for a group size G, got "
-                             f"{tuple(scales.shape)} for H * D = {H * D}")
-        what = (f"dtype={prefix.dtype}, head_size={D}, output = fp8_e4m3_group, group_size = {H * D // groups}, "
-                f"ue8m0 = {bool(options[0])}, lse_layout={lse_layout}")
-    else:
-        D = dims(prefix, "prefix_output", 3)[2]
-        output = "fp8_e4m3" if tmap["output_scale"] is not None else "same"
-        what = f"dtype={prefix.dtype}, head_size={D}, output={output}, lse_layout={lse_layout}"
-    return what + (_CTX_MASK if tmap.get("query_start_loc") is not None else "")
-
-
-def _describe_states(tmap, options):
-    v = tmap["states"]
-    T, K, H, D = dims(v, "v", 4)
-    return f"dtype={v.dtype}, head_size={D} merging {K} states (no kernel with num_states = {K} or \"runtime\")"
-
-
-def _describe_in_place(tmap, options):
-    v = tmap["state"]
-    D = dims(v, "v", 3)[2]
-    return f"dtype={v.dtype}, head_size={D}, lse_layout={options[0]}" + (" and a mask" if tmap["mask"] is not None else "")
-
-
-def _describe_mask(tmap, options):
-    return f"lse_layout={options[0]}"
-
-
-_FREE = ("prefill_tokens_with_context",)
-_START_LOCATIONS = ("query_start_loc", "context_start_loc")  # the fused mask's: [B + 1] gives num_requests
-_LSE = ("lse_layout",)
-
-# merge_attn_states, per-tensor FP8 included (options: (lse_layout,)), with the fused mask
-PAIR = Kind("merge_attn_states", ("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output",
-                                  "suffix_lse", "output_scale"), _FREE, _LSE, _describe_merge, ("prefix_output",))
-PAIR_CTX = Kind("merge_attn_states", PAIR.names + _START_LOCATIONS, _FREE, _LSE, _describe_merge, ("prefix_output",))
-# per-token-group FP8 (options: (ue8m0, lse_layout)), with the fused mask
-GROUP = Kind("merge_attn_states", ("output", "output_scales", "output_lse", "prefix_output", "prefix_lse",
-                                   "suffix_output", "suffix_lse"), _FREE, ("ue8m0",) + _LSE, _describe_merge,
-             ("prefix_output",))
-GROUP_CTX = Kind("merge_attn_states", GROUP.names + _START_LOCATIONS, _FREE, GROUP.options, _describe_merge, ("prefix_output",))
-STATES = Kind("merge_states", ("output", "output_lse", "states", "states_lse"), (), (), _describe_states, ("states",))
-IN_PLACE = Kind("merge_state_in_place", ("state", "state_lse", "other", "other_lse", "mask"), (), _LSE,
-                _describe_in_place, ("state",))
-MASK = Kind("mask_empty_context_lse", ("lse",) + _START_LOCATIONS, (), _LSE, _describe_mask, ("lse",))

@@ -16,9 +16,10 @@ Anything off on the way down reruns the full check, so every error is the full c
 plain merge_attn_states and its operator share one fast path (``_merge``), each with its own slot,
 so that code calling both with different layouts does not make each call look its plan up again.
 
-Where the compiled op serves torch.ops.mla_gen.merge_attn_states (mla_gen._ext), the plain
-merge_attn_states still comes here: on the H200 its fast path cost less per call than the
-compiled op of session 9 (GPU runs 74-75: 7.41 against 7.61 us, 10.70 against 12.11 us;
+Which calls come here (mla_gen/ops.py says the routes in one place): every plain function and
+the FlashInfer, SGLang and vLLM APIs; the torch ops only where the compiled op (mla_gen._ext) is
+absent. The plain merge_attn_states comes here even where the compiled op serves the op: on the
+H200 its fast path cost less per call than the compiled op of session 9 (GPU runs 74-75: 7.41 against 7.61 us, 10.70 against 12.11 us;
 docs/PERFORMANCE.md), which checked the whole contract on every call. The compiled op now keeps a
 plan per layout too (session 10: on the CPU machine, sending the function's calls to it costs
 about what this path costs; not yet measured on the GPU).
@@ -32,7 +33,7 @@ import torch
 
 from . import _cuda, _plan
 from . import manifest as _m
-from ._plan import GROUP, GROUP_CTX, IN_PLACE, MASK, PAIR, PAIR_CTX, STATES
+from ._binding import GROUP, GROUP_CTX, IN_PLACE, LSE_LAYOUTS, MASK, PAIR, PAIR_CTX, STATES, TEXTS
 from .contract import ArgumentError, plan_for
 
 # $MLA_GEN_KERNELS as stored, for the slots' folder (only compared with itself): one C call
@@ -223,8 +224,7 @@ def both_or_neither(query_start_loc, context_start_loc):
     if query_start_loc is None or context_start_loc is None:
         given, missing = (("query_start_loc", "context_start_loc") if context_start_loc is None
                           else ("context_start_loc", "query_start_loc"))
-        raise ValueError(f"{given} given without {missing}: the empty-context mask needs both start locations "
-                         "(int32 [B + 1] each), or neither")
+        raise ValueError(TEXTS["both_or_neither"].format(given=given, missing=missing))
 
 
 def _merge_other(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, prefill_tokens_with_context,
@@ -276,7 +276,7 @@ def merge_states(v, s, output=None, output_lse=None):
     the compile-time-K kernel for this K when the folder has one, else the runtime-K kernel."""
     T, K, H, D = _plan.dims(v, "v", 4)
     if v.device.type != _DEVICE_TYPE:
-        raise ValueError(f"v is on {v.device}; the kernels run on a CUDA device")
+        raise ValueError(TEXTS["not_on_device"].format(name="v", device=v.device))
     if output is None:
         output = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
     if output_lse is None and isinstance(s, torch.Tensor):
@@ -290,8 +290,8 @@ def merge_states(v, s, output=None, output_lse=None):
 
 
 def _lse_layout(lse_layout):
-    if lse_layout not in ("token_major", "head_major"):
-        raise ValueError('lse_layout must be "token_major" or "head_major"')
+    if lse_layout not in LSE_LAYOUTS:
+        raise ValueError(TEXTS["lse_layout"])
 
 
 def merge_state_in_place(v, s, v_other, s_other, mask=None, *, lse_layout: str = "token_major") -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ._binding import TEXTS
+
 __all__ = ["ArgumentError", "Buffer", "Checked", "Plan", "check_args", "plan_for"]
 
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -228,7 +230,7 @@ class Plan:
                         continue
                     raise self._refuse(f"{p.name} is a null pointer")
                 if a.elem is not None and p.elem is not None and not _elem_matches(a.elem, p.elem):
-                    raise self._refuse(f"{p.name} is {a.elem}, the kernel takes {p.elem}")
+                    raise self._refuse(TEXTS["elem"].format(name=p.name, got=a.elem, want=p.elem))
                 ptrs[i], lens[i] = a.ptr, a.len
             else:
                 if a is _UNSET:

@@ -40,22 +40,17 @@ import math
 import torch
 
 from . import _plan, _torch
-from ._plan import IN_PLACE, PAIR, STATES, Kind
+from ._binding import IN_PLACE, PAIR, STATES
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states"]
 
 _OPTIONS = ("token_major", "2")  # (lse_layout, lse_base)
 
 
-def _base2(describe):
-    return lambda tmap, options: describe(tmap, options[:-1]) + ", lse_base = 2"
-
-
 # mla-gen's kinds with the select blocks' lse_base: the same parameters, the base-2 kernels.
-_PAIR = Kind(PAIR.family, PAIR.names, PAIR.free, ("lse_layout", "lse_base"), _base2(PAIR.describe), PAIR.typed)
-_IN_PLACE = Kind(IN_PLACE.family, IN_PLACE.names, IN_PLACE.free, ("lse_layout", "lse_base"), _base2(IN_PLACE.describe),
-                 IN_PLACE.typed)
-_STATES = Kind(STATES.family, STATES.names, STATES.free, ("lse_base",), _base2(STATES.describe), STATES.typed)
+_PAIR = PAIR.with_options(("lse_layout", "lse_base"), ", lse_base = 2")
+_IN_PLACE = IN_PLACE.with_options(("lse_layout", "lse_base"), ", lse_base = 2")
+_STATES = STATES.with_options(("lse_base",), ", lse_base = 2")
 
 
 def _f32(s):

@@ -2,9 +2,15 @@
 dispatches through torch.ops. Registered once, at import, with
 ``torch.library.Library("mla_gen", "DEF")`` define/impl (not the @custom_op decorator, which
 costs 12-19 us a call); each op has a fake (meta) implementation, so torch.compile traces it
-and meta tensors run it. Where the package has its compiled op (mla_gen._ext: C++ on the
-LibTorch stable ABI), that implements ``merge_attn_states`` for CUDA instead of Python (the
-plain function keeps its Python fast path, cheaper per call); ``compiled`` says which.
+and meta tensors run it.
+
+The routes, in one place: where the package has its compiled op (mla_gen._ext: C++ on the
+LibTorch stable ABI, a platform wheel), it implements every op here for CUDA, from the table
+the Python path reads too (mla_gen._binding); the plain functions (mla_gen.merge_attn_states
+...) and the FlashInfer, SGLang and vLLM APIs keep the Python path (_torch -> _plan), whose
+per-layout fast path costs less per call than a dispatch. Without the compiled op (a
+pure-Python wheel, ``$MLA_GEN_PURE_PYTHON``, ``$MLA_GEN_KERNELS`` set at import, torch < 2.10)
+the ops are these Python functions over the same path. ``compiled`` says which serves.
 
 - ``merge_attn_states``: vLLM's schema, ``torch.ops._C.merge_attn_states``'s arguments, then
   ``query_start_loc``, ``context_start_loc`` (both or neither: the fused empty-context mask).
@@ -19,28 +25,9 @@ from __future__ import annotations
 import torch
 
 from . import _torch as _t
+from ._binding import SCHEMAS, TEXTS
 
 NAMESPACE = "mla_gen"
-
-SCHEMAS = {
-    "merge_attn_states": (
-        "merge_attn_states(Tensor! output, Tensor!? output_lse, Tensor prefix_output, Tensor prefix_lse, "
-        "Tensor suffix_output, Tensor suffix_lse, SymInt? prefill_tokens_with_context=None, "
-        "Tensor? output_scale=None, Tensor? query_start_loc=None, Tensor? context_start_loc=None) -> ()"),
-    "merge_attn_states_fp8_group": (
-        "merge_attn_states_fp8_group(Tensor! output, Tensor! output_group_scales, Tensor!? output_lse, "
-        "Tensor prefix_output, Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse, "
-        "SymInt? prefill_tokens_with_context=None, bool ue8m0=False, Tensor? query_start_loc=None, "
-        "Tensor? context_start_loc=None) -> ()"),
-    "merge_states": "merge_states(Tensor v, Tensor s) -> (Tensor, Tensor)",
-    "merge_state_in_place": (
-        "merge_state_in_place(Tensor(a!) v, Tensor(b!) s, Tensor v_other, Tensor s_other, Tensor? mask=None, "
-        "str lse_layout=\"token_major\") -> ()"),
-    "mask_empty_context_lse": (
-        "mask_empty_context_lse(Tensor(a!) lse, Tensor query_start_loc, Tensor context_start_loc, "
-        "str lse_layout=\"head_major\") -> ()"),
-}
-
 
 # The op's own entry (the op's argument order): the dispatcher calls it directly, no wrapper frame
 # here; it runs the function's fast path with the operator's last-plan slot.
@@ -58,9 +45,7 @@ def _merge_attn_states_fp8_group(output, output_group_scales, output_lse, prefix
 def _merge_states(v, s):
     out, lse = _t.merge_states(v, s)
     if lse is None:
-        raise ValueError("torch.ops.mla_gen.merge_states returns the merged lse: the kernel folder's merge_states "
-                         "kernel for this call has no output lse (spec: output_lse = true); call "
-                         "mla_gen.merge_states instead")
+        raise ValueError(TEXTS["no_states_lse"])
     return out, lse
 
 
@@ -111,7 +96,7 @@ FAKES["merge_attn_states"] = _fake_merge_attn_states
 FAKES["merge_attn_states_fp8_group"] = _fake_merge_attn_states_fp8_group
 
 _lib = None
-# Whether the compiled op (mla_gen._ext) implements merge_attn_states for CUDA in this process.
+# Whether the compiled op (mla_gen._ext) implements the ops for CUDA in this process.
 compiled = False
 
 
@@ -132,7 +117,7 @@ def _register():
     from . import _ext
     compiled = _ext.load()
     for name in SCHEMAS:
-        if not (compiled and name == "merge_attn_states"):
+        if not compiled:  # the compiled op implements every op of SCHEMAS (python/csrc, from _binding.OPS)
             lib.impl(name, IMPLS[name], "CUDA")
         if register_fake is not None:
             register_fake(f"{NAMESPACE}::{name}", FAKES[name], lib=lib)

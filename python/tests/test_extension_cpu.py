@@ -58,6 +58,29 @@ def _child(code_or_file, env_extra, cwd=None):
     return subprocess.run(args, env=env, capture_output=True, text=True, cwd=cwd or pkg_parent, timeout=300)
 
 
+def _stub(tmp_path):
+    stub = tmp_path / "libcuda_stub.so"
+    subprocess.run([_gcc(), "-shared", "-fPIC", "-O1", str(HERE / "ext" / "stub_driver.c"), "-o", str(stub)],
+                   check=True)
+    return stub
+
+
+def _package_copy(tmp_path, *ignore):
+    """A copy of the imported package under tmp_path/site, without `ignore` (glob patterns)."""
+    copy = tmp_path / "site" / "mla_gen"
+    shutil.copytree(Path(mla_gen.__file__).resolve().parent, copy,
+                    ignore=shutil.ignore_patterns("__pycache__", *ignore))
+    return copy
+
+
+def _run_copy(copy, code, env_extra=None):
+    """`code` in a child that imports the package copy (its folder first on the path)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MLA_GEN_KERNELS", "MLA_GEN_PURE_PYTHON")}
+    env.update(env_extra or {}, PYTHONPATH=str(copy.parent))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          cwd=str(copy.parents[1]), timeout=300)
+
+
 def test_the_choice_is_reported():
     # ops.compiled and _ext.reason say which implementation serves torch.ops.mla_gen.merge_attn_states.
     assert ops.compiled == (_ext.loaded is not None)
@@ -68,9 +91,7 @@ def test_the_choice_is_reported():
 
 def test_compiled_op_launches_what_the_python_path_launches(tmp_path):
     _need_compiled()
-    stub = tmp_path / "libcuda_stub.so"
-    subprocess.run([_gcc(), "-shared", "-fPIC", "-O1", str(HERE / "ext" / "stub_driver.c"), "-o", str(stub)],
-                   check=True)
+    stub = _stub(tmp_path)
     r = _child(HERE / "ext" / "compare_cpu.py", {"MLA_GEN_EXT_CPU": "1", "MLA_GEN_LIBCUDA": str(stub)})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "cases agree" in r.stdout
@@ -107,9 +128,7 @@ def test_a_torch_below_the_stable_abi_gets_the_python_path():
 def test_threads_share_the_compiled_op(tmp_path):
     # Launches from many threads at once, each its own shapes: every one the Python path's kernel.
     _need_compiled()
-    stub = tmp_path / "libcuda_stub.so"
-    subprocess.run([_gcc(), "-shared", "-fPIC", "-O1", str(HERE / "ext" / "stub_driver.c"), "-o", str(stub)],
-                   check=True)
+    stub = _stub(tmp_path)
     code = ("import threading, torch, mla_gen\n"
             "from mla_gen import ops\n"
             "assert ops.compiled\n"
@@ -135,9 +154,7 @@ def test_threads_share_the_compiled_op(tmp_path):
 
 def test_without_the_extension_file_the_python_path_serves(tmp_path):
     _need_compiled()
-    pkg = Path(mla_gen.__file__).resolve().parent
-    copy = tmp_path / "site" / "mla_gen"
-    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("_C.*so", "__pycache__"))
+    copy = _package_copy(tmp_path, "_C.*so")
     code = ("import mla_gen, torch\n"
             "from mla_gen import ops, _ext\n"
             "assert mla_gen.__file__.startswith(%r), mla_gen.__file__\n"
@@ -148,18 +165,8 @@ def test_without_the_extension_file_the_python_path_serves(tmp_path):
             "    l = torch.empty(2, 4, device='cuda')\n"
             "    torch.ops.mla_gen.merge_attn_states(o, l, o.clone(), l.clone(), o.clone(), l.clone(), 3)\n"
             "print('fallback ok')\n") % str(copy)
-    env = {k: v for k, v in os.environ.items() if k not in ("MLA_GEN_KERNELS", "MLA_GEN_PURE_PYTHON")}
-    env["PYTHONPATH"] = str(tmp_path / "site")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=str(tmp_path),
-                       timeout=300)
+    r = _run_copy(copy, code)
     assert r.returncode == 0 and "fallback ok" in r.stdout, r.stdout + r.stderr
-
-
-def _stub(tmp_path):
-    stub = tmp_path / "libcuda_stub.so"
-    subprocess.run([_gcc(), "-shared", "-fPIC", "-O1", str(HERE / "ext" / "stub_driver.c"), "-o", str(stub)],
-                   check=True)
-    return stub
 
 
 def test_the_compiled_op_embeds_no_image():
@@ -183,9 +190,7 @@ def test_the_compiled_op_reads_and_checks_the_package_images(tmp_path):
     # reads the copy's own kernels/, not the installed package's.
     _need_compiled()
     stub = _stub(tmp_path)
-    pkg = Path(mla_gen.__file__).resolve().parent
-    copy = tmp_path / "site" / "mla_gen"
-    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    copy = _package_copy(tmp_path)
     for f in (copy / "kernels").rglob("*"):
         if f.suffix in (".cubin", ".ptx"):
             f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
@@ -198,12 +203,7 @@ def test_the_compiled_op_reads_and_checks_the_package_images(tmp_path):
             "    torch.ops.mla_gen.merge_attn_states(o, None, p, l, s, l.clone(), 2)\n"
             "except RuntimeError as e:\n"
             "    print('refused:', str(e).splitlines()[0])\n") % str(copy)
-    env = {"MLA_GEN_EXT_CPU": "1", "MLA_GEN_LIBCUDA": str(stub)}
-    r_env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), **env)
-    r_env.pop("MLA_GEN_KERNELS", None)
-    r_env.pop("MLA_GEN_PURE_PYTHON", None)
-    r = subprocess.run([sys.executable, "-c", code], env=r_env, capture_output=True, text=True, cwd=str(tmp_path),
-                       timeout=300)
+    r = _run_copy(copy, code, {"MLA_GEN_EXT_CPU": "1", "MLA_GEN_LIBCUDA": str(stub)})
     assert "refused:" in r.stdout, r.stdout + r.stderr
     line = r.stdout.split("refused:", 1)[1]
     assert str(copy / "kernels") in line and "is not the image the manifest records" in line, line
@@ -211,17 +211,12 @@ def test_the_compiled_op_reads_and_checks_the_package_images(tmp_path):
 
 def test_without_the_kernel_folder_the_python_path_serves(tmp_path):
     _need_compiled()
-    pkg = Path(mla_gen.__file__).resolve().parent
-    copy = tmp_path / "site" / "mla_gen"
-    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("kernels", "__pycache__"))
+    copy = _package_copy(tmp_path, "kernels")
     code = ("import mla_gen\n"
             "from mla_gen import ops, _ext\n"
             "assert not ops.compiled and 'images are missing' in _ext.reason, _ext.reason\n"
             "print('fallback ok')\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("MLA_GEN_KERNELS", "MLA_GEN_PURE_PYTHON")}
-    env["PYTHONPATH"] = str(tmp_path / "site")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=str(tmp_path),
-                       timeout=300)
+    r = _run_copy(copy, code)
     assert r.returncode == 0 and "fallback ok" in r.stdout, r.stdout + r.stderr
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 
 import torch
@@ -22,10 +23,10 @@ assert ops.compiled, f"the compiled op did not load: {_ext.reason}"
 stub = ctypes.CDLL(os.environ["MLA_GEN_LIBCUDA"])
 
 
-def compiled_call(args):
+def compiled_call(args, op="merge_attn_states"):
     before = ctypes.c_int.in_dll(stub, "stub_launches").value
     try:
-        torch.ops.mla_gen.merge_attn_states(*args)
+        getattr(torch.ops.mla_gen, op)(*args)
     except RuntimeError as e:
         return ("error", str(e).splitlines()[0])
     if ctypes.c_int.in_dll(stub, "stub_launches").value == before:
@@ -57,7 +58,7 @@ _torch._stream = lambda device: 0
 _cuda.launch = _record
 
 
-def python_call(args, full=False):
+def python_call(args, full=False, op="merge_attn_states"):
     """The Python path's launch; `full`: through its full check (no plan kept), which launches
     by the rule itself: the Python plans may launch a kernel the rule ranks below (_dense for a
     threshold of T after a plan made with a smaller one, where the rule picks _dense_nothr)."""
@@ -66,7 +67,7 @@ def python_call(args, full=False):
         _torch._last_pair_op[:] = [None, None, None, None]
     before = len(python_launches)
     try:
-        _torch.merge_attn_states_op(*args)
+        ops.IMPLS[op](*args)
     except (ValueError, TypeError) as e:
         return ("error", str(e).splitlines()[0])
     if len(python_launches) == before:
@@ -126,15 +127,18 @@ cases = {
                               out=lambda T, H, D: torch.empty(T * H * D + 1, dtype=torch.bfloat16)[1:].view(T, H, D)),
 }
 
-NO_KERNEL = "no generated merge_attn_states kernel for "
+NO_KERNEL = re.compile(r"(no generated \w+ kernel for .*) in .*; add it to the spec")
 failures = []
 
 
-def compare(name, args, full=False):
-    c, p = compiled_call(args), python_call(args, full)
+def compare(name, args, full=False, op="merge_attn_states"):
+    c, p = compiled_call(args, op), python_call(args, full, op)
+    if op == "merge_states":  # its outputs are allocated by each: their addresses differ
+        c, p = (x[:3] + (x[3][2:],) if x[0] == "launch" else x for x in (c, p))
     if c[0] == "error" and p[0] == "error":
         # The same text, but where no kernel serves: each names its own folder.
-        if c[1] != p[1] and not (c[1].startswith(NO_KERNEL) and p[1].startswith(NO_KERNEL)):
+        nc, np_ = NO_KERNEL.match(c[1]), NO_KERNEL.match(p[1])
+        if c[1] != p[1] and not (nc and np_ and nc.group(1) == np_.group(1)):
             failures.append(f"{name}: compiled says {c[1]!r}, Python {p[1]!r}")
     elif c != p:
         failures.append(f"{name}: compiled {c}, Python {p}")
@@ -182,18 +186,20 @@ for name, args in sequence.items():
 if _ext.plans() != plans + 1:
     failures.append(f"calls of one layout made {_ext.plans() - plans} plans, not 1")
 # Other layouts in between, then each again: the thread keeps its last few.
+padded = case(8, 4, 128, torch.bfloat16, n=3, pad_token=8)  # layouts no call above had
 others = {
-    "layouts: threshold left out": same_layout(base, prefill_tokens_with_context=None),
-    "layouts: no output_lse": same_layout(base, output_lse=None),
+    "layouts: threshold left out": same_layout(padded, prefill_tokens_with_context=None),
+    "layouts: no output_lse": same_layout(padded, output_lse=None),
     "layouts: f16": case(8, 4, 128, torch.float16, n=3),
 }
 plans = _ext.plans()
+planned = 0  # the layouts a kernel of the folder serves (f16's may have none)
 for round_ in range(2):
     for name, args in others.items():
-        compare(f"{name} ({round_})", args)
+        planned += round_ == 0 and compare(f"{name} ({round_})", args)[0] != "error"
     compare(f"plan: the prepared call ({round_})", base)
-if _ext.plans() != plans + len(others):
-    failures.append(f"four layouts called twice made {_ext.plans() - plans} plans, not {len(others)}")
+if _ext.plans() != plans + planned:
+    failures.append(f"four layouts called twice made {_ext.plans() - plans} plans, not {planned}")
 # A bad call of a layout never planned makes none; the next good one does.
 bad = case(6, 2, 128, torch.bfloat16, n=7)
 plans = _ext.plans()
@@ -203,6 +209,81 @@ compare("new layout: its good call", same_layout(bad, prefill_tokens_with_contex
 if _ext.plans() != plans + 1:
     failures.append(f"a refused layout, then a good call, made {_ext.plans() - plans} plans, not 1")
 
+# Every other op, from the same table: each launches what its Python implementation launches
+# or both refuse with the same text (where the folder lacks the family: no kernel, each naming the
+# call alike).
+bf, i32 = torch.bfloat16, torch.int32
+T, H, D = 8, 4, 128
+g = torch.Generator().manual_seed(7)
+
+
+def rnd(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def locs(*v, dtype=i32):
+    return torch.tensor(v, dtype=dtype)
+
+
+def group(out=None, scales=None, ue8m0=False, qsl=None, csl=None):
+    o = torch.empty(T, H, D, dtype=torch.float8_e4m3fn) if out is None else out
+    sc = torch.empty(T, H * D // 64) if scales is None else scales
+    return [o, sc, rnd(H, T), rnd(T, H, D, dtype=bf), rnd(H, T), rnd(T, H, D, dtype=bf), rnd(H, T), 5, ue8m0, qsl, csl]
+
+
+def in_place(layout="head_major", mask=True, v=None, lse_t=False):
+    lse = (lambda: rnd(T, H)) if lse_t else (lambda: rnd(H, T))
+    m = torch.ones(T, dtype=torch.uint8) if mask else None
+    return [rnd(T, H, D, dtype=bf) if v is None else v, lse(), rnd(T, H, D, dtype=bf), lse(), m, layout]
+
+
+other_ops = {
+    "merge_states": {
+        "four states": [rnd(T, 4, H, D, dtype=bf), rnd(T, 4, H)],
+        "three states (runtime K)": [rnd(T, 3, H, D, dtype=bf), rnd(T, 3, H)],
+        "f16 states": [rnd(T, 4, H, D, dtype=torch.float16), rnd(T, 4, H)],
+        "v of three dims": [rnd(T, H, D, dtype=bf), rnd(T, 4, H)],
+        "f16 lse": [rnd(T, 4, H, D, dtype=bf), rnd(T, 4, H, dtype=torch.float16)],
+        "lse transposed": [rnd(T, 4, H, D, dtype=bf), rnd(H, 4, T).permute(2, 1, 0)],
+    },
+    "merge_state_in_place": {
+        "head-major with a mask": in_place(),
+        "head-major, no mask": in_place(mask=False),
+        "token-major": in_place("token_major", lse_t=True),
+        "another lse_layout": in_place("tokens"),
+        "v of two dims": in_place(v=rnd(T, H * D, dtype=bf)),
+        "mask of int32": in_place()[:4] + [torch.ones(T, dtype=i32), "head_major"],
+    },
+    "mask_empty_context_lse": {
+        "head-major": [rnd(H, T), locs(0, 3, 8), locs(0, 0, 5), "head_major"],
+        "token-major": [rnd(T, H), locs(0, 3, 8), locs(0, 0, 5), "token_major"],
+        "int64 start locations": [rnd(H, T), locs(0, 3, 8), locs(0, 0, 5, dtype=torch.int64), "head_major"],
+        "start locations of two dims": [rnd(H, T), locs(0, 3, 8).view(1, 3), locs(0, 0, 5), "head_major"],
+    },
+    "merge_attn_states_fp8_group": {
+        "groups of 64": group(),
+        "ue8m0": group(ue8m0=True),
+        "scales of 7 groups": group(scales=torch.empty(T, 7)),
+        "scales column-major": group(scales=torch.empty(H * D // 64, T).t()),
+        "with the start locations": group(qsl=locs(0, 3, 8), csl=locs(0, 0, 5)),
+        "one start location": group(csl=locs(0, 0, 5)),
+        "bf16 output": group(out=rnd(T, H, D, dtype=bf)),
+    },
+    "merge_attn_states": {
+        "the fused mask": case(T, H, D, bf, n=5, transform=lambda a: a[:8] + [locs(0, 3, 8), locs(0, 0, 5)]),
+        "start locations of other lengths": case(
+            T, H, D, bf, n=5, transform=lambda a: a[:8] + [locs(0, 3, 8), locs(0, 0, 5, 6)]),
+        "f32 start locations": case(
+            T, H, D, bf, n=5, transform=lambda a: a[:8] + [locs(0, 3, 8), locs(0, 0, 5, dtype=torch.float32)]),
+    },
+}
+n_other = 0
+for op, op_cases in other_ops.items():
+    for name, args in op_cases.items():
+        compare(f"{op}: {name}", args, op=op)
+        compare(f"{op}: {name}, again", args, op=op)
+        n_other += 2
+
 if failures:
     sys.exit("\n".join(failures))
-print(f"{2 * len(cases) + len(sequence) + 2 * (len(others) + 1) + 3} cases agree")
+print(f"{2 * len(cases) + len(sequence) + 2 * (len(others) + 1) + 3 + n_other} cases agree")
