@@ -214,7 +214,8 @@ def _c_launcher():
         out = _generated_default()
     except (OSError, RuntimeError) as e:
         return None, f"no C launcher: {e}"
-    # The launcher embeds its own images: they must be the packaged ones.
+    # The launcher holds the sizes and hashes of the images it was generated with and reads the
+    # packaged ones: they must be the same (else every load is refused).
     for rel in kernel_files(folder):
         if (out / rel).read_bytes() != (folder / rel).read_bytes():
             return None, (f"the C launcher generated here differs from {folder} ({rel}): another NVRTC than the "
