@@ -204,8 +204,6 @@ const KernelRow* selected(const Selection& probe) {
     return nullptr;
 }
 
-const char* given_missing(const KindRow& k, int n0, bool first) { return k.names[first ? n0 : n0 + 1]; }
-
 // A call without a plan: the torch layer's checks (mla_gen/_plan.py's, in its order, with its
 // texts), the kernel by the launcher's selection, the integers from the tensors by the contract's
 // dims, the launcher's full check and plan (a refusal throws its message).
@@ -217,9 +215,8 @@ void prepare(int o, Call& c, Plan& plan) {
     bool ctx = false;  // a start location given (tensors of the second kind only)
     for (int i = k0.n_names; i < kb.n_names; ++i) ctx |= c.t[i].h != nullptr;
     if (ctx && (!c.t[k0.n_names].h || !c.t[k0.n_names + 1].h)) {
-        const bool first = c.t[k0.n_names].h != nullptr;
-        fail(format(kText_both_or_neither, {{"given", given_missing(kb, k0.n_names, first)},
-                                            {"missing", given_missing(kb, k0.n_names, !first)}}));
+        const int given = c.t[k0.n_names].h ? k0.n_names : k0.n_names + 1;  // the start location given
+        fail(format(kText_both_or_neither, {{"given", kb.names[given]}, {"missing", kb.names[2 * k0.n_names + 1 - given]}}));
     }
     const KindRow& k = ctx ? kb : k0;
     if (op.n_allocated) {  // merge_states: the states' rank and device come first, as mla_gen.merge_states
