@@ -58,8 +58,8 @@ build)
     # label | sed expression for merge_states.cu.tera (none: templates/ as is) | schedule keys (;)
     # r2*: two tokens per thread (K <= 4: both rows' loads in flight together; larger K one row
     # after the other), so K = 2-3 keep as many bytes in flight per SM as the fixed-K kernels at
-    # the runtime kernel's occupancy; registers: r2 80 (6 blocks/SM), r2m7 72 (7), r2m8 64 (8,
-    # 4 bytes spilled in the K > 4 loop).
+    # the runtime kernel's occupancy; registers (no spills): r2 80 (6 blocks/SM), r2m7 72 (7),
+    # r2m8 64 (8, as the default's 1 row).
     candidates=(
         'r2||rows_per_thread = 2'
         'r2m7||rows_per_thread = 2;min_blocks_per_sm = 7'
