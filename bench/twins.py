@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mla_gen  # noqa: E402
 from mla_gen import _cuda, _torch  # noqa: E402
+from hot_l2 import Arena  # noqa: E402
 
 # The variant key a class's kernels have true (rows_below: set), as the manifest writes it.
 CLASSES = {"dense": "dense", "nothr": "all_context", "flat": "flat_rows", "size_rule": "rows_below"}
@@ -56,8 +57,8 @@ HAS_FLAGS = {"dense": "dense_specialization", "flat_rows": "flat_twins"}
 WIN, LOSS = 1.02, 0.98
 BF16 = torch.bfloat16
 # Engine shapes: decode T 1-256, prefill 2K-32K tokens; H 8-128, and 1-4 (tensor-parallel shards)
-# for the flat twins only, which serve no more heads than that; D 128 and 576; bf16 in, bf16 or FP8 (per tensor) out; threshold below T
-# (T // 2) or every token with context (None, as vLLM passes it).
+# for the flat twins only, which serve no more heads than that; D 128 and 576; bf16 in, bf16 or FP8
+# (per tensor) out; threshold below T (T // 2) or every token with context (None, as vLLM passes it).
 GRID_T = (1, 16, 64, 256, 2048, 8192, 32768)
 GRID_H = (1, 2, 4, 8, 16, 32, 64, 128)
 FEW_HEADS = 8  # below this, only the flat class's cases
@@ -141,14 +142,14 @@ def in_folder(folder, fn):
 
 
 class PairCall:
-    """One merge_attn_states call: bf16 prefix/suffix [T, H, D] and lse [H, T] (base e) in one
-    arena (the producer rewrites them all), output bf16 or FP8 (per-tensor scale) and lse."""
+    """One merge_attn_states call: prefix/suffix [T, H, D] (bf16, or `dtype`) and lse [H, T] (base
+    e) in one arena (the producer rewrites them all), output in the inputs' dtype or FP8
+    (per-tensor scale), and lse."""
 
-    def __init__(self, T, H, D, out="same", thr="all", device="cuda", seed=0):
-        from hot_l2 import Arena
-        self.T, self.H, self.D, self.out_kind, self.thr = T, H, D, out, thr
+    def __init__(self, T, H, D, out="same", thr="all", device="cuda", seed=0, dtype=BF16):
+        self.T, self.H, self.D, self.out_kind, self.thr, self.dtype = T, H, D, out, thr, dtype
         f32 = torch.float32
-        specs = [((T, H, D), BF16), ((H, T), f32), ((T, H, D), BF16), ((H, T), f32), ((1,), f32)]
+        specs = [((T, H, D), dtype), ((H, T), f32), ((T, H, D), dtype), ((H, T), f32), ((1,), f32)]
         if device == "cuda":
             self.inputs = Arena(specs)
             self.prefix, self.plse, self.suffix, self.slse, self.scale = self.inputs.views
@@ -163,26 +164,22 @@ class PairCall:
             self.inputs = None
             self.prefix, self.plse, self.suffix, self.slse, self.scale = (
                 torch.empty(s, dtype=d, device=device) for s, d in specs)
-        out_dtype = BF16 if out == "same" else torch.float8_e4m3fn
+        out_dtype = dtype if out == "same" else torch.float8_e4m3fn
         self.out = torch.empty(T, H, D, dtype=out_dtype, device=device)
         self.out_lse = torch.empty(H, T, dtype=f32, device=device)
         self.threshold = None if thr == "all" else T // 2
-        out_elem = 2 if out == "same" else 1
-        self.nbytes = T * H * (2 * 2 * D + out_elem * D + 3 * 4)
+        elem = self.prefix.element_size()
+        self.nbytes = T * H * (2 * elem * D + self.out.element_size() * D + 3 * 4)
 
     def __call__(self):
         mla_gen.merge_attn_states(self.out, self.prefix, self.plse, self.suffix, self.slse, self.out_lse,
                                   self.threshold, None if self.out_kind == "same" else self.scale)
 
-    def label(self):
-        return f"bf16{'>fp8' if self.out_kind != 'same' else ''} T={self.T} H={self.H} D={self.D} thr={self.thr}"
-
     def result(self, fn):
-        """fn's output (as float32) and lse after NaN poison; ValueError where an element stays NaN."""
-        if self.out_kind == "same":
-            self.out.view(torch.int16).fill_(-1)  # 0xFFFF: a bf16 NaN
-        else:
-            self.out.view(torch.uint8).fill_(0x7F)  # an e4m3 NaN
+        """fn's output (as float32) and lse after NaN poison (all bits set: NaN in bf16, f16 and f32;
+        0x7F in e4m3); ValueError where an element stays NaN."""
+        poison = {1: (torch.uint8, 0x7F), 2: (torch.int16, -1), 4: (torch.int32, -1)}[self.out.element_size()]
+        self.out.view(poison[0]).fill_(poison[1])
         self.out_lse.fill_(float("nan"))
         fn()
         torch.cuda.synchronize()
@@ -194,7 +191,7 @@ class PairCall:
 def agree(a, b, fp8):
     """Why two results of one call differ beyond one rounding of the output, or None."""
     (x, xl), (y, yl) = a, b
-    step = 0.125 if fp8 else 2.0 ** -7  # relative spacing of e4m3 / bf16 values
+    step = 0.125 if fp8 else 2.0 ** -7  # relative spacing of e4m3 / bf16 values (at most)
     err = ((x - y).abs() / (y.abs() * step + 1e-2)).max().item()
     lse_err = (xl - yl).abs().max().item()
     if err > 1 or lse_err > 1e-4:
@@ -274,8 +271,7 @@ def make_cases(args):
 # ---- run: time each case (GPU) ----
 
 def bench_case(case, folders, args):
-    from kway_peers import time_all
-    from hot_l2 import Arena
+    from kway_peers import time_beside_copy
     call = PairCall(case["T"], case["H"], case["D"], case["out"], case["thr"],
                     seed=case["T"] * 3 + case["H"] * 5 + case["D"])
     row = dict(case, bytes=call.nbytes, errors=[])
@@ -294,10 +290,7 @@ def bench_case(case, folders, args):
         row["errors"].append(problem)
     if row["errors"]:
         return row
-    src = Arena([((call.nbytes // 2,), torch.uint8)])
-    src.seal()
-    dst = torch.empty(call.nbytes // 2, dtype=torch.uint8, device="cuda")
-    row["us"] = time_all(impls, (lambda: dst.copy_(src.views[0]), src.producer), call.nbytes, args)
+    row["us"] = time_beside_copy(impls, call.nbytes, args)
     row["ratio"] = {mode: row["us"]["without"][mode] / row["us"]["with"][mode] for mode in ("cold", "hot")}
     return row
 
@@ -354,6 +347,13 @@ def run(args):
     prop = torch.cuda.get_device_properties(0)
     print(f"# {prop.name}, torch {torch.__version__}; twins of {args.kernels}", flush=True)
     rows, start = [], time.monotonic()
+
+    def save():  # after every case: a run cut short by its timeout keeps what it measured
+        failures = [f"{r['class']} {shape_of(r)}: {e}" for r in rows for e in r["errors"]]
+        (out / "twins.json").write_text(json.dumps({"device": prop.name, "kernels": args.kernels, "rule": {
+            "ratio": "time without / time with", "keep": f"a median >= {WIN} and neither below {LOSS}"},
+            "summary": table(rows), "failures": failures, "rows": rows}, indent=1))
+        return failures
     with tempfile.TemporaryDirectory() as tmp:
         folders = class_folders(args.kernels, tmp)
         for case in interleaved(data["cases"]):
@@ -364,8 +364,11 @@ def run(args):
                 row = bench_case(case, folders, args)
             except torch.cuda.OutOfMemoryError:
                 row = dict(case, errors=["out of memory"])
+            except (ValueError, LookupError, RuntimeError) as e:  # a refused call, a driver error
+                row = dict(case, errors=[f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"])
             rows.append(row)
             torch.cuda.empty_cache()
+            save()
             if "ratio" in row:
                 us = row["us"]
                 print(f"{case['class']:>9} {shape_of(row):<38} {row['bytes'] / 1e6:>8.1f}MB | " + " | ".join(
@@ -373,12 +376,8 @@ def run(args):
                     f"x {row['ratio'][m]:.3f}" for m in ("cold", "hot")), flush=True)
             else:
                 print(f"{case['class']:>9} {shape_of(row)}: " + "; ".join(row["errors"]), flush=True)
-    summary = table(rows)
-    print_table(summary)
-    failures = [f"{r['class']} {shape_of(r)}: {e}" for r in rows for e in r["errors"]]
-    (out / "twins.json").write_text(json.dumps({"device": prop.name, "kernels": args.kernels, "rule": {
-        "ratio": "time without / time with", "keep": f"a median >= {WIN} and neither below {LOSS}"},
-        "summary": summary, "failures": failures, "rows": rows}, indent=1))
+    print_table(table(rows))
+    failures = save()
     if failures:
         print(f"# {len(failures)} checks failed:", *failures[:20], sep="\n# ", file=sys.stderr)
         sys.exit(1)
