@@ -161,6 +161,13 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
+
+    def save():  # after every call: a run cut short by its timeout keeps what it measured
+        failures = [f"{r['call']}: {e}" for r in rows for e in r["errors"]]
+        (out / "ptx_jit.json").write_text(json.dumps({"device": prop.name, "cc": cc, "cache_disabled":
+                                                      os.environ.get("CUDA_CACHE_DISABLE") == "1",
+                                                      "failures": failures, "rows": rows}, indent=1))
+        return failures
     _cuda.primary_context(0)  # the driver opened before the first call is timed
     with tempfile.TemporaryDirectory() as tmp:
         folders = {"cubin": Path(args.kernels).resolve(), "ptx90": ptx_only(args.kernels, Path(tmp, "ptx90"))}
@@ -174,6 +181,7 @@ def main():
             except (ValueError, LookupError, RuntimeError) as e:
                 row = {"call": str(spec), "errors": [f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"]}
             rows.append(row)
+            save()
             torch.cuda.empty_cache()
             if row["errors"]:
                 print(f"{row['call']}: " + "; ".join(row["errors"]), flush=True)
@@ -195,10 +203,7 @@ def main():
         print(f"# {label} ({len(ok)} kernels): JIT {min(jit):.1f}-{max(jit):.1f} ms a kernel (median "
               f"{statistics.median(jit):.1f}; CUBIN load median {cubin:.2f} ms); "
               f"kernel time x CUBIN {min(xs):.3f}-{max(xs):.3f}, median {statistics.median(xs):.3f}")
-    failures = [f"{r['call']}: {e}" for r in rows for e in r["errors"]]
-    (out / "ptx_jit.json").write_text(json.dumps({"device": prop.name, "cc": cc, "cache_disabled":
-                                                  os.environ.get("CUDA_CACHE_DISABLE") == "1",
-                                                  "failures": failures, "rows": rows}, indent=1))
+    failures = save()
     if failures:
         print(f"# {len(failures)} failed:", *failures, sep="\n# ", file=sys.stderr)
         sys.exit(1)
