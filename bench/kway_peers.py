@@ -406,6 +406,14 @@ def summary(rows, default):
                 lines.append(f"{table} {mode} {label}: x fi median {statistics.median(x for x, _ in xs):.3f}, min "
                              f"{worst[0]:.3f} (K={worst[1]['K']} T={worst[1]['T']} H={worst[1]['H']} "
                              f"D={worst[1]['D']}), {slower} of {len(xs)} below 0.98")
+    family = [r for r in rows if r["table"] == "family" and default in r.get("x_fi", {})]
+    for K in sorted({r["K"] for r in family}):  # the family table per number of states
+        rs = [r for r in family if r["K"] == K]
+        fi = " ".join(f"{m} median {statistics.median(r['x_fi'][default][m] for r in rs):.3f} min "
+                      f"{min(r['x_fi'][default][m] for r in rs):.3f}" for m in ("cold", "hot"))
+        loop = " ".join(f"{m} min {min(r['x_loop'][m] for r in rs):.2f}" for m in ("cold", "hot")
+                        if all(m in r["x_loop"] for r in rs))
+        lines.append(f"family K={K} ({len(rs)} shapes): x fi {fi}" + (f"; x loop {loop}" if loop else ""))
     for table, mask in (("inplace", False), ("family-inplace", False), ("family-inplace", True)):
         inplace = [r for r in rows if r["table"] == table and r.get("mask", False) == mask and "x_fi" in r]
         for mode in ("cold", "hot") if inplace else ():
