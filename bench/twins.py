@@ -20,6 +20,10 @@ MLA_GEN_KERNELS set to the folder), so the host picks the twin as an engine's ca
       twin serves, by the package's own selection on CPU tensors with the driver stubbed out)
   python3 bench/twins.py run --kernels DIR --cases CASES.json --out OUTDIR [--cap S]   (GPU)
 
+The twins are timed at bf16, D 128 and 576; the size rules at the (dtype, head size) pairs where
+a range has a schedule other than its named kernel's (the others are the same code under another
+name: `cases` lists them, nothing to time).
+
 `run` checks that each folder launches the kernel CASES.json names, and that the two outputs
 agree (NaN-poisoned first: every element written), then times both and a copy of the same bytes
 (kway_peers.time_all: cold = L2 flushed before each graph replay, hot = right after a producer
@@ -63,6 +67,7 @@ GRID_T = (1, 16, 64, 256, 2048, 8192, 32768)
 GRID_H = (1, 2, 4, 8, 16, 32, 64, 128)
 FEW_HEADS = 8  # below this, only the flat class's cases
 GRID_D = (128, 576)
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 MAX_BYTES = 2.5e9
 PER_CLASS = 16
 
@@ -208,22 +213,36 @@ def stub_cpu():
     stub_driver()
 
 
-def candidates():
-    for D in GRID_D:
+def candidates(pairs):
+    for dtype, D in pairs:
         for out in ("same", "fp8"):
             for thr in ("part", "all"):
                 for T in GRID_T:
                     for H in GRID_H:
                         if T * H * D * 2 * 3 <= MAX_BYTES:
-                            yield {"T": T, "H": H, "D": D, "out": out, "thr": thr}
+                            yield {"dtype": dtype, "T": T, "H": H, "D": D, "out": out, "thr": thr}
+
+
+def size_rules(manifest):
+    """The size rules' ranges: (dtype, head size) of those whose schedule differs from the named
+    kernel's, and the names of those with the same schedule (the same code: nothing to time)."""
+    by_name = {k["name"]: k for k in manifest["kernels"]}
+    differ, same = set(), []
+    for k in manifest["kernels"]:
+        for r in (k["launch"].get("size_rule") or {}).get("ranges", ()):
+            if by_name[r["kernel"]]["variant"]["schedule"] == k["variant"]["schedule"]:
+                same.append(r["kernel"])
+            elif k["variant"]["dtype"] in DTYPES:
+                differ.add((k["variant"]["dtype"], k["variant"]["head_size"]))
+    return sorted(differ), same
 
 
 def pick(cases, n):
-    """Up to n cases spread over the buckets (D, output, decode/prefill, threshold): from each,
+    """Up to n cases spread over the buckets (dtype, D, output, decode/prefill, threshold): from each,
     the shapes at evenly spaced places of its list by rows (inner ones first, not the extremes)."""
     buckets = {}
     for c in sorted(cases, key=lambda c: (c["T"] * c["H"], c["T"])):
-        buckets.setdefault((c["D"], c["out"], c["T"] >= 2048, c["thr"]), []).append(c)
+        buckets.setdefault((c["dtype"], c["D"], c["out"], c["T"] >= 2048, c["thr"]), []).append(c)
     per = -(-n // max(len(buckets), 1))
     spread = []
     for b in buckets.values():
@@ -241,28 +260,36 @@ def make_cases(args):
         folders = class_folders(args.kernels, tmp)
         manifest = json.loads(Path(args.kernels, "manifest.json").read_text())
         variant = {k["name"]: k["variant"] for k in manifest["kernels"]}
+        rule_pairs, identical = size_rules(manifest)
+        print(f"size rules: {len(identical)} ranges have their named kernel's schedule (the same code, not timed): "
+              + ", ".join(identical))
         found = {cls: [] for cls in CLASSES}
-        for c in candidates():
-            call = PairCall(c["T"], c["H"], c["D"], c["out"], c["thr"], device="cpu")
+        # The twins at bf16 D 128 and 576; the size rules where a range has a schedule of its own.
+        grid = [(c, [cls for cls in CLASSES if cls != "size_rule"]) for c in candidates(("bf16", D) for D in GRID_D)]
+        grid += [(c, ["size_rule"]) for c in candidates(rule_pairs)]
+        for c, classes in grid:
+            call = PairCall(c["T"], c["H"], c["D"], c["out"], c["thr"], device="cpu", dtype=DTYPES[c["dtype"]])
             runs = {}
-            for label, folder in folders.items():
+            for label in ["with"] + classes:
                 with launched_names() as names:
-                    in_folder(folder, call)()
+                    in_folder(folders[label], call)()
                 runs[label] = names[0]
-            for cls in CLASSES:
+            for cls in classes:
                 if c["H"] < FEW_HEADS and cls != "flat":
                     continue
                 twin, other = runs["with"], runs[cls]
                 # dense alone: the plain `_dense` twin (removing it removes every twin)
-                alone = cls != "dense" or not any(has_class(variant[twin], c) for c in ("nothr", "flat"))
-                if has_class(variant[twin], cls) and other != twin and alone:
+                alone = cls != "dense" or not any(has_class(variant[twin], k) for k in ("nothr", "flat"))
+                differs = variant[twin]["schedule"] != variant[other]["schedule"] or cls != "size_rule"
+                if has_class(variant[twin], cls) and other != twin and alone and differs:
                     found[cls].append(c | {"class": cls, "with": twin, "without": other})
     cases = []
     for cls, found_cls in found.items():
         chosen = pick(found_cls, args.per_class)
         print(f"{cls}: {len(found_cls)} calls of the grid run a twin of the class; timing {len(chosen)}")
         cases += chosen
-    Path(args.out).write_text(json.dumps({"kernels": str(args.kernels), "cases": cases}, indent=1))
+    Path(args.out).write_text(json.dumps({"kernels": str(args.kernels), "identical_ranges": identical,
+                                          "cases": cases}, indent=1))
     print(f"{len(cases)} cases -> {args.out}")
     if any(not v for v in found.values()):
         sys.exit("a class serves no call of the grid: " + ", ".join(c for c, v in found.items() if not v))
@@ -272,7 +299,7 @@ def make_cases(args):
 
 def bench_case(case, folders, args):
     from kway_peers import time_beside_copy
-    call = PairCall(case["T"], case["H"], case["D"], case["out"], case["thr"],
+    call = PairCall(case["T"], case["H"], case["D"], case["out"], case["thr"], dtype=DTYPES[case["dtype"]],
                     seed=case["T"] * 3 + case["H"] * 5 + case["D"])
     row = dict(case, bytes=call.nbytes, errors=[])
     impls, results = {}, {}
@@ -296,7 +323,7 @@ def bench_case(case, folders, args):
 
 
 def shape_of(r):
-    return f"T={r['T']} H={r['H']} D={r['D']} {r['out']} thr={r['thr']}"
+    return f"{r['dtype']} T={r['T']} H={r['H']} D={r['D']} {r['out']} thr={r['thr']}"
 
 
 def table(rows):
@@ -347,12 +374,13 @@ def run(args):
     prop = torch.cuda.get_device_properties(0)
     print(f"# {prop.name}, torch {torch.__version__}; twins of {args.kernels}", flush=True)
     rows, start = [], time.monotonic()
+    identical = data.get("identical_ranges", [])
 
     def save():  # after every case: a run cut short by its timeout keeps what it measured
         failures = [f"{r['class']} {shape_of(r)}: {e}" for r in rows for e in r["errors"]]
         (out / "twins.json").write_text(json.dumps({"device": prop.name, "kernels": args.kernels, "rule": {
             "ratio": "time without / time with", "keep": f"a median >= {WIN} and neither below {LOSS}"},
-            "summary": table(rows), "failures": failures, "rows": rows}, indent=1))
+            "summary": table(rows), "identical_ranges": identical, "failures": failures, "rows": rows}, indent=1))
         return failures
     with tempfile.TemporaryDirectory() as tmp:
         folders = class_folders(args.kernels, tmp)
@@ -377,6 +405,9 @@ def run(args):
             else:
                 print(f"{case['class']:>9} {shape_of(row)}: " + "; ".join(row["errors"]), flush=True)
     print_table(table(rows))
+    if identical:
+        print(f"(size rules: {len(identical)} ranges have their named kernel's schedule, the same code, not timed: "
+              + ", ".join(identical) + ")")
     failures = save()
     if failures:
         print(f"# {len(failures)} checks failed:", *failures[:20], sep="\n# ", file=sys.stderr)
