@@ -56,17 +56,19 @@ def ptx_only(src, dst):
 
 
 def load_ms(data: bytes, name: str):
-    """ms to load an image and get the kernel's function in the current context (then unloaded)."""
+    """ms to load an image and get the kernel's function in device 0's primary context, as the
+    package does (then unloaded)."""
     cuda = _cuda.lib()
     library, kern, fn = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
     buf = ctypes.create_string_buffer(data)  # NUL-terminated: PTX is text
-    t0 = time.perf_counter()
-    rc = cuda.cuLibraryLoadData(ctypes.byref(library), buf, None, None, 0, None, None, 0)
-    if rc == 0:
-        rc = cuda.cuLibraryGetKernel(ctypes.byref(kern), library, name.encode())
-    if rc == 0:
-        rc = cuda.cuKernelGetFunction(ctypes.byref(fn), kern)
-    t1 = time.perf_counter()
+    with _cuda._Current(_cuda.primary_context(0)):
+        t0 = time.perf_counter()
+        rc = cuda.cuLibraryLoadData(ctypes.byref(library), buf, None, None, 0, None, None, 0)
+        if rc == 0:
+            rc = cuda.cuLibraryGetKernel(ctypes.byref(kern), library, name.encode())
+        if rc == 0:
+            rc = cuda.cuKernelGetFunction(ctypes.byref(fn), kern)
+        t1 = time.perf_counter()
     if library.value:
         cuda.cuLibraryUnload(library)
     if rc != 0:
