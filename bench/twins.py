@@ -6,23 +6,28 @@ default only where it wins >= 2%.
   dense      `_dense` (general kernel's twin)   the general kernel (spec key `dense = false`)
   nothr      `*_dense_nothr*` (threshold = T)   the same twin without `_nothr`
   flat       `*_flat` (fewer heads than a block) the same twin without `_flat`
-  size_rule  a `_below<rows>` kernel (or twin)   the named kernel's (spec key `size_rule = false`)
+  size_rule  the rule's kernel at any size:     --no-size-rule DIR: the default spec generated with
+             a `_below<rows>` range below its     `size_rule = false`, whose kernel has the schedule
+             bound, the named kernel above        of tuned.toml's [[schedule]] at every size (not the
+                                                  rule's largest); without it: the named kernel
 
-"Without" folders are the default folder's manifest with the class's kernels taken out of it and
-out of every `specializations` list (and, for size_rule, every `size_rule`), the same images: what
-`dense = false` or `size_rule = false` generate for the kernels that stay (src/gen/spec/tests/
-tuned.rs: "Off: the one kernel, with the rule's schedule for the largest launches"); the `_nothr`
-and `_flat` twins have no spec key of their own (src/gen/variant/twin.rs, spec/expand.rs
-`offered_twins`). Each call goes through the Python package (mla_gen.merge_attn_states with
-MLA_GEN_KERNELS set to the folder), so the host picks the twin as an engine's call would.
+"Without" folders are otherwise the default folder's manifest with the class's kernels taken out
+of it and out of every `specializations` list (and, for size_rule, every `size_rule`), the same
+images: what `dense = false` generates for the kernels that stay (checked: its general kernels'
+images are the default's byte for byte); the `_nothr` and `_flat` twins have no spec key of their
+own (src/gen/variant/twin.rs, spec/expand.rs `offered_twins`). Each call goes through the Python
+package (mla_gen.merge_attn_states with MLA_GEN_KERNELS set to the folder), so the host picks the
+twin as an engine's call would.
 
-  python3 bench/twins.py cases --kernels DIR --out CASES.json   (no GPU: which calls each class's
-      twin serves, by the package's own selection on CPU tensors with the driver stubbed out)
-  python3 bench/twins.py run --kernels DIR --cases CASES.json --out OUTDIR [--cap S]   (GPU)
+  python3 bench/twins.py cases --kernels DIR [--no-size-rule DIR] --out CASES.json   (no GPU: which
+      calls each class's twin serves, by the package's own selection on CPU tensors, driver stubbed)
+  python3 bench/twins.py run --kernels DIR [--no-size-rule DIR] --cases CASES.json --out OUTDIR
+      [--cap S]   (GPU)
 
-The twins are timed at bf16, D 128 and 576; the size rules at the (dtype, head size) pairs where
-a range has a schedule other than its named kernel's (the others are the same code under another
-name: `cases` lists them, nothing to time).
+The twins are timed at bf16, D 128 and 576; the size rules at each kernel that has one (with
+--no-size-rule; without it, where a range has a schedule other than its named kernel's), a
+decode and a prefill shape each, where the two kernels' schedules differ. `cases` also lists the
+ranges with their named kernel's schedule: the same code under another name.
 
 `run` checks that each folder launches the kernel CASES.json names, and that the two outputs
 agree (NaN-poisoned first: every element written), then times both and a copy of the same bytes
@@ -67,9 +72,10 @@ GRID_T = (1, 16, 64, 256, 2048, 8192, 32768)
 GRID_H = (1, 2, 4, 8, 16, 32, 64, 128)
 FEW_HEADS = 8  # below this, only the flat class's cases
 GRID_D = (128, 576)
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 MAX_BYTES = 2.5e9
 PER_CLASS = 16
+PER_SIZE_RULE = 40  # one a (dtype, D) x decode/prefill x threshold, at the default's 10 size rules
 
 
 def has_class(variant, cls):
@@ -111,12 +117,15 @@ def derived_folder(src, dst, manifest):
     return dst
 
 
-def class_folders(src, root):
-    """{"with": src, cls: folder without cls} under `root`."""
+def class_folders(src, root, no_size_rule=None):
+    """{"with": src, cls: folder without cls} under `root`; size_rule's is `no_size_rule` where
+    given (the spec generated with `size_rule = false`)."""
     manifest = json.loads(Path(src, "manifest.json").read_text())
     folders = {"with": Path(src).resolve()}
     for cls in CLASSES:
         folders[cls] = derived_folder(src, Path(root, f"without-{cls}"), without(manifest, cls)).resolve()
+    if no_size_rule:
+        folders["size_rule"] = Path(no_size_rule).resolve()
     return folders
 
 
@@ -213,9 +222,9 @@ def stub_cpu():
     stub_driver()
 
 
-def candidates(pairs):
+def candidates(pairs, outs=("same", "fp8")):
     for dtype, D in pairs:
-        for out in ("same", "fp8"):
+        for out in outs:
             for thr in ("part", "all"):
                 for T in GRID_T:
                     for H in GRID_H:
@@ -224,17 +233,20 @@ def candidates(pairs):
 
 
 def size_rules(manifest):
-    """The size rules' ranges: (dtype, head size) of those whose schedule differs from the named
-    kernel's, and the names of those with the same schedule (the same code: nothing to time)."""
+    """The size rules: the (dtype, head size) of every kernel with one, of those with a range
+    whose schedule differs from the named kernel's, and the names of the ranges with the named
+    kernel's schedule (the same code under another name)."""
     by_name = {k["name"]: k for k in manifest["kernels"]}
-    differ, same = set(), []
+    every, differ, same = set(), set(), []
     for k in manifest["kernels"]:
         for r in (k["launch"].get("size_rule") or {}).get("ranges", ()):
+            pair = (k["variant"]["dtype"], k["variant"]["head_size"])
+            every.add(pair)
             if by_name[r["kernel"]]["variant"]["schedule"] == k["variant"]["schedule"]:
                 same.append(r["kernel"])
-            elif k["variant"]["dtype"] in DTYPES:
-                differ.add((k["variant"]["dtype"], k["variant"]["head_size"]))
-    return sorted(differ), same
+            else:
+                differ.add(pair)
+    return sorted(every), sorted(differ), same
 
 
 def pick(cases, n):
@@ -257,16 +269,19 @@ def pick(cases, n):
 def make_cases(args):
     stub_cpu()
     with tempfile.TemporaryDirectory() as tmp:
-        folders = class_folders(args.kernels, tmp)
-        manifest = json.loads(Path(args.kernels, "manifest.json").read_text())
-        variant = {k["name"]: k["variant"] for k in manifest["kernels"]}
-        rule_pairs, identical = size_rules(manifest)
-        print(f"size rules: {len(identical)} ranges have their named kernel's schedule (the same code, not timed): "
-              + ", ".join(identical))
+        folders = class_folders(args.kernels, tmp, args.no_size_rule)
+        variants = {label: {k["name"]: k["variant"] for k in json.loads((f / "manifest.json").read_text())["kernels"]}
+                    for label, f in folders.items()}
+        variant = variants["with"]
+        every, differ, identical = size_rules(json.loads(Path(args.kernels, "manifest.json").read_text()))
+        print(f"size rules: {len(identical)} ranges have their named kernel's schedule (the same code under "
+              "another name): " + ", ".join(identical))
         found = {cls: [] for cls in CLASSES}
-        # The twins at bf16 D 128 and 576; the size rules where a range has a schedule of its own.
+        # The twins at bf16 D 128 and 576; the size rules at every kernel with one against the spec
+        # without them (--no-size-rule: its kernel has a schedule of its own at every size), else
+        # where a range has a schedule other than the named kernel's (the ranges taken out).
         grid = [(c, [cls for cls in CLASSES if cls != "size_rule"]) for c in candidates(("bf16", D) for D in GRID_D)]
-        grid += [(c, ["size_rule"]) for c in candidates(rule_pairs)]
+        grid += [(c, ["size_rule"]) for c in candidates(every if args.no_size_rule else differ, ("same",))]
         for c, classes in grid:
             call = PairCall(c["T"], c["H"], c["D"], c["out"], c["thr"], device="cpu", dtype=DTYPES[c["dtype"]])
             runs = {}
@@ -280,16 +295,19 @@ def make_cases(args):
                 twin, other = runs["with"], runs[cls]
                 # dense alone: the plain `_dense` twin (removing it removes every twin)
                 alone = cls != "dense" or not any(has_class(variant[twin], k) for k in ("nothr", "flat"))
-                differs = variant[twin]["schedule"] != variant[other]["schedule"] or cls != "size_rule"
-                if has_class(variant[twin], cls) and other != twin and alone and differs:
+                if cls == "size_rule":  # where the two folders' kernels differ in code
+                    serves = variant[twin]["schedule"] != variants[cls][other]["schedule"]
+                else:
+                    serves = has_class(variant[twin], cls) and other != twin and alone
+                if serves:
                     found[cls].append(c | {"class": cls, "with": twin, "without": other})
     cases = []
     for cls, found_cls in found.items():
-        chosen = pick(found_cls, args.per_class)
+        chosen = pick(found_cls, args.per_class if cls != "size_rule" else args.per_size_rule)
         print(f"{cls}: {len(found_cls)} calls of the grid run a twin of the class; timing {len(chosen)}")
         cases += chosen
-    Path(args.out).write_text(json.dumps({"kernels": str(args.kernels), "identical_ranges": identical,
-                                          "cases": cases}, indent=1))
+    Path(args.out).write_text(json.dumps({"kernels": str(args.kernels), "no_size_rule": args.no_size_rule,
+                                          "identical_ranges": identical, "cases": cases}, indent=1))
     print(f"{len(cases)} cases -> {args.out}")
     if any(not v for v in found.values()):
         sys.exit("a class serves no call of the grid: " + ", ".join(c for c, v in found.items() if not v))
@@ -326,22 +344,27 @@ def shape_of(r):
     return f"{r['dtype']} T={r['T']} H={r['H']} D={r['D']} {r['out']} thr={r['thr']}"
 
 
+def verdict(label, rs):
+    """One row of the table: medians, the worst shape, wins and losses, keep or drop."""
+    if not rs:
+        return {"class": label, "shapes": 0, "verdict": "unmeasured"}
+    med = {m: statistics.median(r["ratio"][m] for r in rs) for m in ("cold", "hot")}
+    worst = min(rs, key=lambda r: min(r["ratio"].values()))
+    keep = max(med.values()) >= WIN and min(med.values()) >= LOSS
+    return {"class": label, "shapes": len(rs), "median_hot": med["hot"], "median_cold": med["cold"],
+            "worst": shape_of(worst), "worst_hot": worst["ratio"]["hot"], "worst_cold": worst["ratio"]["cold"],
+            "wins": [shape_of(r) for r in rs if min(r["ratio"].values()) >= WIN],
+            "losses": [shape_of(r) for r in rs if min(r["ratio"].values()) < LOSS],
+            "verdict": "keep" if keep else "drop"}
+
+
 def table(rows):
-    """One row per class: medians, the worst shape, wins and losses, the verdict."""
-    out = []
-    for cls in CLASSES:
-        rs = [r for r in rows if r["class"] == cls and "ratio" in r]
-        if not rs:
-            out.append({"class": cls, "shapes": 0, "verdict": "unmeasured"})
-            continue
-        med = {m: statistics.median(r["ratio"][m] for r in rs) for m in ("cold", "hot")}
-        worst = min(rs, key=lambda r: min(r["ratio"].values()))
-        keep = max(med.values()) >= WIN and min(med.values()) >= LOSS
-        out.append({"class": cls, "shapes": len(rs), "median_hot": med["hot"], "median_cold": med["cold"],
-                    "worst": shape_of(worst), "worst_hot": worst["ratio"]["hot"], "worst_cold": worst["ratio"]["cold"],
-                    "wins": [shape_of(r) for r in rs if min(r["ratio"].values()) >= WIN],
-                    "losses": [shape_of(r) for r in rs if min(r["ratio"].values()) < LOSS],
-                    "verdict": "keep" if keep else "drop"})
+    """One row per class; then one per kernel with a size rule (each rule is its own to keep)."""
+    timed = [r for r in rows if "ratio" in r]
+    out = [verdict(cls, [r for r in timed if r["class"] == cls]) for cls in CLASSES]
+    rules = sorted({(r["dtype"], r["D"]) for r in timed if r["class"] == "size_rule"})
+    out += [verdict(f"size_rule {dt} d{D}", [r for r in timed if r["class"] == "size_rule" and (r["dtype"], r["D"])
+                                             == (dt, D)]) for dt, D in rules]
     return out
 
 
@@ -383,7 +406,9 @@ def run(args):
             "summary": table(rows), "identical_ranges": identical, "failures": failures, "rows": rows}, indent=1))
         return failures
     with tempfile.TemporaryDirectory() as tmp:
-        folders = class_folders(args.kernels, tmp)
+        if (args.no_size_rule is None) != (data.get("no_size_rule") is None):
+            sys.exit("give --no-size-rule to run exactly when `cases` had it")
+        folders = class_folders(args.kernels, tmp, args.no_size_rule)
         for case in interleaved(data["cases"]):
             if time.monotonic() - start > args.cap:
                 print(f"# --cap {args.cap:.0f} s reached: stopped before {case['class']} {shape_of(case)}")
@@ -406,7 +431,7 @@ def run(args):
                 print(f"{case['class']:>9} {shape_of(row)}: " + "; ".join(row["errors"]), flush=True)
     print_table(table(rows))
     if identical:
-        print(f"(size rules: {len(identical)} ranges have their named kernel's schedule, the same code, not timed: "
+        print(f"(size rules: {len(identical)} ranges have their named kernel's schedule, the same code: "
               + ", ".join(identical) + ")")
     failures = save()
     if failures:
@@ -420,10 +445,15 @@ def main():
     c = sub.add_parser("cases", help="which calls each class serves (no GPU)")
     c.add_argument("--kernels", required=True, help="the default spec's folder (generate --arch sm_90)")
     c.add_argument("--per-class", type=int, default=PER_CLASS)
+    c.add_argument("--per-size-rule", type=int, default=PER_SIZE_RULE)
+    c.add_argument("--no-size-rule", metavar="DIR", help="the default spec generated with size_rule = false "
+                   "(its same-dtype unmasked tables suffice): the size rules' 'without'; else the ranges are "
+                   "taken out of the default's manifest")
     c.add_argument("--out", required=True)
     r = sub.add_parser("run", help="time the cases (GPU)")
     r.add_argument("--kernels", required=True)
     r.add_argument("--cases", required=True)
+    r.add_argument("--no-size-rule", metavar="DIR", help="as given to `cases`")
     r.add_argument("--reps", type=int, default=20)
     r.add_argument("--graph-reps", type=int, default=10)
     r.add_argument("--rounds", type=int, default=3)

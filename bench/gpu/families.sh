@@ -11,6 +11,9 @@
 #                                                lse base 2: as mla_gen.flashinfer runs it)
 #                                      inplace   merge_state_in_place, base 2, token-major,
 #                                                mask = [false, true]
+#                                      no-size-rule  the default spec's same-dtype unmasked tables
+#                                                with size_rule = false, for sm_90 (the size
+#                                                rules' "without" in the twin table)
 #                                      include   FlashInfer's headers (flashinfer_headers.sh)
 #                                      twin-cases.json   bench/twins.py cases on `default`: the
 #                                                engine calls each twin class serves, and the
@@ -46,13 +49,22 @@ build)
     rm -rf "$F" && mkdir -p "$F"
     bench/gpu/flashinfer_headers.sh "$F/include"
     "$M" generate --arch sm_90 --out "$F/default" --quiet
-    sed -e 's/^arch = .*/arch = ["sm_80"]/' -e 's/^ptx = .*/ptx = "every"/' \
-        -e 's/^head_size = .*/head_size = [64, 128, 576]/' specs/default.toml > "$F/spec-ptx80.toml"
-    for want in 'arch = \["sm_80"\]' 'ptx = "every"' 'head_size = \[64, 128, 576\]'; do
-        grep -q "^$want" "$F/spec-ptx80.toml" || { echo "families.sh: specs/default.toml changed: no line $want after the edit" >&2; exit 2; }
-    done
+    # specs/default.toml with lines `KEY = ...` replaced: default_with OUT KEY=VALUE...
+    default_with() {
+        local out="$1" kv
+        shift
+        cp specs/default.toml "$out"
+        for kv in "$@"; do
+            grep -q "^${kv%%=*} = " "$out" || { echo "families.sh: specs/default.toml has no line '${kv%%=*} = ...' to replace" >&2; exit 2; }
+            sed -i "s|^${kv%%=*} = .*|${kv%%=*} = ${kv#*=}|" "$out"
+        done
+    }
+    default_with "$F/spec-ptx80.toml" 'arch=["sm_80"]' 'ptx="every"' 'head_size=[64, 128, 576]'
     "$M" generate "$F/spec-ptx80.toml" --out "$F/ptx80" --quiet
     rm -f "$F"/ptx80/kernels/*.cubin
+    default_with "$F/spec-no-size-rule.toml" 'arch=["sm_90"]' 'output="same"' 'mask_empty_context=false'
+    echo 'size_rule = false' >> "$F/spec-no-size-rule.toml"  # into the last table, [[merge_attn_states]]
+    "$M" generate "$F/spec-no-size-rule.toml" --out "$F/no-size-rule" --quiet
     printf '%s\n' 'arch = ["sm_90"]' '[[merge_states]]' 'dtype = "bf16"' 'head_size = [64, 128, 256]' \
         'num_states = "runtime"' 'lse_base = "2"' > "$F/spec-kway.toml"
     "$M" generate "$F/spec-kway.toml" --out "$F/kway" --quiet
@@ -60,7 +72,7 @@ build)
         'lse_layout = "token_major"' 'lse_base = "2"' 'mask = [false, true]' > "$F/spec-inplace.toml"
     "$M" generate "$F/spec-inplace.toml" --out "$F/inplace" --quiet
     find "$F" -name '*.cu' -delete
-    "$py" bench/twins.py cases --kernels "$F/default" --out "$F/twin-cases.json"
+    "$py" bench/twins.py cases --kernels "$F/default" --no-size-rule "$F/no-size-rule" --out "$F/twin-cases.json"
     dirty="$(git diff --quiet HEAD -- templates src specs || echo ' + uncommitted changes')"
     echo "families: templates and specs at $(git rev-parse --short HEAD)$dirty" > "$F/built.txt"
     size="$(du -sm "$F" | cut -f1)"
@@ -80,7 +92,7 @@ run)
     bench/gpu/peers_libs.sh "$F/include" "$lib" > "$OUT/nvcc.log" 2>&1 &
     nvcc=$!
     status=0
-    timeout 200 python3 bench/twins.py run --kernels "$F/default" --cases "$F/twin-cases.json" \
+    timeout 200 python3 bench/twins.py run --kernels "$F/default" --no-size-rule "$F/no-size-rule" --cases "$F/twin-cases.json" \
         --cap "${TWINS_CAP:-150}" --out "$OUT" 2>&1 | tee "$OUT/twins.log" || status=1
     CUDA_CACHE_DISABLE=1 timeout 90 python3 bench/ptx_jit.py --kernels "$F/default" --ptx80 "$F/ptx80" \
         --out "$OUT" 2>&1 | tee "$OUT/ptx_jit.log" || status=1
