@@ -1,20 +1,32 @@
 #!/usr/bin/env python3
-"""The module structure of src/: which file imports which, circles, and arrows running back up.
+"""The module structure of the whole house: which module imports which, circles, and arrows
+running back up a list of layers, for each place code lives. Exits 1 on any finding below.
 
-Reads every file of the library (src/lib.rs) and of the binary (src/cli/main.rs) through their
-`mod` declarations, takes each path starting with `crate::`, `super::`, `self::`, a child
-module's name or (in the binary) `mla_gen::`, and resolves it to the module (file) it names.
-Test modules (`mod tests`) are left out: they are not part of the structure. A private child
-module (`mod x;`, not `pub`) of a module other than a crate root counts as part of its parent:
-nothing outside the parent can reach it, so arrows between the two are the parent's business.
+src/ (Rust): every file of the library (src/lib.rs) and of the binary (src/cli/main.rs), read
+through their `mod` declarations; each path starting with `crate::`, `super::`, `self::`, a child
+module's name or (in the binary) `mla_gen::` is resolved to the module (file) it names. Test
+modules (`mod tests`) are left out: they are not part of the structure. A private child module
+(`mod x;`, not `pub`) of a module other than a crate root counts as part of its parent: nothing
+outside the parent can reach it, so arrows between the two are the parent's business. Findings:
+circles of the file graph and of the folder graph (a folder: everything under one top-level name
+of src/, e.g. gen/ or variant.rs with variant/), arrows to a higher layer of RUST_LAYERS, files in
+no layer.
 
-Prints the circles of the file graph and of the folder graph (a folder: everything under one
-top-level name of src/, e.g. gen/ or variant.rs with variant/), and every arrow from a module to one
-of a higher layer in LAYERS below. Exits 1 if there is any circle or upward arrow.
+python/mla_gen (the package): every import, also one inside a function (a dependency all the
+same). Findings: circles, arrows to a higher layer of PY_LAYERS, modules in no layer, and a module
+importing the package root (`import mla_gen`, `from mla_gen import x`, `from . import x` where x
+is no module): the root imports every module, so that is a climb too.
+
+bench/ (the lab's Python: bench/*.py and bench/gpu/*.py, scripts that import each other by file
+name through sys.path): findings are circles, and any arrow from the product to the lab (a package
+module importing a lab module, or src/ including a file under bench/): the library and the wheels
+carry none of it. Which private modules of the package the lab imports is printed, not refused
+(a harness may time an inner layer on purpose).
 
 Standard library only: python3 scripts/structure.py [--graph]  (--graph also prints every arrow).
 """
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -24,7 +36,7 @@ from pathlib import Path
 # is the crate root, lib.rs). Generation's data flows spec -> variants -> abi -> render ->
 # compile -> emit; the imports run the other way round for the types: spec builds variants and
 # checks their launch geometry, so variant and launch sit under spec.
-LAYERS = [
+RUST_LAYERS = [
     ("ground", ["dtype", "constants", "error", "contract", "variant", "reference"]),
     ("gen:base", ["gen"]),  # gen/mod.rs: sha256_hex
     ("gen:variant", ["gen::variant"]),
@@ -52,7 +64,25 @@ LAYERS = [
     ("cli", ["cli"]),
 ]
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+# The package, bottom first; a module may import modules of its own layer or of lower ones.
+# `_launch` is the optional compiled C module (no .py).
+PY_LAYERS = [
+    ("ground", ["_version", "errors", "_ext", "_launch"]),
+    ("contract", ["contract"]),
+    ("select", ["_select"]),
+    ("manifest", ["manifest"]),
+    ("driver", ["_cuda"]),
+    ("fast path", ["_fastpath"]),
+    ("plan", ["_plan"]),
+    ("torch layer", ["_torch"]),
+    ("APIs", ["ops", "flashinfer", "sglang", "vllm"]),
+    ("root", ["__init__"]),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+PACKAGE = ROOT / "python" / "mla_gen"
+LAB = ROOT / "bench"
 CRATES = {"lib": "lib.rs", "cli": "cli/main.rs"}  # the binary's modules are cli::...
 
 TOKENS = re.compile(
@@ -247,10 +277,10 @@ def full_match(crate, scope, segs, target, modules, aliases, kids):
     return resolve(crate, scope, segs[:-1], modules, aliases, kids) != target
 
 
-def layer_of(module, crate):
+def rust_layer_of(module, crate):
     name = "cli" if crate == "cli" else "::".join(module)
     best = None
-    for i, (_, prefixes) in enumerate(LAYERS):
+    for i, (_, prefixes) in enumerate(RUST_LAYERS):
         for p in prefixes:
             hit = name == p or (p == "" and not name) or (p and name.startswith(p + "::"))
             if hit and (best is None or len(p) > best[1]):
@@ -315,13 +345,14 @@ def folder(rel):
     return first[:-3] if first.endswith(".rs") else first
 
 
-def main():
+def check_rust(graph):
+    """src/: the number of findings (each printed)."""
     files, modules = load()
     edges = scan(files, modules)
     by_rel = {f.rel: f for f in files if f.owner is f}
     arrows = sum(len(v) for v in edges.values())
     print(f"structure of src/: {len(files)} files ({len(by_rel)} once private children join their parent), {arrows} arrows")
-    if "--graph" in sys.argv:
+    if graph:
         for a in sorted(edges):
             print(f"  {a} -> {', '.join(sorted(edges[a]))}")
     bad = 0
@@ -357,24 +388,170 @@ def main():
 
     up, unplaced = [], []
     for f in by_rel.values():
-        if layer_of(f.module, f.crate) is None:
+        if rust_layer_of(f.module, f.crate) is None:
             unplaced.append(f.rel)
     for a, bs in sorted(edges.items()):
         fa = by_rel[a]
-        la = layer_of(fa.module, fa.crate)
+        la = rust_layer_of(fa.module, fa.crate)
         for b in sorted(bs):
             fb = by_rel[b]
-            lb = layer_of(fb.module, fb.crate)
+            lb = rust_layer_of(fb.module, fb.crate)
             if la is not None and lb is not None and lb > la:
-                up.append(f"  {a} ({LAYERS[la][0]}) -> {b} ({LAYERS[lb][0]})")
+                up.append(f"  {a} ({RUST_LAYERS[la][0]}) -> {b} ({RUST_LAYERS[lb][0]})")
     print(f"arrows running back up: {len(up)}")
     print("\n".join(up)) if up else None
     bad += len(up)
     if unplaced:
-        print(f"files in no layer of LAYERS (add them): {', '.join(unplaced)}")
+        print(f"files in no layer of RUST_LAYERS (add them): {', '.join(unplaced)}")
         bad += len(unplaced)
-    print("layers, bottom first: " + " < ".join(n for n, _ in LAYERS))
-    return 1 if bad else 0
+    print("layers, bottom first: " + " < ".join(n for n, _ in RUST_LAYERS))
+    return bad
+
+
+def py_layer_of(module):
+    return next((i for i, (_, names) in enumerate(PY_LAYERS) if module in names), None)
+
+
+def package_imports(path, modules):
+    """The package modules `path` (a package module) imports, and whether it imports the root."""
+    found, root = set(), False
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] == "mla_gen":
+                    if len(parts) > 1 and parts[1] in modules:
+                        found.add(parts[1])
+                    else:
+                        root = True
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 1 or (node.level == 0 and (node.module or "").split(".")[0] == "mla_gen"):
+                sub = (node.module or "").split(".")
+                sub = sub[1:] if node.level == 0 else sub
+                if sub and sub[0]:
+                    found.add(sub[0]) if sub[0] in modules else None
+                else:  # from . import x (a module, or a name of the root)
+                    for a in node.names:
+                        if a.name in modules:
+                            found.add(a.name)
+                        else:
+                            root = True
+    return found, root
+
+
+def top_level_imports(path):
+    """(module, names) of each absolute import in `path`: `import a.b` -> ("a.b", []),
+    `from a import x, y` -> ("a", ["x", "y"])."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.module, [a.name for a in node.names]))
+    return out
+
+
+def lab_modules():
+    """bench/'s Python files by name as the lab imports them ("peers", "gpu/fp8_report")."""
+    return {p.relative_to(LAB).with_suffix("").as_posix(): p for p in sorted(LAB.rglob("*.py"))}
+
+
+def lab_target(name, importer, lab):
+    """The lab module `import name` in `importer` reaches: the importer's own folder first (a
+    script's folder is on sys.path), then bench/ (which the harnesses put there)."""
+    top = name.split(".")[0]
+    here = importer.rsplit("/", 1)[0] + "/" if "/" in importer else ""
+    return next((m for m in (here + top, top) if m in lab), None)
+
+
+def module_circles(place, edges, graph):
+    """Prints the size of a module graph (every arrow with --graph) and its circles; returns them."""
+    arrows = sum(len(v) for v in edges.values())
+    print(f"structure of {place}: {len(edges)} modules, {arrows} arrows")
+    if graph:
+        for a in sorted(edges):
+            print(f"  {a} -> {', '.join(sorted(edges[a]))}")
+    found = circles(set(edges), edges)
+    print(f"circles: {len(found)}")
+    for comp in found:
+        print(f"  {' -> '.join(one_loop(comp, edges))}   ({len(comp)} modules)")
+    return found
+
+
+def check_package(graph, lab):
+    """python/mla_gen: the number of findings (each printed)."""
+    modules = {p.stem for p in PACKAGE.glob("*.py")} | {"_launch"}
+    edges, climbs, into_lab = {}, [], []
+    for p in sorted(PACKAGE.glob("*.py")):
+        found, root = package_imports(p, modules)
+        edges[p.stem] = found - {p.stem}
+        if root and p.stem != "__init__":
+            climbs.append(f"  {p.stem} imports the package root")
+        for name, _ in top_level_imports(p):
+            target = lab_target(name, "", lab)
+            if target and name.split(".")[0] not in modules:
+                into_lab.append(f"  mla_gen/{p.name} imports bench/{target}.py")
+    found = module_circles("python/mla_gen", edges, graph)
+    unplaced = sorted(m for m in modules if py_layer_of(m) is None)
+    for a, bs in sorted(edges.items()):
+        for b in sorted(bs):
+            la, lb = py_layer_of(a), py_layer_of(b)
+            if la is not None and lb is not None and lb > la:
+                climbs.append(f"  {a} ({PY_LAYERS[la][0]}) -> {b} ({PY_LAYERS[lb][0]})")
+    print(f"arrows running back up: {len(climbs)}")
+    print("\n".join(climbs)) if climbs else None
+    print(f"imports of the lab (bench/): {len(into_lab)}")
+    print("\n".join(into_lab)) if into_lab else None
+    if unplaced:
+        print(f"modules in no layer of PY_LAYERS (add them): {', '.join(unplaced)}")
+    print("layers, bottom first: " + " < ".join(n for n, _ in PY_LAYERS))
+    return len(found) + len(climbs) + len(into_lab) + len(unplaced)
+
+
+def check_lab(graph, lab):
+    """bench/: the number of findings (each printed); the package's private modules it uses."""
+    edges, private = {}, {}
+    package = {p.stem for p in PACKAGE.glob("*.py")}
+    for name, path in lab.items():
+        edges[name] = set()
+        for module, names in top_level_imports(path):
+            parts = module.split(".")
+            if parts[0] == "mla_gen":
+                inner = parts[1:2] or [n for n in names if n in package]
+                private.setdefault(name, set()).update(m for m in inner if m.startswith("_"))
+            else:
+                target = lab_target(module, name, lab)
+                if target and target != name:
+                    edges[name].add(target)
+    # src/ including a lab file (include_str!/include_bytes! resolve against the including file).
+    included = []
+    for rs in sorted(SRC.rglob("*.rs")):
+        for m in re.finditer(r'include_(?:str|bytes)!\(\s*"([^"]+)"', rs.read_text()):
+            target = (rs.parent / m.group(1)).resolve()
+            if target.is_relative_to(LAB.resolve()):
+                included.append(f"  {rs.relative_to(ROOT)} includes {target.relative_to(ROOT)}")
+    found = module_circles("bench/ (Python)", edges, graph)
+    print(f"src/ files including a file of bench/: {len(included)}")
+    print("\n".join(included)) if included else None
+    reach = sorted((a, sorted(ms)) for a, ms in private.items() if ms)
+    print(f"lab modules importing private modules of mla_gen (allowed, listed): {len(reach)}")
+    for a, ms in reach:
+        print(f"  {a} -> {', '.join(ms)}")
+    return len(found) + len(included)
+
+
+def main():
+    graph = "--graph" in sys.argv
+    lab = lab_modules()
+    found = {
+        "src/": check_rust(graph),
+        "python/mla_gen": check_package(graph, lab),
+        "bench/": check_lab(graph, lab),
+    }
+    summary = ", ".join(f"{place} {n}" for place, n in found.items())
+    total = sum(found.values())
+    print(f"{'1 passed, 0 failed' if total == 0 else '0 passed, 1 failed'}: module structure ({total} findings: {summary})")
+    return 1 if total else 0
 
 
 if __name__ == "__main__":

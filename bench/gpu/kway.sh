@@ -56,12 +56,14 @@ build)
     done
     gen specs/kway-candidates-3.toml "$K/templates-old" old
     # label | sed expression for merge_states.cu.tera (none: templates/ as is) | schedule keys (;)
+    # r2*: two tokens per thread (K <= 4: both rows' loads in flight together; larger K one row
+    # after the other), so K = 2-3 keep as many bytes in flight per SM as the fixed-K kernels at
+    # the runtime kernel's occupancy; registers (no spills): r2 80 (6 blocks/SM), r2m7 72 (7),
+    # r2m8 64 (8, as the default's 1 row).
     candidates=(
-        'u4|s/kway_unrolled = 8/kway_unrolled = 4/|'
-        'c8|s/kway_chunk = 4/kway_chunk = 8/|'
-        'ieee|s/kway_math = "fast"/kway_math = "ieee"/|'
-        'm8||min_blocks_per_sm = 8'
-        'm12||min_blocks_per_sm = 12'
+        'r2||rows_per_thread = 2'
+        'r2m7||rows_per_thread = 2;min_blocks_per_sm = 7'
+        'r2m8||rows_per_thread = 2;min_blocks_per_sm = 8'
     )
     labels="new old"
     for item in "${candidates[@]}"; do

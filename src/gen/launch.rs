@@ -141,12 +141,7 @@ impl Launch {
         let (vec_elems, threads_per_row) = (shape.vec_elems, shape.threads_per_row);
         let (rows_per_block, heads_per_block) = (shape.rows_per_block, shape.heads_per_block);
         let tokens_per_block = rows_per_block / heads_per_block;
-        // A K-way merge keeps its K rows in flight instead of several tokens' rows.
-        let rows_per_thread = if matches!(v.family, Family::MergeStates { .. }) {
-            1
-        } else {
-            v.schedule.rows_per_thread
-        };
+        let rows_per_thread = v.schedule.rows_per_thread;
         let flat_rows = v.role.twin_of.contains(Twin::FewHeads);
         let (grid_x, grid_y) = if flat_rows {
             grid_axes(rows_per_block, 1)

@@ -63,6 +63,19 @@ pub const KWAY_SCHEDULE: Schedule = Schedule {
     vecs_per_thread: 0,
 };
 
+/// The in-place merge's schedule for token-major lse where the spec sets none: the K-way
+/// merge's 128-thread blocks of eight adjacent heads. With the pairwise merge's tuned schedules
+/// (512-thread blocks of 1-2 heads at d64/d128, tuned for head-major lse) it ran at 0.87-0.93x
+/// FlashInfer's MergeStateInPlace at 32 heads, bandwidth-bound sizes included: a block's lse
+/// reads were one float in every H, and its 512 threads left most SMs idle below 2K tokens
+/// (0.73-0.82x hot at 256 tokens); at d256, 8 heads per block, it matched FlashInfer
+/// (0.99-1.00x above 100 MB; docs/perf/kway-2026-12-04.json).
+pub const TOKEN_MAJOR_IN_PLACE_SCHEDULE: Schedule = Schedule {
+    block_threads: 128,
+    heads_per_block: 8,
+    ..KWAY_SCHEDULE
+};
+
 /// The lse mask's launch (not a spec key): 256 threads, one token each, and every thread masks
 /// 16 heads of its token after one binary search over the request starts, instead of one search
 /// per (token, head), which was slower than a PyTorch composite at 32768 x 128

@@ -183,6 +183,9 @@ impl<'t> Lists<'t> {
             let tuned = match family {
                 Family::MergeStates { .. } => KWAY_SCHEDULE,
                 Family::MaskEmptyContextLse => MASK_SCHEDULE,
+                Family::MergeStateInPlace { .. } if self.layouts[y] == LseLayout::TokenMajor => {
+                    TOKEN_MAJOR_IN_PLACE_SCHEDULE
+                }
                 _ => tuned_schedule(dtype, head_size),
             };
             let tuned = if mask_empty_context {

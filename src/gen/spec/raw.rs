@@ -207,8 +207,8 @@ impl RawMerge {
             (
                 "rows_per_thread",
                 &self.rows_per_thread,
-                &[PAIRWISE, IN_PLACE],
-                "only the pairwise and in-place merges take it (a K-way merge keeps its K rows in flight)",
+                MERGES,
+                "the lse mask has a fixed launch shape",
             ),
         ];
         keys.into_iter().find_map(|(key, value, home, why)| {

@@ -240,21 +240,19 @@ fn k_way_and_in_place_tables() {
     // Keys of another family are refused where they would be silently ignored.
     for (table, key) in [
         ("merge_states", "prefix_threshold = true"),
-        ("merge_states", "rows_per_thread = 2"),
+        ("mask_empty_context_lse", "rows_per_thread = 2"),
         ("merge_states", "lse_layout = \"head_major\""),
         ("merge_state_in_place", "output_lse = false"),
         ("merge_state_in_place", "output = \"fp8_e4m3\""),
         ("merge_attn_states", "num_states = 4"),
         ("merge_attn_states", "mask = true"),
     ] {
-        let extra = if table == "merge_states" {
-            "num_states = 4\n"
-        } else {
-            ""
+        let required = match table {
+            "merge_states" => "dtype = \"f32\"\nhead_size = 64\nnum_states = 4\n",
+            "mask_empty_context_lse" => "",
+            _ => "dtype = \"f32\"\nhead_size = 64\n",
         };
-        let e = err(&format!(
-            "[[{table}]]\ndtype = \"f32\"\nhead_size = 64\n{extra}{key}\n"
-        ));
+        let e = err(&format!("[[{table}]]\n{required}{key}\n"));
         let name = key.split(' ').next().unwrap();
         assert!(
             e.contains(&format!("`{name}` is not a key of [[{table}]]")),

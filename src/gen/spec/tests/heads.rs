@@ -1,5 +1,6 @@
-//! Heads per block: the FP8 outputs' blocks of 8 adjacent heads, and the `_flat` dense twins
-//! that serve calls with fewer heads than a block holds.
+//! Heads per block: the FP8 outputs' and the token-major in-place merge's blocks of 8 adjacent
+//! heads, the `_flat` dense twins that serve calls with fewer heads than a block holds, and the
+//! K-way merge's tokens per thread.
 
 use super::*;
 
@@ -119,4 +120,36 @@ fn pairwise_merges_with_heads_per_block_get_flat_row_twins_for_fewer_heads() {
         ));
         assert!(got.iter().all(|k| !k.1 && k.2.is_none()), "{spec}: {got:?}");
     }
+}
+
+#[test]
+fn in_place_merges_with_token_major_lse_take_blocks_of_eight_heads_and_k_way_rows_per_thread() {
+    // (block threads, heads per block, tokens per launch block) of every kernel a spec makes.
+    let shapes = |spec: &str| -> Vec<(u32, u32, u32)> {
+        let s = parse("t.toml", spec).unwrap();
+        s.variants
+            .iter()
+            .map(|v| {
+                let l = crate::gen::launch::Launch::for_variant(v);
+                (l.block_threads, l.heads_per_block, l.grid_x.per_block)
+            })
+            .collect()
+    };
+    // bf16 d128: token-major lse takes the K-way merge's 128-thread blocks of 8 heads (one
+    // token a block), head-major the pairwise merge's tuned 512 threads of one head (32 tokens).
+    let in_place = "[[merge_state_in_place]]\ndtype = \"bf16\"\nhead_size = 128\n";
+    let got = shapes(&format!(
+        "{in_place}lse_layout = [\"token_major\", \"head_major\"]\n"
+    ));
+    assert_eq!(got, [(128, 8, 1), (512, 1, 32)]);
+    // A spec's schedule keys still win.
+    let got = shapes(&format!(
+        "{in_place}lse_layout = \"token_major\"\nblock_threads = 256\nheads_per_block = 2\n"
+    ));
+    assert_eq!(got, [(256, 2, 8)]);
+    // K-way rows per thread: each thread takes that many tokens, the grid that many fewer blocks.
+    let got = shapes(
+        "[[merge_states]]\ndtype = \"bf16\"\nhead_size = 64\nnum_states = \"runtime\"\nrows_per_thread = [1, 2]\n",
+    );
+    assert_eq!(got, [(128, 8, 2), (128, 8, 4)]);
 }
