@@ -68,7 +68,7 @@ RUST_LAYERS = [
 # `_launch` is the optional compiled C module (no .py).
 PY_LAYERS = [
     ("ground", ["_version", "errors", "_ext", "_launch"]),
-    ("contract", ["contract"]),
+    ("contract", ["contract", "_binding"]),
     ("select", ["_select"]),
     ("manifest", ["manifest"]),
     ("driver", ["_cuda"]),
