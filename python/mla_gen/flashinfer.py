@@ -78,12 +78,21 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None) -> None:
 def merge_states(v, s):
     """Merge K states per token: v [T, K, H, D], s [T, K, H] lse in base 2. Returns
     ``(v_merged [T, H, D], s_merged [T, H] float32)``. With one state (K = 1), FlashInfer's
-    result: the state's rows and lse as they are, empty rows (-inf) included (a copy, no kernel);
+    result: the state's rows and lse as they are, empty rows (-inf) included (the runtime-K kernel's
+    copy, or torch's where the folder has none);
     but with one token too, FlashInfer's kernel for states >= tokens merges, and a row without
     keys becomes zeros (lse -inf), as in every merge of its."""
     T, K, H, D = _plan.dims(v, "v", 4)
     v_merged = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
     s_merged = torch.empty((T, H), dtype=torch.float32, device=v.device)
+    if K == 1 and T > 1:
+        # The base-2 runtime-K kernel copies at K = 1, rows and lse in one launch (two torch
+        # copies cost 1.1-1.2x FlashInfer's one kernel: GPU run 128); a folder without it copies.
+        try:
+            _torch._call(_STATES, _OPTIONS[1:], (v_merged, s_merged, v, _f32(s)), ())
+            return v_merged, s_merged
+        except ValueError:  # no such kernel (or a call it refuses: the copy below checks it)
+            pass
     if K == 1:
         if v.device.type != _torch._DEVICE_TYPE:
             raise ValueError(f"v is on {v.device}; the kernels run on a CUDA device")

@@ -63,9 +63,28 @@ def test_sglang_merge_state_v2_runs_the_base_e_token_major_kernel_and_writes_giv
     assert cpu_launch.last()[1]["output"] == given[0].data_ptr()
 
 
-def test_merge_states_of_one_state_returns_it_unchanged(select_folder, cpu_launch):
-    """FlashInfer's K = 1: the state's rows and lse as they are, empty rows (-inf) included, in
-    new contiguous tensors; no kernel launches (the folder has no K = 1 kernel anyway)."""
+def test_one_state_launches_the_runtime_kernel_where_the_folder_has_it(select_folder, cpu_launch):
+    """FlashInfer's K = 1 with more tokens than states: the base-2 runtime-K kernel, which copies
+    the state's rows and lse in one launch (GPU run 128: two torch copies cost 1.1-1.2x FlashInfer's
+    kernel); the strided state is passed as it is."""
+    base = torch.randn(T, 1, H, D + 16).to(BF16)
+    v = base[..., :D]  # a padded state: strided rows
+    s = torch.randn(T, 1, H)
+    out, lse = flashinfer.merge_states(v, s)
+    ((name, values, _),) = cpu_launch.launches
+    assert name.startswith("merge_states_bf16_d128_kvar") and name.endswith("_base2"), name
+    assert values["states"] == v.data_ptr() and values["output"] == out.data_ptr()
+    assert values["output_lse"] == lse.data_ptr() and values["num_states"] == 1
+
+
+def _no_kernel(*args, **kwargs):
+    raise ValueError("no generated merge_states kernel (simulated folder without one)")
+
+
+def test_merge_states_of_one_state_returns_it_unchanged(cpu_launch, monkeypatch):
+    """FlashInfer's K = 1 in a folder without a runtime-K kernel: the state's rows and lse as they
+    are, empty rows (-inf) included, in new contiguous tensors, copied by torch."""
+    monkeypatch.setattr(flashinfer._torch, "_call", _no_kernel)
     base = torch.randn(T, 1, H, D + 16).to(BF16)
     v = base[..., :D]  # a padded state: strided rows
     s = torch.randn(T, 1, H)
@@ -86,10 +105,11 @@ def test_merge_states_of_one_state_returns_it_unchanged(select_folder, cpu_launc
         flashinfer.merge_states(v.to("meta"), s.to("meta"))
 
 
-def test_one_state_is_copied_or_merged_as_flashinfer_dispatches(cpu_launch):
+def test_one_state_is_copied_or_merged_as_flashinfer_dispatches(cpu_launch, monkeypatch):
     """K = 1: FlashInfer's MergeStates copies the state (rows without keys too) when tokens
     outnumber states; with one token its kernel for states >= tokens merges, and a row without
-    keys becomes zeros. No kernel runs either way."""
+    keys becomes zeros. Without a runtime-K kernel in the folder no kernel runs either way."""
+    monkeypatch.setattr(flashinfer._torch, "_call", _no_kernel)
     g = torch.Generator().manual_seed(3)
     v = torch.randn(3, 1, 2, 64, generator=g).to(torch.bfloat16)
     s = torch.randn(3, 1, 2, generator=g) * 4
