@@ -12,12 +12,10 @@ use super::*;
 const FP8_HEADS_PER_BLOCK: u32 = 8;
 
 /// The kinds of twins `v` offers (`TWIN_KINDS` describes each): with the spec's `dense`, every
-/// pairwise merge a dense one; with the threshold, those for calls where every token has
-/// context; and the `_flat` ones for fewer heads where `takes_flat_twins`.
+/// pairwise merge a dense one, and the `_flat` ones for fewer heads where `takes_flat_twins`.
 fn offered_twins(v: &MergeVariant, dense: bool) -> TwinSet {
     let offers = |twin| match twin {
         Twin::Dense => dense && v.family == Family::MergeAttnStates,
-        Twin::AllContext => v.prefix_threshold,
         Twin::FewHeads => takes_flat_twins(v),
     };
     TWIN_KINDS

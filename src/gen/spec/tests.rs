@@ -71,12 +71,12 @@ fn default_spec_is_the_vllm_set() {
     assert!(s.variants.iter().all(|v| !v.pdl));
     assert_eq!(
         s.variants.len(),
-        459,
+        290,
         "the count specs/default.toml's header states"
     );
     // Each general kernel, then its dense twins: those without the fused mask whose blocks hold
     // several heads (every FP8 output: 8; 21 of the inputs' dtype's, size rules' kernels
-    // included) first the two `_flat` ones for fewer heads.
+    // included) first the `_flat` one for fewer heads.
     let rule_kernels: usize = called.iter().map(|v| v.size_rule.len()).sum();
     let with_flat = |output| {
         s.variants
@@ -90,8 +90,8 @@ fn default_spec_is_the_vllm_set() {
         .variants
         .iter()
         .all(|v| !(v.role.twins.contains(Twin::FewHeads) && v.mask_empty_context)));
-    let flat_pairs = 27 + 21;
-    assert_eq!(s.variants.len(), 3 * (108 + rule_kernels) + 2 * flat_pairs);
+    let flat_twins = 27 + 21;
+    assert_eq!(s.variants.len(), 2 * (108 + rule_kernels) + flat_twins);
     let mut rest = &s.variants[..];
     while let Some((general, after)) = rest.split_first() {
         let name = general.kernel_name();
@@ -102,15 +102,14 @@ fn default_spec_is_the_vllm_set() {
             "{name}"
         );
         let twins: &[&str] = if general.role.twins.contains(Twin::FewHeads) {
-            &["_dense_nothr_flat", "_dense_flat", "_dense_nothr", "_dense"]
+            &["_dense_flat", "_dense"]
         } else {
-            &["_dense_nothr", "_dense"]
+            &["_dense"]
         };
         for (twin, tag) in after.iter().zip(twins) {
             assert_eq!(twin.kernel_name(), format!("{name}{tag}"));
             let is = |kind| twin.role.twin_of.contains(kind);
             assert!(is(Twin::Dense) && twin.size_rule.is_empty());
-            assert_eq!(is(Twin::AllContext), tag.contains("nothr"), "{name}{tag}");
             assert_eq!(is(Twin::FewHeads), tag.ends_with("_flat"), "{name}{tag}");
         }
         rest = &after[twins.len()..];
