@@ -35,7 +35,7 @@ reference; `mla-gen list SPEC` shows what a spec expands to.
 
 Without a SPEC argument, the embedded default spec is used: the 108 kernels vLLM calls
 (f16/bf16/f32 x head sizes 64..576, output in the inputs' dtype or FP8, with and without the fused
-empty-context mask; 459 with their size rules' and dense specializations) as CUBIN for sm_80,
+empty-context mask; 290 with their size rules' and dense specializations) as CUBIN for sm_80,
 sm_90, sm_100 and sm_120, and PTX for sm_120.";
 
 const AFTER_HELP: &str = "Examples:
