@@ -23,18 +23,25 @@ fn every_tuned_entry_reaches_the_variants() {
         let ruled = |v: &MergeVariant| {
             v.output == OutputKind::Same && tuned_size_rule(v.dtype, v.head_size).is_some()
         };
-        for v in spec
-            .variants
-            .iter()
-            .filter(|v| v.dtype == dtype && v.head_size == e.head_size && !ruled(v))
-        {
+        // (The K-way and in-place merges and the lse mask take schedules of their own.)
+        for v in spec.variants.iter().filter(|v| {
+            v.family == Family::MergeAttnStates
+                && v.dtype == dtype
+                && v.head_size == e.head_size
+                && !ruled(v)
+        }) {
             // A fused mask's blocks are at most 256 threads, and may ask for more blocks per SM
-            // (fused_mask_schedule); an FP8 output's blocks cover at least 8 heads
-            // (check_launch); the rest of the schedule is the tuned one.
+            // (fused_mask_schedule), as group FP8 does (check_launch); an FP8 output's blocks
+            // cover at least 8 heads (check_launch); the rest of the schedule is the tuned one.
             let want = if v.mask_empty_context {
+                fused_mask_schedule(want)
+            } else {
+                want
+            };
+            let want = if v.mask_empty_context || v.fp8_group.is_some() {
                 Schedule {
                     min_blocks_per_sm: v.schedule.min_blocks_per_sm,
-                    ..fused_mask_schedule(want)
+                    ..want
                 }
             } else {
                 want
