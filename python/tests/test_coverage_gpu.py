@@ -1,11 +1,12 @@
 """The call table of test_coverage_cpu.py launched on a GPU: every row through its public API
 against a float64 torch reference (docs/SEMANTICS.md), on the shipped kernel folder (the
-installed package's kernels, else a checkout's generated/ with its images built;
-$MLA_GEN_KERNELS is ignored, as in the CPU test). Small shapes (8 tokens, 4 heads; token 0
-without keys on either side; three requests for the fused mask), ~3,300 launches.
+installed package's kernels, else a checkout's generated/ with its images built; or
+$MLA_GEN_KERNELS where it holds the same kernels, e.g. generated for one arch). Small shapes (8
+tokens, 4 heads; token 0 without keys on either side; three requests for the fused mask), ~3,300
+launches.
 
-Run on the GPU machine: ``python -m pytest -q python/tests/test_coverage_gpu.py`` (pass: every
-test passes, none skipped). Without a CUDA GPU the module is skipped with its reason."""
+Run on the GPU machine: ``python -m pytest -q -rs python/tests/test_coverage_gpu.py`` (pass: 10
+passed, one per API, none skipped). Without a CUDA GPU the module is skipped with its reason."""
 
 import math
 
@@ -27,7 +28,16 @@ TOL = {"f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}
 
 @pytest.fixture(autouse=True)
 def shipped(monkeypatch):
+    """The shipped folder; or $MLA_GEN_KERNELS where it holds exactly the shipped kernels (a
+    generation of the default spec for fewer archs, `mla-gen generate --arch sm_90 --out DIR`,
+    is a folder small enough to carry to a GPU machine)."""
+    given = manifest.env_value()
     monkeypatch.delenv(manifest.ENV, raising=False)
+    if given is not None:
+        default = [k["name"] for k in manifest.load()["kernels"]]
+        monkeypatch.setenv(manifest.ENV, given.decode() if isinstance(given, bytes) else given)
+        assert [k["name"] for k in manifest.load()["kernels"]] == default, \
+            f"{manifest.folder().label} holds other kernels than the default spec's: unset MLA_GEN_KERNELS"
 
 
 def _token_major(lse, layout):
@@ -85,8 +95,8 @@ def close(got, want, tol):
 
 def e4m3_step(q):
     """One e4m3 step at magnitude |q| (normals from 2^-6: 3 mantissa bits; subnormals 2^-9)."""
-    mag = q.abs().clamp(min=2.0 ** -6)
-    return torch.where(q.abs() >= 2.0 ** -6, torch.exp2(torch.floor(torch.log2(mag)) - 3), torch.full_like(q, 2.0 ** -9))
+    normal = torch.exp2(torch.floor(torch.log2(q.abs().clamp(min=2.0 ** -6))) - 3)
+    return torch.where(q.abs() >= 2.0 ** -6, normal, torch.full_like(q, 2.0 ** -9))
 
 
 def fp8_close(codes, want_values, scale):
