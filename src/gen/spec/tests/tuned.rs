@@ -280,3 +280,26 @@ fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_
     let e = err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\ndense = 1\n");
     assert!(e.contains("`dense`"), "{e}");
 }
+
+#[test]
+fn group_fp8_asks_for_full_occupancy_except_float32_rows_with_the_fused_mask() {
+    let s = parse(
+        "t.toml",
+        "[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = 128\noutput = \"fp8_e4m3_group\"\ngroup_size = 128\nmask_empty_context = [false, true]\ndense = false\n",
+    )
+    .unwrap();
+    assert_eq!(s.variants.len(), 4);
+    for v in &s.variants {
+        let block = crate::gen::launch::Launch::for_variant(v).block_threads;
+        let full = (MAX_THREADS_PER_SM / block).max(1);
+        // (float32 fused-mask rows spilled at the 32 registers full occupancy leaves them)
+        let spills_at_full = v.dtype == Dtype::F32 && v.mask_empty_context;
+        assert_eq!(
+            v.schedule.min_blocks_per_sm == full,
+            !spills_at_full,
+            "{}: {} blocks of {block}",
+            v.kernel_name(),
+            v.schedule.min_blocks_per_sm
+        );
+    }
+}
