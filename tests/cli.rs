@@ -432,7 +432,7 @@ fn schema_json_is_fresh_and_machine_outputs_parse() {
         rows.iter()
             .filter(|r| r["variant"]["rows_below"].is_null() && r["variant"]["dense"].is_null())
             .count(),
-        108
+        396
     );
     assert!(rows[0]["params"][0]["tensor"]["dims"].is_array());
     let completions = mla_gen(&["completions", "bash"], &[]);
