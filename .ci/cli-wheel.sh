@@ -4,7 +4,8 @@
 # every other NVRTC hidden (no python3 to ask, an empty HOME, no CUDA_HOME), and check that the
 # installed `mla-gen` finds the NVRTC pip installed beside it, generates a one-kernel spec, and
 # that the mla_gen package (python/mla_gen from this checkout, torch from the cached torch
-# environment when it exists) serves that kernel through MLA_GEN_KERNELS.
+# environment when it exists) serves that kernel through MLA_GEN_KERNELS; and that README's spec
+# (`include_default = true` and a table) lists the default kernels and its own.
 # Prints `N passed, 0 failed: cli wheel`; non-zero on the first failure.
 #
 # Cached under ~/.cache/mla-gen: maturin's venv and the pinned NVRTC wheel (one download; the
@@ -109,6 +110,28 @@ for kind in ("ptx", "cubin"):
     assert (root / arch[kind]["file"]).stat().st_size > 0, arch
 PYEOF
 pass "generated $kernel (sm_90 PTX and CUBIN) with the venv's NVRTC"
+
+echo "== cli wheel: README's spec, include_default = true and a table the default lacks"
+printf 'include_default = true\n\n[[merge_states]]\ndtype = "bf16"\nhead_size = 100\nnum_states = "runtime"\n' \
+    > "$work/my.toml"
+bare "$work/venv/bin/mla-gen" list > "$work/default.txt"
+bare "$work/venv/bin/mla-gen" list "$work/my.toml" > "$work/my.txt"
+{ cat "$work/default.txt"; echo merge_states_bf16_d100_kvar_lse; } | cmp -s - "$work/my.txt" \
+    || { echo "the spec should list the default kernels, then its own:"; diff "$work/default.txt" "$work/my.txt" | tail; false; }
+pass "include_default: $(wc -l < "$work/my.txt") kernels, the default's $(wc -l < "$work/default.txt") and merge_states_bf16_d100_kvar_lse"
+# README's one command, for one arch (a few minutes on 2 cores for the default's ~1000 kernels).
+bare "$work/venv/bin/mla-gen" generate "$work/my.toml" --arch sm_90 --out "$work/my-kernels" 2>&1 | tail -n 1
+"$TOOLS/bin/python" - "$work/my-kernels" "$work/my.txt" <<'PYEOF'
+import json, sys
+from pathlib import Path
+root, names = Path(sys.argv[1]), Path(sys.argv[2]).read_text().split()
+m = json.loads((root / "manifest.json").read_text())
+assert [k["name"] for k in m["kernels"]] == names, "the folder's kernels are not the listed ones"
+missing = [a[kind]["file"] for k in m["kernels"] for a in k["archs"] for kind in ("cubin", "ptx")
+           if a.get(kind) and not (root / a[kind]["file"]).is_file()]
+assert not missing, missing[:5]
+PYEOF
+pass "generated my.toml (--arch sm_90): the default's kernels and its own in one folder"
 
 if "$TORCH_ENV/bin/python" -c 'import torch, pytest' 2>/dev/null; then
     echo "== cli wheel: the mla_gen package serves it (MLA_GEN_KERNELS, CPU-planned call)"

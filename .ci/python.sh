@@ -36,6 +36,15 @@ case "$(basename "$wheel")" in
 *-cp39-abi3-manylinux_*_x86_64.whl) ;;
 *) echo "not a cp39-abi3 manylinux x86_64 wheel: $wheel"; exit 1 ;;
 esac
+# The size budget (issue #34): the default kernels, each image once, in <= 40 MB (10^6 bytes).
+WHEEL_BUDGET=40000000
+wheel_bytes="$(stat -c %s "$wheel")"
+echo "wheel size: $wheel_bytes bytes ($((wheel_bytes / 1000000)) MB; budget $((WHEEL_BUDGET / 1000000)) MB)"
+if [ "$wheel_bytes" -gt "$WHEEL_BUDGET" ]; then
+    echo "the wheel is over its budget: $wheel_bytes > $WHEEL_BUDGET bytes; shrink specs/default.toml (its header"
+    echo "counts the kernels) or check that the package holds each image once (unzip -l the wheel)"
+    exit 1
+fi
 
 echo "== python: install into a fresh venv"
 # A venv without pip or setuptools of its own (they would shadow torch's requirements), torch

@@ -7,9 +7,9 @@ use mla_gen::spec;
 #[test]
 fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
     let mut spec = spec::default_spec().unwrap();
-    // The 108 kernels engines call, their size rules' kernels and each one's dense specializations.
+    // The 396 kernels engines call, their size rules' kernels and each one's dense specializations.
     let called = spec.variants.iter().filter(|v| v.role.is_named());
-    assert_eq!(called.count(), 108);
+    assert_eq!(called.count(), 396);
     // The default spec keeps the PTX of sm_120 alone; this test reads every arch's.
     spec.ptx = spec::PtxTargets::Every;
     let templates = Templates::embedded().unwrap();
@@ -20,6 +20,8 @@ fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
         let names: Vec<String> = k.archs.iter().map(|a| a.arch.name()).collect();
         assert_eq!(names, ["sm_80", "sm_90", "sm_100", "sm_120"], "{}", k.name);
         let launch = Launch::for_variant(&k.variant);
+        // The access and store counts below are the pairwise merge's (its rows, its three paths).
+        let pairwise = k.variant.family == mla_gen::spec::Family::MergeAttnStates;
         for a in &k.archs {
             let ptx = String::from_utf8(a.ptx.clone().expect("PTX")).expect("PTX is text");
             let entries: Vec<&str> = ptx
@@ -49,7 +51,7 @@ fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
                 format!("ld.{}", access(launch.vec_bytes)).replace("ld.global", "ld.global.nc");
             let st = format!("st.{}", access(launch.out_vec_bytes));
             assert!(
-                ptx.contains(&ld) && ptx.contains(&st),
+                !pairwise || (ptx.contains(&ld) && ptx.contains(&st)),
                 "{} {}: no {} access",
                 k.name,
                 a.arch,
@@ -57,7 +59,7 @@ fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
             );
             // Per function (the kernel, and the 64-bit body a general kernel calls out of line):
             // copy path, empty path, merge path, one vector store each per vector of the thread.
-            for body in functions(&ptx) {
+            for body in functions(&ptx).into_iter().filter(|_| pairwise) {
                 let row_stores = body
                     .iter()
                     .filter(|l| l.trim_start().starts_with("st.global"))

@@ -38,8 +38,10 @@ def test_supports_answers_from_the_manifest_without_the_driver():
     assert mla_gen.supports("f16", 576)
     assert not mla_gen.supports(torch.bfloat16, 100)
     assert mla_gen.supports(torch.bfloat16, 128, output="fp8_e4m3")
-    assert not mla_gen.supports(torch.bfloat16, 128, output="fp8_e4m3_group", group_size=128)
-    assert not mla_gen.supports(torch.bfloat16, 128, family="merge_states", num_states=4)
+    assert mla_gen.supports(torch.bfloat16, 128, output="fp8_e4m3_group", group_size=128)
+    assert not mla_gen.supports(torch.bfloat16, 128, output="fp8_e4m3_group", group_size=32)
+    assert mla_gen.supports(torch.bfloat16, 128, family="merge_states", num_states=4, output_lse=True)
+    assert not mla_gen.supports(torch.bfloat16, 100, family="merge_states", num_states=4)
     # (Whether libcuda is open here depends on the tests before this one; a fresh process checks
     # that supports() opens nothing: test_import_opens_no_driver.)
 

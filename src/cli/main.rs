@@ -33,10 +33,12 @@ fp8_e4m3_group), [[merge_states]] (K states in one pass), [[merge_state_in_place
 per-token mask) and [[mask_empty_context_lse]]. Every key is documented in the README's spec
 reference; `mla-gen list SPEC` shows what a spec expands to.
 
-Without a SPEC argument, the embedded default spec is used: the 108 kernels vLLM calls
-(f16/bf16/f32 x head sizes 64..576, output in the inputs' dtype or FP8, with and without the fused
-empty-context mask; 290 with their size rules' and dense specializations) as CUBIN for sm_80,
-sm_90, sm_100 and sm_120, and PTX for sm_120.";
+Without a SPEC argument, the embedded default spec is used: the merges vLLM, SGLang and FlashInfer
+call through the mla_gen package (vLLM's merge_attn_states with FP8 per tensor and per token group
+and the fused empty-context mask, the token-major and base-2 pairwise merges, the K-way and
+in-place merges, the lse mask; f16/bf16/f32, head sizes 64..576): 396 kernels, 734 with their
+size rules' and dense specializations, as CUBIN for sm_80, sm_90, sm_100 and sm_120, and PTX for
+sm_120. A spec with `include_default = true` adds its own kernels to those.";
 
 const AFTER_HELP: &str = "Examples:
   mla-gen generate                      # embedded default spec -> generated/

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use toml::Spanned;
 
 use crate::dtype::Dtype;
 pub use crate::gen::variant::*;
@@ -129,12 +130,28 @@ use raw::*;
 /// once by name (`Unique`).
 pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
     let ctx = Ctx { origin, text };
-    let raw: RawSpec = toml::from_str(text).map_err(|e| {
-        let offset = e.span().map_or(0, |s| s.start);
-        ctx.at(offset, e.message().trim().to_string())
-    })?;
-    let archs = match &raw.arch {
-        Some(v) => ctx.list("arch", v, arch)?,
+    let raw = read_raw(&ctx)?;
+    // `include_default = true`: the embedded default spec's tables first, and its top-level keys
+    // where this spec leaves them out.
+    let default_ctx = Ctx {
+        origin: DEFAULT_SPEC_ORIGIN,
+        text: DEFAULT_SPEC,
+    };
+    let included = match &raw.include_default {
+        Some(v) => boolean(v.get_ref())
+            .map_err(|why| ctx.at(v.span().start, format!("`include_default`: {why}")))?,
+        None => false,
+    };
+    let base = if included {
+        Some(read_raw(&default_ctx)?)
+    } else {
+        None
+    };
+    let top = |own, of_base: fn(&RawSpec) -> &Option<Spanned<toml::Value>>| {
+        top_key(&ctx, own, base.as_ref().map(|b| (&default_ctx, of_base(b))))
+    };
+    let archs = match top(&raw.arch, |b| &b.arch) {
+        Some((ctx, v)) => ctx.list("arch", v, arch)?,
         None => DEFAULT_ARCHS
             .iter()
             .map(|a| Arch::parse(a))
@@ -144,17 +161,29 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
                 message,
             })?,
     };
-    let ptx = match &raw.ptx {
-        Some(v) => one_of(&PtxTargets::NAMES, v.get_ref())
+    let ptx = match top(&raw.ptx, |b| &b.ptx) {
+        Some((ctx, v)) => one_of(&PtxTargets::NAMES, v.get_ref())
             .map_err(|why| ctx.at(v.span().start, format!("`ptx`: {why}")))?,
         None => PtxTargets::Every,
     };
-    let sources = match &raw.sources {
-        Some(v) => boolean(v.get_ref())
+    let sources = match top(&raw.sources, |b| &b.sources) {
+        Some((ctx, v)) => boolean(v.get_ref())
             .map_err(|why| ctx.at(v.span().start, format!("`sources`: {why}")))?,
         None => true,
     };
-    let tables = raw.tables();
+    // Each table with the spec it comes from (its errors point there) and whether that is the
+    // included default.
+    let tables: Vec<(&Ctx, bool, Family, Spanned<RawMerge>)> = base
+        .map(RawSpec::tables)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(family, t)| (&default_ctx, true, family, t))
+        .chain(
+            raw.tables()
+                .into_iter()
+                .map(|(family, t)| (&ctx, false, family, t)),
+        )
+        .collect();
     if tables.is_empty() {
         return Err(SpecError::Whole {
             origin: origin.to_string(),
@@ -165,13 +194,15 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
     let mut unique = Unique::default();
     // Where the first `pdl` that sets true is, to point a refusal of the archs at it.
     let mut pdl_at: Option<usize> = None;
-    for (table, spanned) in &tables {
-        let lists = Lists::read(&ctx, *table, spanned)?;
-        pdl_at = pdl_at.or_else(|| lists.pdl_at());
-        lists.check_count(&ctx, unique.variants.len())?;
+    for &(table_ctx, from_default, table, ref spanned) in &tables {
+        let lists = Lists::read(table_ctx, table, spanned)?;
+        if !from_default {
+            pdl_at = pdl_at.or_else(|| lists.pdl_at());
+        }
+        lists.check_count(table_ctx, unique.variants.len())?;
         for v in lists.expand().flat_map(|v| lists.with_twins(v)) {
-            let v = lists.check_launch(&ctx, v)?;
-            unique.push(&ctx, &lists, v)?;
+            let v = lists.check_launch(table_ctx, v)?;
+            unique.push(table_ctx, &lists, v, from_default)?;
         }
     }
 
@@ -188,18 +219,52 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
     })
 }
 
+/// A spec's TOML, its syntax checked.
+fn read_raw(ctx: &Ctx) -> Result<RawSpec, SpecError> {
+    toml::from_str(ctx.text).map_err(|e| {
+        let offset = e.span().map_or(0, |s| s.start);
+        ctx.at(offset, e.message().trim().to_string())
+    })
+}
+
+/// A top-level key as the spec sets it, else as the included default spec sets it, each with the
+/// spec its errors point into.
+fn top_key<'r>(
+    ctx: &'r Ctx<'r>,
+    own: &'r Option<Spanned<toml::Value>>,
+    base: Option<(&'r Ctx<'r>, &'r Option<Spanned<toml::Value>>)>,
+) -> Option<(&'r Ctx<'r>, &'r Spanned<toml::Value>)> {
+    own.as_ref()
+        .map(|v| (ctx, v))
+        .or_else(|| base.and_then(|(ctx, v)| v.as_ref().map(|v| (ctx, v))))
+}
+
+/// Where a kernel name was first produced, to report (or, for the included default's, skip) a
+/// second one.
+struct Seen {
+    line: usize,
+    index: usize,
+    from_default: bool,
+}
+
 /// The spec's kernels so far: each name once, at most `MAX_VARIANTS` of them.
 #[derive(Default)]
 struct Unique {
     variants: Vec<MergeVariant>,
-    /// kernel name -> line of the table that produced it, to report duplicates.
-    seen: BTreeMap<String, usize>,
+    seen: BTreeMap<String, Seen>,
 }
 
 impl Unique {
     /// Keep `v`, a kernel of the table `lists`, unless the spec already has as many kernels as
-    /// it may or one of the same name.
-    fn push(&mut self, ctx: &Ctx, lists: &Lists, v: MergeVariant) -> Result<(), SpecError> {
+    /// it may or one of the same name. A kernel of the spec's own tables that the included
+    /// default spec already has, exactly so, is kept once; with other options it is an error.
+    fn push(
+        &mut self,
+        ctx: &Ctx,
+        lists: &Lists,
+        v: MergeVariant,
+        from_default: bool,
+    ) -> Result<(), SpecError> {
         // (`Lists::check_count` counts before size rules add their kernels.)
         if self.variants.len() >= MAX_VARIANTS {
             return Err(ctx.at(
@@ -210,14 +275,25 @@ impl Unique {
             ));
         }
         let name = v.kernel_name();
-        if let Some(first) = self.seen.insert(name.clone(), lists.line) {
-            return Err(ctx.at(
-                lists.offset,
-                format!(
-                    "kernel `{name}` is also produced by the table at line {first}; each kernel may appear once"
+        if let Some(first) = self.seen.get(&name) {
+            let message = match (first.from_default, from_default) {
+                (true, false) if self.variants[first.index] == v => return Ok(()),
+                (true, false) => format!(
+                    "kernel `{name}` is also in the embedded default spec (`include_default = true`), with other options (its twins: `dense`, `size_rule`); remove it from this table, or give this table the default's options (`mla-gen list --json` shows them)"
                 ),
-            ));
+                _ => format!(
+                    "kernel `{name}` is also produced by the table at line {}; each kernel may appear once",
+                    first.line
+                ),
+            };
+            return Err(ctx.at(lists.offset, message));
         }
+        let seen = Seen {
+            line: lists.line,
+            index: self.variants.len(),
+            from_default,
+        };
+        self.seen.insert(name, seen);
         self.variants.push(v);
         Ok(())
     }

@@ -13,9 +13,14 @@ const FP8_HEADS_PER_BLOCK: u32 = 8;
 
 /// The kinds of twins `v` offers (`TWIN_KINDS` describes each): with the spec's `dense`, every
 /// pairwise merge a dense one, and the `_flat` ones for fewer heads where `takes_flat_twins`.
+/// Without the dense one, none: the others build on it, and a kernel that offered them would
+/// have no twins while its manifest entry said it had (`flat_twins`).
 fn offered_twins(v: &MergeVariant, dense: bool) -> TwinSet {
+    if !(dense && v.family == Family::MergeAttnStates) {
+        return TwinSet::EMPTY;
+    }
     let offers = |twin| match twin {
-        Twin::Dense => dense && v.family == Family::MergeAttnStates,
+        Twin::Dense => true,
         Twin::FewHeads => takes_flat_twins(v),
     };
     TWIN_KINDS
@@ -265,11 +270,13 @@ impl<'t> Lists<'t> {
             // rows need more registers (d576 spilled at 32).
             v.schedule.min_blocks_per_sm = full_occupancy;
         }
-        if v.fp8_group.is_some() && min_blocks_key.is_none() {
+        let float32_fused = v.mask_empty_context && v.dtype.size_bytes() > 2;
+        if v.fp8_group.is_some() && min_blocks_key.is_none() && !float32_fused {
             // Full occupancy for group FP8 too: left to itself ptxas gives its dense twin 40
             // registers (3 blocks of 512 per SM), and at 32 it runs 1.05x faster with no spill
             // (bf16 d128, groups of 128, 16K-32K tokens: 83.6-88.6% -> 88.1-93.2% of copy,
-            // docs/PERFORMANCE.md).
+            // docs/PERFORMANCE.md). Not float32 rows with the fused mask: at 32 registers they
+            // spilled 4-24 bytes on sm_80 and sm_90 (NVRTC 13.0, the default spec's d64-d512).
             v.schedule.min_blocks_per_sm = full_occupancy;
         }
         if let Some(g) = v.fp8_group.filter(|g| !group_fits(&v, g.group_size)) {

@@ -14,6 +14,8 @@ pub(super) struct RawSpec {
     pub(super) ptx: Option<Spanned<toml::Value>>,
     /// Whether each kernel's `.cu` is written beside its images (default true).
     pub(super) sources: Option<Spanned<toml::Value>>,
+    /// Whether the embedded default spec's kernels come too (default false).
+    pub(super) include_default: Option<Spanned<toml::Value>>,
     pub(super) merge_attn_states: Option<Vec<Spanned<RawMerge>>>,
     pub(super) merge_states: Option<Vec<Spanned<RawMerge>>>,
     pub(super) merge_state_in_place: Option<Vec<Spanned<RawMerge>>>,

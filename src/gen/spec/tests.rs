@@ -3,6 +3,7 @@
 use super::*;
 
 mod heads;
+mod include_default;
 mod tuned;
 
 fn err(text: &str) -> String {
@@ -50,34 +51,66 @@ fn the_fused_context_mask_is_a_pairwise_key() {
 }
 
 #[test]
-fn default_spec_is_the_vllm_set() {
+fn default_spec_serves_every_engine_call() {
     let s = default_spec().unwrap();
-    // 108 kernels engines call (27 dtype x head size, each with the inputs' dtype and per-tensor
-    // FP8 output, each plain and with the fused mask), and the kernels of their size rules
-    // (launched through them). Each of those has its two dense specializations right after it
-    // (every default kernel has the threshold): for calls where every token has context, then
-    // the dense one.
+    assert_eq!(
+        s.variants.len(),
+        734,
+        "the count specs/default.toml's header states"
+    );
     let called: Vec<&MergeVariant> = s.variants.iter().filter(|v| v.role.is_named()).collect();
-    assert_eq!(called.len(), 108);
+    assert_eq!(called.len(), 396);
+    let count = |f: &dyn Fn(&MergeVariant) -> bool| called.iter().filter(|v| f(v)).count();
+    let pairwise = |v: &MergeVariant| v.family == Family::MergeAttnStates;
+    // vLLM's merge_attn_states: 27 dtype x head size, each with the inputs' dtype and per-tensor
+    // FP8 output, each plain and with the fused mask; threshold and output lse on, head-major.
+    let vllm = |v: &MergeVariant| {
+        pairwise(v) && v.prefix_threshold && v.output_lse && v.lse_layout == LseLayout::HeadMajor
+    };
     for output in [OutputKind::Same, OutputKind::Fp8E4m3] {
         for mask in [false, true] {
-            let n = called
-                .iter()
-                .filter(|v| v.output == output && v.mask_empty_context == mask)
-                .count();
+            let n = count(&|v| vllm(v) && v.output == output && v.mask_empty_context == mask);
             assert_eq!(n, 27, "{output:?}, mask {mask}");
         }
     }
-    assert!(s.variants.iter().all(|v| !v.pdl));
+    // Its per-token-group FP8: 26 (dtype, head size, group of 128 or 64) x UE8M0 x fused mask.
+    assert_eq!(count(&|v| vllm(v) && v.fp8_group.is_some()), 26 * 2 * 2);
+    assert_eq!(count(&vllm), 108 + 104);
+    // SGLang's (base e) and FlashInfer's (base 2) token-major merges without a threshold, on
+    // the 7 head sizes of the new families (21 + 14), the K-way merges with runtime K (21 +
+    // 14), the in-place merges (84 + 28) and the lse mask (2).
+    let token_major = |base| {
+        count(&|v| {
+            pairwise(v)
+                && !v.prefix_threshold
+                && v.lse_layout == LseLayout::TokenMajor
+                && v.lse_base == base
+        })
+    };
     assert_eq!(
-        s.variants.len(),
-        290,
-        "the count specs/default.toml's header states"
+        (token_major(LseBase::E), token_major(LseBase::Two)),
+        (21, 14)
     );
-    // Each general kernel, then its dense twins: those without the fused mask whose blocks hold
-    // several heads (every FP8 output: 8; 21 of the inputs' dtype's, size rules' kernels
-    // included) first the `_flat` one for fewer heads.
-    let rule_kernels: usize = called.iter().map(|v| v.size_rule.len()).sum();
+    let kway = |base| {
+        count(&|v| {
+            matches!(v.family, Family::MergeStates { num_states: None }) && v.lse_base == base
+        })
+    };
+    assert_eq!((kway(LseBase::E), kway(LseBase::Two)), (21, 14));
+    let in_place = |base| {
+        count(&|v| matches!(v.family, Family::MergeStateInPlace { .. }) && v.lse_base == base)
+    };
+    assert_eq!((in_place(LseBase::E), in_place(LseBase::Two)), (84, 28));
+    assert_eq!(count(&|v| v.family == Family::MaskEmptyContextLse), 2);
+    assert!(s.variants.iter().all(|v| !v.pdl));
+    // Twins only where block 1 has them: the new pairwise blocks, K-way and in-place have none.
+    for v in &called {
+        assert_eq!(!v.role.twins.is_empty(), vllm(v), "{}", v.kernel_name());
+    }
+    // vLLM's kernels: each general kernel (size rules' included), then its dense twins in the
+    // order hosts try them: first the `_flat` one for fewer heads where the kernel has no fused
+    // mask and its blocks hold several heads (every FP8 output: 8; 21 of the inputs' dtype's),
+    // then `_dense`. No all-context twin (`_dense_nothr`: GPU runs 128-129, under 2%).
     let with_flat = |output| {
         s.variants
             .iter()
@@ -85,26 +118,27 @@ fn default_spec_is_the_vllm_set() {
             .count()
     };
     assert_eq!(with_flat(OutputKind::Fp8E4m3), 27);
+    assert_eq!(with_flat(OutputKind::Fp8E4m3Group), 52);
     assert_eq!(with_flat(OutputKind::Same), 21);
     assert!(s
         .variants
         .iter()
         .all(|v| !(v.role.twins.contains(Twin::FewHeads) && v.mask_empty_context)));
-    let flat_twins = 27 + 21;
-    assert_eq!(s.variants.len(), 2 * (108 + rule_kernels) + flat_twins);
+    let rule_kernels: usize = called.iter().map(|v| v.size_rule.len()).sum();
+    let flat_twins = 27 + 52 + 21;
+    let twinned = s.variants.iter().filter(|v| vllm(v)).count();
+    assert_eq!(twinned, 2 * (212 + rule_kernels) + flat_twins);
     let mut rest = &s.variants[..];
     while let Some((general, after)) = rest.split_first() {
         let name = general.kernel_name();
-        assert!(
-            general.role.twin_of.is_empty()
-                && general.role.twins.contains(Twin::Dense)
-                && general.prefix_threshold,
-            "{name}"
-        );
+        assert!(general.role.twin_of.is_empty(), "{name}");
         let twins: &[&str] = if general.role.twins.contains(Twin::FewHeads) {
             &["_dense_flat", "_dense"]
-        } else {
+        } else if general.role.twins.contains(Twin::Dense) {
+            assert!(general.prefix_threshold, "{name}");
             &["_dense"]
+        } else {
+            &[]
         };
         for (twin, tag) in after.iter().zip(twins) {
             assert_eq!(twin.kernel_name(), format!("{name}{tag}"));
@@ -127,15 +161,17 @@ fn default_spec_is_the_vllm_set() {
         .collect();
     assert_eq!(with_ptx, ["sm_120"]);
     assert!(!s.sources);
-    assert!(s
-        .variants
-        .iter()
-        .all(|v| v.prefix_threshold && v.output_lse));
-    let heads: std::collections::BTreeSet<u32> = s.variants.iter().map(|v| v.head_size).collect();
-    assert_eq!(
-        heads.into_iter().collect::<Vec<_>>(),
-        [64, 80, 96, 112, 128, 192, 256, 512, 576]
-    );
+    let heads = |f: &dyn Fn(&MergeVariant) -> bool| {
+        let set: std::collections::BTreeSet<u32> = called
+            .iter()
+            .filter(|v| f(v))
+            .map(|v| v.head_size)
+            .collect();
+        set.into_iter().collect::<Vec<_>>()
+    };
+    assert_eq!(heads(&vllm), [64, 80, 96, 112, 128, 192, 256, 512, 576]);
+    let others = |v: &MergeVariant| !vllm(v) && v.family != Family::MaskEmptyContextLse;
+    assert_eq!(heads(&others), [64, 96, 128, 192, 256, 512, 576]);
 }
 
 #[test]

@@ -23,18 +23,25 @@ fn every_tuned_entry_reaches_the_variants() {
         let ruled = |v: &MergeVariant| {
             v.output == OutputKind::Same && tuned_size_rule(v.dtype, v.head_size).is_some()
         };
-        for v in spec
-            .variants
-            .iter()
-            .filter(|v| v.dtype == dtype && v.head_size == e.head_size && !ruled(v))
-        {
+        // (The K-way and in-place merges and the lse mask take schedules of their own.)
+        for v in spec.variants.iter().filter(|v| {
+            v.family == Family::MergeAttnStates
+                && v.dtype == dtype
+                && v.head_size == e.head_size
+                && !ruled(v)
+        }) {
             // A fused mask's blocks are at most 256 threads, and may ask for more blocks per SM
-            // (fused_mask_schedule); an FP8 output's blocks cover at least 8 heads
-            // (check_launch); the rest of the schedule is the tuned one.
+            // (fused_mask_schedule), as group FP8 does (check_launch); an FP8 output's blocks
+            // cover at least 8 heads (check_launch); the rest of the schedule is the tuned one.
             let want = if v.mask_empty_context {
+                fused_mask_schedule(want)
+            } else {
+                want
+            };
+            let want = if v.mask_empty_context || v.fp8_group.is_some() {
                 Schedule {
                     min_blocks_per_sm: v.schedule.min_blocks_per_sm,
-                    ..fused_mask_schedule(want)
+                    ..want
                 }
             } else {
                 want
@@ -265,4 +272,27 @@ fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_
     assert!(e.contains("`dense` is not a key of"), "{e}");
     let e = err("[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\ndense = 1\n");
     assert!(e.contains("`dense`"), "{e}");
+}
+
+#[test]
+fn group_fp8_asks_for_full_occupancy_except_float32_rows_with_the_fused_mask() {
+    let s = parse(
+        "t.toml",
+        "[[merge_attn_states]]\ndtype = [\"bf16\", \"f32\"]\nhead_size = 128\noutput = \"fp8_e4m3_group\"\ngroup_size = 128\nmask_empty_context = [false, true]\ndense = false\n",
+    )
+    .unwrap();
+    assert_eq!(s.variants.len(), 4);
+    for v in &s.variants {
+        let block = crate::gen::launch::Launch::for_variant(v).block_threads;
+        let full = (MAX_THREADS_PER_SM / block).max(1);
+        // (float32 fused-mask rows spilled at the 32 registers full occupancy leaves them)
+        let spills_at_full = v.dtype == Dtype::F32 && v.mask_empty_context;
+        assert_eq!(
+            v.schedule.min_blocks_per_sm == full,
+            !spills_at_full,
+            "{}: {} blocks of {block}",
+            v.kernel_name(),
+            v.schedule.min_blocks_per_sm
+        );
+    }
 }
