@@ -7,7 +7,8 @@ They run kernels generated with ``lse_base = "2"`` (docs/SEMANTICS.md, "lse in b
 rules included: a row with no keys on either side is zeros with lse -inf. Where mla-gen's rules
 are stricter they stay (a NaN lse gives a NaN row, +inf reads as "no keys"), except for
 ``merge_states`` of one state, which returns that state's rows and lse as they are, as FlashInfer
-does (a copy: no kernel runs, any lse comes back as given). The kernel folder needs such kernels,
+does (the runtime-K kernel's copy, any lse comes back as given). The default kernels include
+them (f16/bf16, head sizes 64-576; specs/default.toml); a folder of your own needs such kernels,
 e.g.::
 
     [[merge_attn_states]]        # merge_state

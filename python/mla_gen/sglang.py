@@ -3,7 +3,8 @@ s_merged=None) -> (v_merged, s_merged)``, lse in base e and token-major ([T, H])
 ``merge_state_v2`` takes them (vLLM's merge rule on FlashInfer's layout).
 
 It runs the pairwise kernels generated with ``lse_layout = "token_major"`` (the default lse base,
-"e"), e.g.::
+"e"); the default kernels include them (f16/bf16/f32, head sizes 64-576); a folder of your own
+needs e.g.::
 
     [[merge_attn_states]]
     dtype = ["f16", "bf16", "f32"]

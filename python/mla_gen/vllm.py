@@ -23,8 +23,9 @@ kernel where the folder has none), and two more keywords, ``query_start_loc`` an
 ``prefix_lse`` before the call
 (docs/PYTHON.md). A fused call handed back to vLLM runs that mask first, on a copy of
 ``prefix_lse``, with torch ops. The default kernels serve every f32/f16/bf16 call of the default
-head sizes, with the inputs' dtype or FP8 output, fused or not; a group-FP8 call needs a folder
-with ``fp8_e4m3_group`` kernels of its group size and ue8m0 (until then vLLM's kernel serves it).
+head sizes, with the inputs' dtype or FP8 output, fused or not, and group FP8 in groups of 128
+and 64 (UE8M0 or not) on the head sizes the group divides; a call of another group size goes to
+vLLM's kernel.
 
 The patch also rebinds modules that imported the dispatcher by name (``from ... import
 merge_attn_states``). Counters: ``mla_gen.stats()["fallbacks"]``.

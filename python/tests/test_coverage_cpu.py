@@ -104,7 +104,8 @@ GAPS = [(Row(api, "f32", 576, "fp8_group", 64, ue8m0, ctxmask, True), "a group o
 
 def expected_kernel(row):
     """The kernel the table says serves the row (the one callers name, before size rules and
-    specializations), or None where no kernel runs (FlashInfer's merge_states of one state)."""
+    specializations), or None where no kernel runs (none today: FlashInfer's merge_states of one
+    state launches the runtime-K kernel, which copies, when T > 1)."""
     dt, d = row.dtype, row.head_size
     tm = "_tm" if row.lse_layout == "token_major" else ""
     if row.api in VLLM_ENTRIES:
@@ -118,7 +119,7 @@ def expected_kernel(row):
     if row.api == "mla_gen.merge_states":
         return f"merge_states_{dt}_d{d}_kvar_lse"
     if row.api == "flashinfer.merge_states":
-        return None if row.num_states == 1 else f"merge_states_{dt}_d{d}_kvar_lse_base2"
+        return f"merge_states_{dt}_d{d}_kvar_lse_base2"  # K = 1 too: its copy, one launch (T > 1)
     if row.api == "mla_gen.merge_state_in_place":
         return f"merge_state_in_place_{dt}_d{d}" + ("_mask" if row.mask else "") + tm
     if row.api == "flashinfer.merge_state_in_place":
