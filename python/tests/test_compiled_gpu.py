@@ -188,6 +188,8 @@ def test_every_family_matches_the_python_implementation():
         for a, b in zip(mine + list(result or ()), theirs + list(python_result or ())):
             if isinstance(a, torch.Tensor):
                 assert torch.equal(_bits(a), _bits(b)), name
-        if name != "merge_states":  # opcheck runs the op on copies (its own outputs for merge_states)
+        # opcheck runs the op on copies (its own outputs for merge_states); its schema test
+        # multiplies the outputs, which torch does not implement for float8_e4m3fn.
+        if name not in ("merge_states", "merge_attn_states_fp8_group"):
             torch.library.opcheck(getattr(torch.ops.mla_gen, name).default, tuple(mine))
     print(f"{served} calls served by both")
