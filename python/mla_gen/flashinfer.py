@@ -41,7 +41,7 @@ import math
 import torch
 
 from . import _plan, _torch
-from ._binding import IN_PLACE, PAIR, STATES
+from ._binding import IN_PLACE, PAIR, STATES, TEXTS
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states"]
 
@@ -86,25 +86,23 @@ def merge_states(v, s):
     T, K, H, D = _plan.dims(v, "v", 4)
     v_merged = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
     s_merged = torch.empty((T, H), dtype=torch.float32, device=v.device)
-    if K == 1 and T > 1:
-        # The base-2 runtime-K kernel copies at K = 1, rows and lse in one launch (two torch
-        # copies cost 1.1-1.2x FlashInfer's one kernel: GPU run 128); a folder without it copies.
+    if K != 1 or T > 1:
+        # At K = 1 the base-2 runtime-K kernel copies rows and lse in one launch (two torch copies
+        # cost 1.1-1.2x FlashInfer's one kernel: GPU run 128); a folder without it copies below.
         try:
             _torch._call(_STATES, _OPTIONS[1:], (v_merged, s_merged, v, _f32(s)), ())
             return v_merged, s_merged
-        except ValueError:  # no such kernel (or a call it refuses: the copy below checks it)
-            pass
-    if K == 1:
-        if v.device.type != _torch._DEVICE_TYPE:
-            raise ValueError(f"v is on {v.device}; the kernels run on a CUDA device")
-        if not isinstance(s, torch.Tensor) or tuple(s.shape) != (T, 1, H) or s.device != v.device:
-            raise ValueError(f"s must be [T, K, H] = {(T, 1, H)} on {v.device} for v of shape {tuple(v.shape)}, got "
-                             f"{tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__}")
-        if T <= K:  # FlashInfer stages states >= tokens through shared memory and merges them
-            v_merged.copy_(v[:, 0].masked_fill((s[:, 0] == -math.inf)[..., None], 0))
-        else:
-            v_merged.copy_(v[:, 0])
-        s_merged.copy_(s[:, 0])
-        return v_merged, s_merged
-    _torch._call(_STATES, _OPTIONS[1:], (v_merged, s_merged, v, _f32(s)), ())
+        except ValueError:  # at K = 1: no such kernel (or a call it refuses: the copy checks it)
+            if K != 1:
+                raise
+    if v.device.type != _torch._DEVICE_TYPE:
+        raise ValueError(TEXTS["not_on_device"].format(name="v", device=v.device))
+    if not isinstance(s, torch.Tensor) or tuple(s.shape) != (T, 1, H) or s.device != v.device:
+        raise ValueError(f"s must be [T, K, H] = {(T, 1, H)} on {v.device} for v of shape {tuple(v.shape)}, got "
+                         f"{tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__}")
+    if T <= K:  # FlashInfer stages states >= tokens through shared memory and merges them
+        v_merged.copy_(v[:, 0].masked_fill((s[:, 0] == -math.inf)[..., None], 0))
+    else:
+        v_merged.copy_(v[:, 0])
+    s_merged.copy_(s[:, 0])
     return v_merged, s_merged
