@@ -224,15 +224,16 @@ def _c_launcher():
 
 
 def _binding_modules():
-    """mla_gen._binding (the torch layer's table) and mla_gen.contract, read from this source tree
-    as a package of their own (importing mla_gen would import torch where it is installed)."""
+    """mla_gen._binding (the torch layer's table), mla_gen.contract and mla_gen._select, read from
+    this source tree as a package of their own (importing mla_gen would import torch where it is
+    installed)."""
     import importlib.util
     import types
     pkg = types.ModuleType("mla_gen_build")
     pkg.__path__ = [str(ROOT / PACKAGE)]
     sys.modules["mla_gen_build"] = pkg
     mods = []
-    for name in ("_binding", "contract"):
+    for name in ("_binding", "contract", "_select"):  # in import order: each imports the ones before
         spec = importlib.util.spec_from_file_location(f"mla_gen_build.{name}", ROOT / PACKAGE / f"{name}.py")
         mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
@@ -249,7 +250,7 @@ def _ops_header(launcher_dir: Path, dest: Path):
     per kernel a call can name, how its parameters read the call's tensors (the contract's dims,
     resolved by mla_gen/contract.py), in the C launcher's argument structs (every field 8 bytes:
     a field is its index). python/csrc/mla_gen_ops.cpp declares the types."""
-    binding, contract = _binding_modules()
+    binding, contract, select = _binding_modules()
     manifest = json.loads((kernels_folder() / "manifest.json").read_text())
     header = (launcher_dir / "mla_kernels.h").read_text()
     families = []  # family names with an argument struct, in the header's order
@@ -282,11 +283,7 @@ def _ops_header(launcher_dir: Path, dest: Path):
             if k not in kinds:
                 kinds.append(k)
     plans = {}  # family -> the plans of the kernels selection considers
-    reached = set()
-    for kk in manifest["kernels"]:
-        rule = kk["launch"].get("size_rule") or {}
-        reached.update(r["kernel"] for r in rule.get("ranges", []))
-        reached.update(kk["launch"].get("specializations", []))
+    reached = select.reached(manifest["kernels"])
     for kk in manifest["kernels"]:
         if kk["name"] not in reached:
             plans.setdefault(kk["family"], []).append(contract.plan_for(kk["name"], kk))

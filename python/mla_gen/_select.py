@@ -15,6 +15,18 @@ from .contract import _elem_matches, plan_for
 NO, NEAR, YES = 0, 1, 2
 
 
+def reached(kernels) -> dict:
+    """The kernels a launch reaches only through another: a size rule's ranges and the
+    specializations (docs/MANIFEST.md); selection never returns them. A dict (keys in manifest
+    order), not a set: the manifest it is stored in stays JSON."""
+    out: dict = {}
+    for k in kernels:
+        rule = k["launch"].get("size_rule") or {}
+        out.update(dict.fromkeys(r["kernel"] for r in rule.get("ranges", ())))
+        out.update(dict.fromkeys(k["launch"].get("specializations", ())))
+    return out
+
+
 def _bare(e):
     """The parameter a size is, up to an added constant (``num_tokens``, ``num_requests+1``)."""
     return e.factors[0] if e.mul == 1 and len(e.factors) == 1 else None

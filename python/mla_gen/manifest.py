@@ -166,13 +166,7 @@ class KernelFolder:
         try:
             _check_images(data, where, self.fix)
             data["_by_name"] = {k["name"]: k for k in data["kernels"]}
-            # Kernels a launch reaches only through another: a size rule's ranges, the
-            # specializations (docs/MANIFEST.md); selection never returns them.
-            reached: dict = {}  # a dict, not a set: the manifest stays JSON
-            for k in data["kernels"]:
-                rule = k["launch"].get("size_rule") or {}
-                reached.update(dict.fromkeys(r["kernel"] for r in rule.get("ranges", ())))
-                reached.update(dict.fromkeys(k["launch"].get("specializations", ())))
+            reached = _select.reached(data["kernels"])
         except (KeyError, TypeError, AttributeError) as e:
             raise ManifestError(f"{where} is malformed ({type(e).__name__}: {e}); {self.fix()}") from e
         data["_reached"] = reached
