@@ -23,7 +23,7 @@ pub enum OutputKind {
     /// out = saturate(value / scale), round to nearest even.
     Fp8E4m3,
     /// FP8 e4m3 with one float32 scale per group of `group_size` elements of a row, computed by
-    /// the kernel (max(absmax, 1e-10) / 448, optionally rounded up to a power of two) and written
+    /// the kernel (max(absmax, 1e-10) x RN(1/448), optionally rounded up to a power of two) and written
     /// through caller-given token and group strides. Its parameters: [`Fp8Group`].
     Fp8E4m3Group,
 }

@@ -1,12 +1,12 @@
-// The group FP8 rule's branch-free divisions (templates/prelude.cu.tera: group_scale, and
-// group_reciprocal without UE8M0) against IEEE float32 division, on every float32 bit pattern.
+// The group FP8 rule's branch-free arithmetic (templates/prelude.cu.tera: group_scale, and
+// group_reciprocal without UE8M0) against the rule written plainly, on every float32 bit pattern.
 // Built by bench/gpu/fp8.sh run with nvcc, once per generated group kernel it includes:
 //
 //   nvcc -arch=sm_90 -DGROUP_KERNEL='"K.cu"' [-DUE8M0] bench/gpu/fp8_div_check.cu
 //
 // 1. group_scale(max(x, 1e-10)) for all 2^32 x (the kernels' absmax starts at 1e-10, so this is
-//    every value group_scale can see, +inf included) against the division rule it replaced:
-//    scale = max(x, 1e-10) / 448 (__fdiv_rn), with UE8M0 rounded up to a power of two as
+//    every value group_scale can see, +inf included) against the rule: scale = max(x, 1e-10) x
+//    RN(1/448) (__fmul_rn, vLLM's rule), with UE8M0 rounded up to a power of two as
 //    fp8::group_scale does, and inverse = __frcp_rn(scale). Both must match bit for bit.
 // 2. Without UE8M0, group_reciprocal(x) against __frcp_rn(x) for all 2^32 x: every difference
 //    inside [2^-43, 2^120] and +inf (the scales' range) is a failure; those outside it are only
@@ -33,7 +33,7 @@ __global__ void check(unsigned long long* counts) {
         const float x = __uint_as_float(static_cast<unsigned int>(i));
         const float floored = fmaxf(x, 1e-10f);
         const GroupScale got = group_scale(floored);
-        float scale = __fdiv_rn(floored, 448.0f);
+        float scale = __fmul_rn(floored, 1.0f / 448.0f);
         if (kUe8m0) {
             const unsigned int bits = __float_as_uint(scale);
             if (bits & 0x7fffffu) scale = __uint_as_float((bits & 0xff800000u) + 0x800000u);

@@ -251,8 +251,8 @@ def merge_attn_states_fp8_group(output, output_group_scales, prefix_output, pref
                                 context_start_loc=None) -> None:
     """merge_attn_states with an e4m3 output quantized per token-group: output
     ``torch.float8_e4m3fn`` [T, H, D]; ``output_group_scales`` float32 [T, H * D / G] (any
-    strides: row-major, column-major, padded) receives each group's scale, max(absmax, 1e-10) /
-    448 (rounded up to a power of two with ``ue8m0``); G = H * D / its second dimension.
+    strides: row-major, column-major, padded) receives each group's scale, max(absmax, 1e-10) x
+    float32(1/448), as vLLM writes it (rounded up to a power of two with ``ue8m0``); G = H * D / its second dimension.
     ``query_start_loc``, ``context_start_loc``: the fused empty-context mask, as in
     merge_attn_states."""
     tensors = (output, output_group_scales, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)

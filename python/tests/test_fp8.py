@@ -109,10 +109,9 @@ def test_fp8_needs_an_fp8_output_and_a_float32_scale():
 
 
 def group_scale(absmax, ue8m0):
-    """The reference scale in float32: max(absmax, 1e-10) / 448, UE8M0 rounding by its bits. The
-    divisor is a tensor on purpose: torch divides by a Python scalar as a multiplication by its
-    float32 reciprocal, which is one ulp off the kernels' IEEE division for some absmax values."""
-    s = torch.clamp(absmax.float(), min=1e-10) / torch.full_like(absmax, 448.0, dtype=torch.float32)
+    """The reference scale in float32: max(absmax, 1e-10) x RN(1/448) (vLLM's rule,
+    docs/SEMANTICS.md), UE8M0 rounding by its bits."""
+    s = torch.clamp(absmax.float(), min=1e-10) * torch.tensor(1.0, dtype=torch.float32).div(448.0)
     if ue8m0:
         bits = s.view(torch.int32)
         up = torch.where((bits & 0x7FFFFF) != 0, (bits & ~0x7FFFFF) + 0x800000, bits)

@@ -62,11 +62,11 @@ pub fn e4m3_scaled(value: f32, scale: f32) -> u8 {
 }
 
 /// The scale of one per-token group from the float32 absmax of its values (NaN elements do
-/// not count: `f32::max` drops them, like CUDA's `fmaxf`): `max(absmax, 1e-10) / 448` in
-/// float32, and with `ue8m0` rounded up to a power of two (a mantissa left after the division
-/// moves the exponent up one; a power of two stays).
+/// not count: `f32::max` drops them, like CUDA's `fmaxf`): `max(absmax, 1e-10) x RN(1/448)`,
+/// one float32 multiplication (vLLM's rule, docs/SEMANTICS.md), and with `ue8m0` rounded up to a
+/// power of two (a mantissa left moves the exponent up one; a power of two stays).
 pub fn group_scale(absmax: f32, ue8m0: bool) -> f32 {
-    let scale = absmax.max(1e-10) / E4M3_MAX;
+    let scale = absmax.max(1e-10) * (1.0 / E4M3_MAX);
     let bits = scale.to_bits();
     if ue8m0 && bits & 0x7f_ffff != 0 {
         f32::from_bits((bits & 0xff80_0000) + 0x80_0000)
@@ -87,10 +87,16 @@ mod tests {
     #[test]
     fn group_scales_by_hand_and_against_exp2_ceil_log2() {
         assert_eq!(group_scale(448.0, false), 1.0);
-        assert_eq!(group_scale(0.0, false), 1e-10 / 448.0);
+        // RN(1/448) = 0x3b124925: 1e-10 x it is one ulp above the IEEE quotient 1e-10 / 448.
+        assert_eq!((1.0f32 / 448.0).to_bits(), 0x3b12_4925);
+        assert_eq!(group_scale(0.0, false), 1e-10 * (1.0 / 448.0));
+        assert_eq!(
+            group_scale(0.0, false).to_bits(),
+            (1e-10f32 / 448.0).to_bits() + 1
+        );
         assert_eq!(
             group_scale(f32::NAN, false),
-            1e-10 / 448.0,
+            1e-10 * (1.0 / 448.0),
             "NaN does not count"
         );
         assert_eq!(group_scale(448.0, true), 1.0, "a power of two stays");
@@ -107,7 +113,7 @@ mod tests {
             let scale = group_scale(absmax, false);
             let want = 2f64.powf(f64::from(scale).log2().ceil()) as f32;
             assert_eq!(group_scale(absmax, true), want, "absmax {absmax:e}");
-            assert_eq!(scale, absmax.max(1e-10) / 448.0);
+            assert_eq!(scale, absmax.max(1e-10) * f32::from_bits(0x3b12_4925));
         }
     }
 

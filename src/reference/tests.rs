@@ -16,8 +16,22 @@ fn group_scales_match_exactly_for_copies_and_within_rounding_for_blends() {
         false,
         f32::from_bits(1.0f32.to_bits() + 1)
     ));
+    // vLLM's rule, absmax x RN(1/448), not the IEEE quotient (one ulp apart at 100).
+    let copied = [100.0, -2.0];
+    assert!(fp8_group_scale_matches(
+        &copy,
+        &copied,
+        false,
+        100.0f32 * (1.0 / 448.0)
+    ));
+    assert!(!fp8_group_scale_matches(
+        &copy,
+        &copied,
+        false,
+        100.0f32 / 448.0
+    ));
     let values = [100.0, -2.0];
-    let exact = 100.0f32 / 448.0;
+    let exact = 100.0f32 * (1.0 / 448.0);
     assert!(fp8_group_scale_matches(&blend, &values, false, exact));
     assert!(fp8_group_scale_matches(
         &blend,
