@@ -16,7 +16,8 @@
 #                                             mostly Triton compiling one kernel per case.
 #
 # What passes: exit 0 and a last line "N passed, 0 failed"; the lines "scale mismatches" say how
-# often the scales differ and why (vLLM multiplies absmax by 1/448, mla-gen divides by 448).
+# often the scales differ and why (both multiply absmax by RN(1/448) since 2026-12-04; mla-gen divided
+# by 448 before).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 V=.device/vllm
