@@ -6,8 +6,9 @@
 //
 // 1. group_scale(max(x, 1e-10)) for all 2^32 x (the kernels' absmax starts at 1e-10, so this is
 //    every value group_scale can see, +inf included) against the rule: scale = max(x, 1e-10) x
-//    RN(1/448) (__fmul_rn, vLLM's rule), with UE8M0 rounded up to a power of two as
-//    fp8::group_scale does, and inverse = __frcp_rn(scale). Both must match bit for bit.
+//    RN(1/448) (__fmul_rn, vLLM's rule), with UE8M0 2^ceil(log2f(scale)) taken plainly (the
+//    kernel calls log2f only for mantissas below 2^7: this checks that bound on every input),
+//    and inverse = __frcp_rn(scale). Both must match bit for bit.
 // 2. Without UE8M0, group_reciprocal(x) against __frcp_rn(x) for all 2^32 x: every difference
 //    inside [2^-43, 2^120] and +inf (the scales' range) is a failure; those outside it are only
 //    counted (the kernels never pass such a value).
@@ -36,7 +37,8 @@ __global__ void check(unsigned long long* counts) {
         float scale = __fmul_rn(floored, 1.0f / 448.0f);
         if (kUe8m0) {
             const unsigned int bits = __float_as_uint(scale);
-            if (bits & 0x7fffffu) scale = __uint_as_float((bits & 0xff800000u) + 0x800000u);
+            const float l = log2f(scale);  // 2^ceil(log2f(scale)), as vLLM rounds up
+            if (bits & 0x7fffffu) scale = __uint_as_float((bits & 0xff800000u) + (l == truncf(l) ? 0u : 0x800000u));
         }
         const float inverse = __frcp_rn(scale);
         c[0] += 1;

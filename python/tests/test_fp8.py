@@ -112,9 +112,11 @@ def group_scale(absmax, ue8m0):
     """The reference scale in float32: max(absmax, 1e-10) x RN(1/448) (vLLM's rule,
     docs/SEMANTICS.md), UE8M0 rounding by its bits."""
     s = torch.clamp(absmax.float(), min=1e-10) * torch.tensor(1.0, dtype=torch.float32).div(448.0)
-    if ue8m0:
+    if ue8m0:  # 2^ceil(log2f(s)): a scale whose log2 rounds to an integer k keeps 2^k, as vLLM's
         bits = s.view(torch.int32)
+        log2 = torch.log2(s.double()).float()
         up = torch.where((bits & 0x7FFFFF) != 0, (bits & ~0x7FFFFF) + 0x800000, bits)
+        up = torch.where(log2 == log2.trunc(), bits & ~0x7FFFFF, up)
         s = up.view(torch.float32)
     return s
 

@@ -64,14 +64,22 @@ pub fn e4m3_scaled(value: f32, scale: f32) -> u8 {
 /// The scale of one per-token group from the float32 absmax of its values (NaN elements do
 /// not count: `f32::max` drops them, like CUDA's `fmaxf`): `max(absmax, 1e-10) x RN(1/448)`,
 /// one float32 multiplication (vLLM's rule, docs/SEMANTICS.md), and with `ue8m0` rounded up to a
-/// power of two (a mantissa left moves the exponent up one; a power of two stays).
+/// power of two as vLLM does it, 2^ceil(log2f(scale)): a mantissa left moves the exponent up
+/// one, except where log2f(scale) rounds to the integer k (a scale a few ulps above 2^k), which
+/// keeps 2^k; a power of two stays.
 pub fn group_scale(absmax: f32, ue8m0: bool) -> f32 {
     let scale = absmax.max(1e-10) * (1.0 / E4M3_MAX);
     let bits = scale.to_bits();
-    if ue8m0 && bits & 0x7f_ffff != 0 {
-        f32::from_bits((bits & 0xff80_0000) + 0x80_0000)
+    if !ue8m0 || bits & 0x7f_ffff == 0 || !scale.is_finite() {
+        return scale;
+    }
+    let power = bits & 0xff80_0000;
+    // log2f is within an ulp of log2 and, this close to an integer k, rounds k + (a tiny t) as
+    // float32 rounds it: the float32 of the float64 log2.
+    if (f64::from(scale).log2() as f32).fract() == 0.0 {
+        f32::from_bits(power)
     } else {
-        scale
+        f32::from_bits(power + 0x80_0000)
     }
 }
 
@@ -100,6 +108,25 @@ mod tests {
             "NaN does not count"
         );
         assert_eq!(group_scale(448.0, true), 1.0, "a power of two stays");
+        // A scale one ulp above 2^-15 (absmax 0x3c600001): log2f gives -15 exactly, and vLLM
+        // keeps 2^-15; 0x93 ulps above, the next power (run 133: the one scale of 5,440,000
+        // that differed from vLLM's).
+        assert_eq!(
+            group_scale(f32::from_bits(0x3c60_0001), false).to_bits(),
+            0x3800_0001
+        );
+        assert_eq!(
+            group_scale(f32::from_bits(0x3c60_0001), true),
+            2f32.powi(-15)
+        );
+        assert_eq!(
+            group_scale(f32::from_bits(0x3c60_0100), false).to_bits(),
+            0x3800_0093
+        );
+        assert_eq!(
+            group_scale(f32::from_bits(0x3c60_0100), true),
+            2f32.powi(-14)
+        );
         assert_eq!(group_scale(449.0, true), 2.0);
         assert_eq!(group_scale(300.0, true), 1.0);
         assert_eq!(group_absmax([1.0, -7.5, f32::NAN, 3.0]), 7.5);
@@ -111,7 +138,7 @@ mod tests {
             let exp = 87 + (i % 80); // 2^-40 .. 2^40
             let absmax = f32::from_bits((exp << 23) | (x & 0x7f_ffff));
             let scale = group_scale(absmax, false);
-            let want = 2f64.powf(f64::from(scale).log2().ceil()) as f32;
+            let want = 2f64.powf(f64::from(f64::from(scale).log2() as f32).ceil()) as f32;
             assert_eq!(group_scale(absmax, true), want, "absmax {absmax:e}");
             assert_eq!(scale, absmax.max(1e-10) * f32::from_bits(0x3b12_4925));
         }
