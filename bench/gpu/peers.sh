@@ -4,10 +4,11 @@
 #
 #   bench/gpu/peers.sh build   (here)  FlashInfer's headers from the flashinfer-python wheel (pip
 #                                        download, never committed) and the kernel folders into
-#                                        .device/peers/ (git-ignored; carry .device and
-#                                        generated/kernels): `new` is generated/ (the default
-#                                        spec), `base` BASE's kernels of it (default HEAD;
-#                                        BASE=none: no base),
+#                                        .device/peers/ (git-ignored; carry .device/peers):
+#                                        `new` is the default spec for sm_90 only (what
+#                                        generated/ holds, without the other archs' images: the
+#                                        device carries 64 MiB), `base` BASE's kernels of it
+#                                        (default none; BASE=REV builds REV's, sm_90),
 #                                        `new-tm` token-major twins for FlashInfer's layout, and one
 #                                        folder per LABEL=DIR of $PEERS_TEMPLATES (experiments:
 #                                        the default spec, or $PEERS_SPEC's, rendered from DIR), and
@@ -35,25 +36,17 @@ build)
     mkdir -p "$P"
     bench/gpu/flashinfer_headers.sh "$P/include"
     rm -rf "$P/kernels" && mkdir -p "$P/kernels"
-    base="${BASE:-HEAD}"
-    # `new`: generated/, its images built here when absent (scripts/images.sh; carry
-    # generated/kernels too). `base`: the default spec's kernels as BASE generates them: its
-    # committed generated/ where BASE still has images in git, generated/ when BASE is this
-    # checkout, else built in a worktree of BASE (cargo and NVRTC, minutes). BASE=none leaves it
-    # out (37 MB less to carry, for runs that compare candidates).
-    MLA_GEN_BIN="$M" scripts/images.sh
+    base="${BASE:-none}"
+    # `new`: the default spec as this checkout generates it, sm_90 only. `base`: the same from
+    # BASE, built in a worktree of it (cargo and NVRTC, minutes); BASE=none (the default) leaves
+    # it out.
+    "$M" generate --arch sm_90 --out "$P/kernels/new" --quiet
     if [[ "$base" != none ]]; then
-        if git cat-file -e "$base:generated/kernels" 2>/dev/null; then
-            git archive "$base" generated | tar -x -C "$P/kernels" && mv "$P/kernels/generated" "$P/kernels/base"
-        elif [[ "$(git rev-parse "$base")" == "$(git rev-parse HEAD)" ]] && git diff --quiet HEAD -- src templates specs; then
-            mkdir -p "$P/kernels/base" && cp -r generated/manifest.json generated/kernels "$P/kernels/base/"
-        else
-            wt="$(mktemp -d)/base" && abs="$PWD/$P/kernels/base" && target="$PWD/target/peers-base"
-            git worktree add --quiet --detach "$wt" "$base"
-            (cd "$wt" && CARGO_TARGET_DIR="$target" cargo build --release --quiet &&
-                "$target/release/mla-gen" generate --out "$abs" --quiet)
-            git worktree remove --force "$wt"
-        fi
+        wt="$(mktemp -d)/base" && abs="$PWD/$P/kernels/base" && target="$PWD/target/peers-base"
+        git worktree add --quiet --detach "$wt" "$base"
+        (cd "$wt" && CARGO_TARGET_DIR="$target" cargo build --release --quiet &&
+            "$target/release/mla-gen" generate --arch sm_90 --out "$abs" --quiet)
+        git worktree remove --force "$wt"
     fi
     "$M" generate bench/peers/token-major.toml --templates templates --out "$P/kernels/new-tm" --quiet
     for item in ${PEERS_TEMPLATES:-}; do
@@ -73,9 +66,9 @@ build)
         rm -rf "$P/kernels/all-$label"
     done
     find "$P/kernels" -name '*.cu' -delete
-    { echo "base: $([[ "$base" == none ]] && echo none || git rev-parse --short "$base")"; echo "new: generated/ at $(git rev-parse --short HEAD)";
+    { echo "base: $([[ "$base" == none ]] && echo none || git rev-parse --short "$base")"; echo "new: the default spec, sm_90, at $(git rev-parse --short HEAD)";
       echo "experiments: ${PEERS_TEMPLATES:-none}"; echo "candidates: ${PEERS_CANDIDATES:-none}"; } > "$P/built.txt"
-    echo "built $P ($(du -sh "$P" | cut -f1)); on the GPU machine: bench/gpu/peers.sh run (carry .device and generated/kernels)"
+    echo "built $P ($(du -sh "$P" | cut -f1)); on the GPU machine: bench/gpu/peers.sh run (carry .device/peers)"
     ;;
 run)
     OUT="${OUT:-.device/out}/peers"; mkdir -p "$OUT"
@@ -83,7 +76,7 @@ run)
     cat "$P/built.txt"
     lib="$(mktemp -d)"
     bench/gpu/peers_libs.sh "$P/include" "$lib"
-    kernels=(--kernels "new=generated")
+    kernels=(--kernels "new=$P/kernels/new")
     [[ -d "$P/kernels/base" ]] && kernels+=(--kernels "base=$P/kernels/base")
     # The experiments and candidates `build` made, as built.txt lists them (a session once ran
     # the table without its experiment when `run` read only the variables).
