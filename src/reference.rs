@@ -25,7 +25,7 @@ pub fn lse_index(
 pub enum RowMerge {
     /// Past the threshold: the suffix row as is; lse = suffix lse as given.
     CopySuffix { lse: f64 },
-    /// No keys on either side: the prefix row; lse = -inf.
+    /// No keys on either side (base e): the prefix row; lse = -inf.
     CopyPrefix,
     /// `out = prefix * prefix_weight + suffix * suffix_weight`.
     Blend {
@@ -69,50 +69,144 @@ impl RowMerge {
     }
 }
 
-/// How row (t, h) merges, given its two lse values and whether the token has context
-/// (`t < prefill_tokens_with_context`).
-pub fn merge_row(prefix_lse: f32, suffix_lse: f32, has_context: bool) -> RowMerge {
-    if !has_context {
-        return RowMerge::CopySuffix {
-            lse: f64::from(suffix_lse),
-        };
-    }
-    // FA2 reports an empty sequence as +inf, FA3 as -inf: both mean "no keys".
-    let no_keys = |x: f64| {
-        if x == f64::INFINITY {
-            f64::NEG_INFINITY
-        } else {
-            x
+/// The base of the lse a kernel reads and writes (docs/SEMANTICS.md, "lse in base 2"): the
+/// manifest's `variant.lse_base`, absent for base e.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LseBase {
+    /// lse = ln(sum of exp(logit)); a row without keys keeps the first side's row.
+    #[default]
+    E,
+    /// lse = log2(sum of 2^logit) (FlashInfer's); a row without keys is blended with weights 0.
+    Two,
+}
+
+impl LseBase {
+    /// The base given the manifest's `variant.lse_base` value (None: the field is absent).
+    pub fn from_manifest(value: Option<&str>) -> Option<LseBase> {
+        match value {
+            None | Some("e") => Some(LseBase::E),
+            Some("2") => Some(LseBase::Two),
+            Some(_) => None,
         }
-    };
-    let p = no_keys(f64::from(prefix_lse));
-    let s = no_keys(f64::from(suffix_lse));
-    // Not f64::max, nor `p > s ? p : s` alone: a NaN on either side makes m NaN, also beside an
-    // empty side (-inf), so that the row and its lse are NaN rather than a copy of the prefix.
-    let m = if p.is_nan() || s.is_nan() {
-        f64::NAN
-    } else if p > s {
-        p
+    }
+    /// base^x.
+    fn pow(self, x: f64) -> f64 {
+        match self {
+            LseBase::E => x.exp(),
+            LseBase::Two => x.exp2(),
+        }
+    }
+    /// log_base(x).
+    fn log(self, x: f64) -> f64 {
+        match self {
+            LseBase::E => x.ln(),
+            LseBase::Two => x.log2(),
+        }
+    }
+
+    /// [`merge_row`] in this base. Base 2 differs in the arithmetic and in one rule: a row with
+    /// context and no keys on either side is blended with weights 0 (zeros for finite rows),
+    /// lse -inf, where base e copies the prefix.
+    pub fn merge_row(self, prefix_lse: f32, suffix_lse: f32, has_context: bool) -> RowMerge {
+        if !has_context {
+            return RowMerge::CopySuffix {
+                lse: f64::from(suffix_lse),
+            };
+        }
+        let p = no_keys_as_minus_inf(prefix_lse);
+        let s = no_keys_as_minus_inf(suffix_lse);
+        // Not f64::max, nor `p > s ? p : s` alone: a NaN on either side makes m NaN, also beside
+        // an empty side (-inf), so that the row and its lse are NaN rather than a copy of the
+        // prefix.
+        let m = max_keep_nan(p, s);
+        if m == f64::NEG_INFINITY {
+            return match self {
+                LseBase::E => RowMerge::CopyPrefix,
+                LseBase::Two => RowMerge::Blend {
+                    prefix_weight: 0.0,
+                    suffix_weight: 0.0,
+                    lse: f64::NEG_INFINITY,
+                },
+            };
+        }
+        let a = self.pow(p - m);
+        let b = self.pow(s - m);
+        RowMerge::Blend {
+            prefix_weight: a / (a + b),
+            suffix_weight: b / (a + b),
+            lse: self.log(a + b) + m,
+        }
+    }
+
+    /// [`merge_states_row`] in this base. Base 2 differs in the arithmetic and in two rules: one
+    /// state (K = 1, a runtime-K kernel) is its row and lse as given, and a row without keys in
+    /// any state is blended with weights 0 (zeros for finite rows), lse -inf.
+    pub fn merge_states_row(self, lse: &[f32]) -> StatesMerge {
+        if self == LseBase::Two && lse.len() == 1 {
+            return StatesMerge::AsGiven {
+                lse: f64::from(lse[0]),
+            };
+        }
+        // The largest lse; a NaN anywhere makes it NaN (and then every weight).
+        let m = lse
+            .iter()
+            .map(|&x| no_keys_as_minus_inf(x))
+            .fold(f64::NEG_INFINITY, max_keep_nan);
+        if m == f64::NEG_INFINITY {
+            return match self {
+                LseBase::E => StatesMerge::CopyFirst,
+                LseBase::Two => StatesMerge::Blend {
+                    weights: vec![0.0; lse.len()],
+                    lse: f64::NEG_INFINITY,
+                },
+            };
+        }
+        let w: Vec<f64> = lse
+            .iter()
+            .map(|&x| self.pow(no_keys_as_minus_inf(x) - m))
+            .collect();
+        let sum: f64 = w.iter().sum();
+        StatesMerge::Blend {
+            weights: w.iter().map(|x| x / sum).collect(),
+            lse: self.log(sum) + m,
+        }
+    }
+}
+
+/// FA2 reports an empty sequence as +inf, FA3 as -inf: both mean "no keys" (in either base).
+fn no_keys_as_minus_inf(x: f32) -> f64 {
+    let x = f64::from(x);
+    if x == f64::INFINITY {
+        f64::NEG_INFINITY
     } else {
-        s
-    };
-    if m == f64::NEG_INFINITY {
-        return RowMerge::CopyPrefix;
+        x
     }
-    let a = (p - m).exp();
-    let b = (s - m).exp();
-    RowMerge::Blend {
-        prefix_weight: a / (a + b),
-        suffix_weight: b / (a + b),
-        lse: (a + b).ln() + m,
+}
+
+/// The larger of two lse values, NaN if either is NaN.
+fn max_keep_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else if a > b {
+        a
+    } else {
+        b
     }
+}
+
+/// How row (t, h) merges, given its two lse values and whether the token has context
+/// (`t < prefill_tokens_with_context`), in base e ([`LseBase::merge_row`] for either base).
+pub fn merge_row(prefix_lse: f32, suffix_lse: f32, has_context: bool) -> RowMerge {
+    LseBase::E.merge_row(prefix_lse, suffix_lse, has_context)
 }
 
 /// How one row of a K-way merge combines its K states (`merge_states`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum StatesMerge {
-    /// No keys in any state (every lse -inf or +inf): state 0's row; lse = -inf.
+    /// No keys in any state (every lse -inf or +inf; base e): state 0's row; lse = -inf.
     CopyFirst,
+    /// One state in base 2: its row, and its lse as given (+inf and NaN included).
+    AsGiven { lse: f64 },
     /// `out = sum_k state_k * weights[k]`; a NaN lse makes every weight and the lse NaN.
     Blend { weights: Vec<f64>, lse: f64 },
 }
@@ -121,14 +215,14 @@ impl StatesMerge {
     pub fn lse(&self) -> f64 {
         match self {
             StatesMerge::CopyFirst => f64::NEG_INFINITY,
-            StatesMerge::Blend { lse, .. } => *lse,
+            StatesMerge::AsGiven { lse } | StatesMerge::Blend { lse, .. } => *lse,
         }
     }
     /// The merged value and the magnitude `sum |state_k * w_k|` a float32 evaluation's rounding
     /// error is relative to, from the K values of one element.
     pub fn value_and_magnitude(&self, values: &[f64]) -> (f64, f64) {
         match self {
-            StatesMerge::CopyFirst => (values[0], values[0].abs()),
+            StatesMerge::CopyFirst | StatesMerge::AsGiven { .. } => (values[0], values[0].abs()),
             StatesMerge::Blend { weights, .. } => weights
                 .iter()
                 .zip(values)
@@ -137,38 +231,10 @@ impl StatesMerge {
     }
 }
 
-/// How row (t, h) of a K-way merge combines its states, given their K lse values.
+/// How row (t, h) of a K-way merge combines its states, given their K lse values, in base e
+/// ([`LseBase::merge_states_row`] for either base).
 pub fn merge_states_row(lse: &[f32]) -> StatesMerge {
-    let no_keys = |x: f32| {
-        let x = f64::from(x);
-        if x == f64::INFINITY {
-            f64::NEG_INFINITY
-        } else {
-            x
-        }
-    };
-    // The largest lse; a NaN anywhere makes it NaN (and then every weight).
-    let m = lse
-        .iter()
-        .map(|&x| no_keys(x))
-        .fold(f64::NEG_INFINITY, |m, x| {
-            if m.is_nan() || x.is_nan() {
-                f64::NAN
-            } else if x > m {
-                x
-            } else {
-                m
-            }
-        });
-    if m == f64::NEG_INFINITY {
-        return StatesMerge::CopyFirst;
-    }
-    let w: Vec<f64> = lse.iter().map(|&x| (no_keys(x) - m).exp()).collect();
-    let sum: f64 = w.iter().sum();
-    StatesMerge::Blend {
-        weights: w.iter().map(|x| x / sum).collect(),
-        lse: sum.ln() + m,
-    }
+    LseBase::E.merge_states_row(lse)
 }
 
 /// `mask_empty_context_lse`: set lse to -inf for every head of the tokens of requests whose
@@ -319,7 +385,7 @@ pub fn element_matches(dtype: Dtype, row: &RowMerge, prefix: f64, suffix: f64, g
 pub fn states_element_matches(dtype: Dtype, merge: &StatesMerge, values: &[f64], got: f64) -> bool {
     let (want, magnitude) = merge.value_and_magnitude(values);
     let blend = match merge {
-        StatesMerge::CopyFirst => None,
+        StatesMerge::CopyFirst | StatesMerge::AsGiven { .. } => None,
         StatesMerge::Blend { weights, .. } => {
             let f32_sum = (weights.len() as f64 + 2.0) * f64::from(f32::EPSILON) / 2.0;
             Some((tolerance(dtype).max(f32_sum), magnitude))

@@ -35,7 +35,8 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use rayon::prelude::*;
 
 use mla_gen::dtype::Dtype;
-use mla_gen::reference::{self, Layout};
+use mla_gen::host::manifest::ManifestView;
+use mla_gen::reference::{self, Layout, LseBase};
 use mla_gen::runtime::{DeviceBuffer, Kernel, MergeArgs, Runtime};
 use mla_gen::spec::Family;
 
@@ -102,25 +103,43 @@ fn every_ptx_and_cubin_loads() {
     assert!(ok > 0);
 }
 
+/// No GPU needed: the bases read from the variant fields of generated/manifest.json agree with
+/// what hosts select by (the `select` block names `lse_base = "2"` for base 2 alone), and the
+/// default has kernels of both bases, so the suite runs base-2 kernels against their reference.
+#[test]
+fn lse_bases_come_from_the_variant_fields() {
+    let dir = generated_dir();
+    let path = dir.join("manifest.json");
+    let manifest = ManifestView::parse(&path, &std::fs::read(&path).unwrap()).unwrap();
+    let bases = lse_bases(&dir);
+    let mut count = [0usize; 2];
+    for k in &manifest.kernels {
+        let base = bases.named(&k.name);
+        let selected = k.select.get("lse_base").map(String::as_str);
+        assert_eq!(base == LseBase::Two, selected == Some("2"), "{}", k.name);
+        count[usize::from(base == LseBase::Two)] += 1;
+    }
+    assert!(
+        count[0] > 0 && count[1] > 0,
+        "kernels of base e, of base 2: {count:?}"
+    );
+}
+
 #[derive(Default)]
 struct Counts {
     cases: usize,
     passed: usize,
     failed: Vec<String>,
     elements: u64,
-    /// Base-2 kernels left to the Python suite (see `suite`).
+    /// Kernels of FlashInfer's base-2 lse among those run.
     base2: usize,
 }
 
-/// A kernel of FlashInfer's base-2 lse: the float64 reference here is base e, so the Python suite
-/// checks these (test_coverage_gpu.py, test_flashinfer_gpu.py, bench/flashinfer_check.py).
-fn base2(k: &Kernel) -> bool {
-    k.meta.select.get("lse_base").map(String::as_str) == Some("2")
-}
-
-/// Run one case of kernel `k`, whatever its family; `case` picks the options it cycles through.
+/// Run one case of kernel `k` (lse in `base`), whatever its family; `case` picks the options it
+/// cycles through.
 fn run_any(
     k: &Kernel,
+    base: LseBase,
     stream: &Arc<CudaStream>,
     t: usize,
     h: usize,
@@ -128,15 +147,17 @@ fn run_any(
     seed: u64,
 ) -> (String, Result<u64, String>) {
     match k.meta.variant.family {
-        Family::MergeAttnStates => merge_attn_states::suite_case(k, stream, (t, h), case, seed),
+        Family::MergeAttnStates => {
+            merge_attn_states::suite_case(k, base, stream, (t, h), case, seed)
+        }
         Family::MergeStates { num_states } => {
-            merge_states::suite_case(k, stream, (t, h), num_states, case, seed)
+            merge_states::suite_case(k, base, stream, (t, h), num_states, case, seed)
         }
         Family::MaskEmptyContextLse => {
             mask_empty_context_lse::suite_case(k, stream, (t, h), case, seed)
         }
         Family::MergeStateInPlace { mask } => {
-            merge_state_in_place::suite_case(k, stream, (t, h), mask, case, seed)
+            merge_state_in_place::suite_case(k, base, stream, (t, h), mask, case, seed)
         }
         // A family added to mla-gen fails here until it gets its check.
         other => (
@@ -173,14 +194,15 @@ fn suite(dirs: &[PathBuf], tokens: &[usize], heads: &[usize]) -> Counts {
     for dir in dirs {
         let rt =
             Runtime::load(ctx.clone(), dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let bases = lse_bases(dir);
         for (ki, k) in rt.kernels().iter().enumerate() {
-            if base2(k) {
-                c.base2 += 1;
-                continue;
-            }
             seen += 1;
             if (seen - 1) % shards != shard - 1 {
                 continue;
+            }
+            let base = bases.of(k);
+            if base == LseBase::Two {
+                c.base2 += 1;
             }
             if seen % 100 < shards {
                 say(&format!(
@@ -206,7 +228,7 @@ fn suite(dirs: &[PathBuf], tokens: &[usize], heads: &[usize]) -> Counts {
                         ^ h as u64
                         ^ (case as u64) << 48;
                     c.cases += 1;
-                    let (options, result) = run_any(k, &stream, t, h, which, seed);
+                    let (options, result) = run_any(k, base, &stream, t, h, which, seed);
                     match result {
                         Ok(n) => {
                             c.passed += 1;
@@ -242,14 +264,8 @@ fn every_kernel_matches_the_float64_reference() {
     }
     let started = std::time::Instant::now();
     let c = suite(&dirs, tokens, heads);
-    if c.base2 > 0 {
-        say(&format!(
-            "note: {} base-2 (FlashInfer lse) kernels not run here: the Python suite checks them",
-            c.base2
-        ));
-    }
     report(&format!(
-        "merge suite{}{}: {} cases, {} passed, {} failed ({:.2e} output elements checked) in {:.0}s",
+        "merge suite{}{}: {} cases, {} passed, {} failed ({:.2e} output elements checked; {} kernels of base-2 lse among them) in {:.0}s",
         if quick { " (quick subset)" } else { "" },
         match shard() {
             (_, 1) => String::new(),
@@ -259,6 +275,7 @@ fn every_kernel_matches_the_float64_reference() {
         c.passed,
         c.failed.len(),
         c.elements as f64,
+        c.base2,
         started.elapsed().as_secs_f64()
     ));
     for f in c.failed.iter().take(20) {
@@ -274,12 +291,15 @@ fn every_kernel_matches_the_float64_reference() {
 fn boundary_shapes_stay_inside_their_buffers() {
     let Some(ctx) = gpu() else { return };
     let stream = ctx.default_stream();
-    let rt = Runtime::load(ctx.clone(), &dir_of(None).unwrap()).unwrap();
+    let dir = dir_of(None).unwrap();
+    let rt = Runtime::load(ctx.clone(), &dir).unwrap();
+    let bases = lse_bases(&dir);
     let (mut cases, mut failed) = (0usize, Vec::new());
-    // The pairwise merges (run_case's family) of base e; the other families' bounds are the
+    // The pairwise merges (run_case's family), either base; the other families' bounds are the
     // merge suite's.
-    let pairwise = |k: &&Arc<Kernel>| k.meta.variant.family == Family::MergeAttnStates && !base2(k);
+    let pairwise = |k: &&Arc<Kernel>| k.meta.variant.family == Family::MergeAttnStates;
     for k in rt.kernels().iter().filter(pairwise) {
+        let base = bases.of(k);
         let d = k.meta.variant.head_size as usize;
         let vec = vec_elems(k);
         let wide = |h: usize, gap: usize| Layout {
@@ -308,7 +328,7 @@ fn boundary_shapes_stay_inside_their_buffers() {
             for &threshold in thresholds {
                 cases += 1;
                 let seed = 0xb0 ^ ((t * 131 + h) as u64) ^ ((cases as u64) << 20);
-                if let Err(why) = run_case(k, &stream, t, h, threshold, true, seed, layouts) {
+                if let Err(why) = run_case(k, base, &stream, t, h, threshold, true, seed, layouts) {
                     failed.push(format!("{} T={t} H={h} {threshold:?}: {why}", k.meta.name));
                 }
             }
@@ -333,7 +353,9 @@ fn boundary_shapes_stay_inside_their_buffers() {
 fn strides_past_2_31_take_the_64_bit_path() {
     let Some(ctx) = gpu() else { return };
     let stream = ctx.default_stream();
-    let rt = Runtime::load(ctx.clone(), &dir_of(None).unwrap()).unwrap();
+    let dir = dir_of(None).unwrap();
+    let rt = Runtime::load(ctx.clone(), &dir).unwrap();
+    let bases = lse_bases(&dir);
     let mut cases = 0;
     for name in [
         "merge_attn_states_bf16_d128_thr_lse",
@@ -354,6 +376,7 @@ fn strides_past_2_31_take_the_64_bit_path() {
             let layouts = (far, Layout::contiguous(1, d), padded_out);
             run_case(
                 k,
+                bases.of(k),
                 &stream,
                 2,
                 1,

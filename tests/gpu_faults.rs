@@ -34,12 +34,13 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, CudaContext, CudaSlice};
 use mla_gen::dtype::Dtype;
-use mla_gen::reference::Layout;
+use mla_gen::reference::{Layout, LseBase};
 use mla_gen::runtime::{DeviceBuffer, Kernel, MergeArgs, Runtime, RuntimeError};
 
 use common::{dir_of, gpu, raw, say};
 use merge_attn_states::run_case;
 
+// A kernel of base-e lse (its name has no `_lse_base2`).
 const KERNEL: &str = "merge_attn_states_f32_d128_thr_lse";
 /// Set in the child process of the sticky-error test.
 const STICKY_CHILD: &str = "MLA_GEN_GPU_FAULTS_STICKY_CHILD";
@@ -50,7 +51,7 @@ fn merges_correctly(ctx: &Arc<CudaContext>, rt: &Runtime) {
         .kernel(KERNEL)
         .expect("the folder has the f32 d128 kernel");
     let stream = ctx.default_stream();
-    run_case(k, &stream, 333, 8, Some(200), true, 7, None).expect("a correct merge");
+    run_case(k, LseBase::E, &stream, 333, 8, Some(200), true, 7, None).expect("a correct merge");
     stream.synchronize().unwrap();
 }
 
@@ -349,6 +350,17 @@ fn a_second_gpu_runs_its_own_runtime_and_refuses_the_first_ones_kernels() {
     let rt1 = Runtime::load(second.clone(), &dir).unwrap();
     merges_correctly(&second, &rt1);
     let k = rt0.kernel(KERNEL).unwrap();
-    let e = run_case(k, &second.default_stream(), 16, 8, None, true, 5, None).unwrap_err();
+    let e = run_case(
+        k,
+        LseBase::E,
+        &second.default_stream(),
+        16,
+        8,
+        None,
+        true,
+        5,
+        None,
+    )
+    .unwrap_err();
     assert!(e.contains("another CUDA context"), "{e}");
 }

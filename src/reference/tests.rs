@@ -4,6 +4,18 @@ use super::*;
 
 const INF: f32 = f32::INFINITY;
 
+/// A blend's (prefix weight, suffix weight, lse); any other merge fails the test.
+fn blend_of(r: RowMerge) -> (f64, f64, f64) {
+    match r {
+        RowMerge::Blend {
+            prefix_weight,
+            suffix_weight,
+            lse,
+        } => (prefix_weight, suffix_weight, lse),
+        other => panic!("not a blend: {other:?}"),
+    }
+}
+
 #[test]
 fn group_scales_match_exactly_for_copies_and_within_rounding_for_blends() {
     let copy = merge_row(1.0, 2.0, false);
@@ -142,14 +154,7 @@ fn equal_lse_averages_the_rows() {
 fn hand_computed_blend() {
     // p = ln 3, s = 0: a = 1, b = 1/3 after subtracting m = ln 3 -> weights 3/4, 1/4.
     let r = merge_row(3f32.ln(), 0.0, true);
-    let RowMerge::Blend {
-        prefix_weight,
-        suffix_weight,
-        lse,
-    } = r
-    else {
-        panic!("{r:?}")
-    };
+    let (prefix_weight, suffix_weight, lse) = blend_of(r);
     assert!((prefix_weight - 0.75).abs() < 1e-7);
     assert!((suffix_weight - 0.25).abs() < 1e-7);
     assert!((lse - 4f64.ln()).abs() < 1e-7);
@@ -280,4 +285,116 @@ fn layouts_and_lse_indices() {
     assert_eq!(l.row(2, 3), 2 * 768 + 3 * 192);
     assert_eq!(lse_index(true, 10, 4, 3, 2), 2 * 10 + 3);
     assert_eq!(lse_index(false, 10, 4, 3, 2), 3 * 4 + 2);
+}
+
+#[test]
+fn base_2_blends_by_powers_of_two() {
+    let two = LseBase::Two;
+    // p = 1, s = 0: a = 2^0 = 1, b = 2^-1 -> weights 2/3, 1/3; lse = log2(1.5) + 1 = log2(3).
+    // (Base e gives e/(1+e) and ln(1 + 1/e) + 1: different numbers.)
+    let r = two.merge_row(1.0, 0.0, true);
+    let (prefix_weight, suffix_weight, lse) = blend_of(r);
+    assert!((prefix_weight - 2.0 / 3.0).abs() < 1e-15);
+    assert!((suffix_weight - 1.0 / 3.0).abs() < 1e-15);
+    assert!((lse - 3f64.log2()).abs() < 1e-15);
+    assert!((r.value(3.0, 6.0) - 4.0).abs() < 1e-15);
+    assert!((merge_row(1.0, 0.0, true).lse() - (1.0 + (-1f64).exp().ln_1p())).abs() < 1e-15);
+    // Equal lse: the mean, lse + log2(2) = lse + 1 exactly.
+    let r = two.merge_row(3.0, 3.0, true);
+    assert_eq!((r.value(2.0, 4.0), r.lse()), (3.0, 4.0));
+    // +inf still means no keys: all weight on the other side, its lse.
+    let r = two.merge_row(INF, 1.5, true);
+    assert_eq!((r.value(100.0, 7.0), r.lse()), (7.0, 1.5));
+    // Past the threshold the suffix and its lse as given, +inf kept.
+    assert_eq!(
+        two.merge_row(1.0, INF, false),
+        RowMerge::CopySuffix { lse: f64::INFINITY }
+    );
+}
+
+#[test]
+fn base_2_rows_without_keys_are_zeros_not_the_prefix() {
+    for (p, s) in [(-INF, -INF), (INF, INF), (INF, -INF), (-INF, INF)] {
+        let r = LseBase::Two.merge_row(p, s, true);
+        assert_eq!(
+            (r.value(3.0, -5.0), r.lse()),
+            (0.0, f64::NEG_INFINITY),
+            "({p}, {s})"
+        );
+        assert!(element_matches(Dtype::Bf16, &r, 3.0, -5.0, 0.0));
+        assert!(
+            !element_matches(Dtype::Bf16, &r, 3.0, -5.0, 3.0),
+            "the prefix is wrong here"
+        );
+        assert_ne!(r, merge_row(p, s, true), "base e copies the prefix");
+    }
+    // A NaN beside an empty side stays NaN, as in base e.
+    for (p, s) in [(f32::NAN, -INF), (INF, f32::NAN)] {
+        let r = LseBase::Two.merge_row(p, s, true);
+        assert!(r.lse().is_nan() && r.value(3.0, 5.0).is_nan(), "({p}, {s})");
+    }
+}
+
+#[test]
+fn base_2_k_way_merge_by_hand() {
+    let two = LseBase::Two;
+    // lse 2, 1, 1, 0: weights 1, 1/2, 1/2, 1/4 before normalizing (sum 9/4); lse = log2(9/4) + 2.
+    let r = two.merge_states_row(&[2.0, 1.0, 1.0, 0.0]);
+    let (v, _) = r.value_and_magnitude(&[9.0, 0.0, 0.0, 0.0]);
+    assert!((v - 4.0).abs() < 1e-14, "{v}");
+    assert!((r.lse() - 9f64.log2()).abs() < 1e-14);
+    // Equal lse: the mean, lse + log2(K).
+    let r = two.merge_states_row(&[1.0; 4]);
+    assert_eq!(r.value_and_magnitude(&[1.0, 2.0, 3.0, 6.0]).0, 3.0);
+    assert_eq!(r.lse(), 3.0);
+    // No keys in any state: zeros (never state 0's row), lse -inf.
+    let r = two.merge_states_row(&[INF, -INF, -INF]);
+    assert_eq!(r.value_and_magnitude(&[7.0, 1.0, 2.0]).0, 0.0);
+    assert_eq!(r.lse(), f64::NEG_INFINITY);
+    assert!(states_element_matches(
+        Dtype::F16,
+        &r,
+        &[7.0, 1.0, 2.0],
+        0.0
+    ));
+    assert!(!states_element_matches(
+        Dtype::F16,
+        &r,
+        &[7.0, 1.0, 2.0],
+        7.0
+    ));
+    // A NaN lse propagates.
+    assert!(two.merge_states_row(&[-INF, f32::NAN]).lse().is_nan());
+    // Two states agree with the pairwise merge in base 2.
+    for (p, s) in [(0.5f32, -1.25f32), (-INF, 2.0), (INF, -INF)] {
+        let (pair, k) = (two.merge_row(p, s, true), two.merge_states_row(&[p, s]));
+        assert_eq!(k.lse(), pair.lse(), "({p}, {s})");
+        let (v, _) = k.value_and_magnitude(&[1.5, -2.0]);
+        assert!((v - pair.value(1.5, -2.0)).abs() < 1e-15, "({p}, {s})");
+    }
+}
+
+#[test]
+fn base_2_one_state_is_its_row_and_lse_as_given() {
+    // FlashInfer's MergeStates with K = 1, empty rows and NaN included; base e merges instead.
+    for lse in [0.5f32, INF, -INF, f32::NAN] {
+        let r = LseBase::Two.merge_states_row(&[lse]);
+        assert_eq!(r.value_and_magnitude(&[7.0]).0, 7.0, "{lse}");
+        assert_eq!(r.lse().to_bits(), f64::from(lse).to_bits(), "{lse}");
+        assert!(states_element_matches(Dtype::Bf16, &r, &[7.0], 7.0));
+        assert!(!states_element_matches(Dtype::Bf16, &r, &[7.0], 0.0));
+    }
+    assert_eq!(merge_states_row(&[INF]).lse(), f64::NEG_INFINITY);
+    assert!(merge_states_row(&[f32::NAN])
+        .value_and_magnitude(&[7.0])
+        .0
+        .is_nan());
+}
+
+#[test]
+fn lse_base_from_the_manifest_field() {
+    assert_eq!(LseBase::from_manifest(None), Some(LseBase::E));
+    assert_eq!(LseBase::from_manifest(Some("e")), Some(LseBase::E));
+    assert_eq!(LseBase::from_manifest(Some("2")), Some(LseBase::Two));
+    assert_eq!(LseBase::from_manifest(Some("10")), None);
 }

@@ -1,14 +1,16 @@
 //! Helpers of the GPU suite (tests/gpu.rs) about the machine: the GPU or the reason to skip, the
 //! generated folders, the report, and raw bits to and from device buffers.
 
+use std::collections::HashMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 use mla_gen::contract::Bounds;
 use mla_gen::dtype::Dtype;
+use mla_gen::reference::LseBase;
 use mla_gen::runtime::{self, DeviceBuffer, Kernel};
 
 /// Say it where a person sees it: libtest captures print!, not direct writes to stderr.
@@ -40,12 +42,7 @@ pub fn dir_of(var: Option<&str>) -> Option<PathBuf> {
             std::env::var_os("MLA_GEN_GPU_KERNELS").map(PathBuf::from)
         }
         None => {
-            let in_repo = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/generated"));
-            let dir = if in_repo.exists() {
-                in_repo
-            } else {
-                PathBuf::from("generated")
-            };
+            let dir = generated_dir();
             // Git holds the manifest only: the images are build outputs (generated/README.md).
             assert!(
                 dir.join("kernels").is_dir(),
@@ -55,6 +52,55 @@ pub fn dir_of(var: Option<&str>) -> Option<PathBuf> {
             Some(dir)
         }
     }
+}
+
+/// The repo's generated/: where the tests were built, else (a binary carried to a GPU machine)
+/// under the working directory.
+pub fn generated_dir() -> PathBuf {
+    let in_repo = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/generated"));
+    if in_repo.exists() {
+        in_repo
+    } else {
+        PathBuf::from("generated")
+    }
+}
+
+/// Each kernel's lse base by name, from the variant fields of a folder's manifest.json
+/// (`variant.lse_base`, absent for base e), which the typed manifest leaves out.
+pub struct LseBases(HashMap<String, LseBase>);
+
+impl LseBases {
+    pub fn of(&self, k: &Kernel) -> LseBase {
+        self.named(&k.meta.name)
+    }
+    pub fn named(&self, name: &str) -> LseBase {
+        *self.0.get(name).unwrap_or_else(|| {
+            panic!("kernel {name} is not in the manifest.json its lse bases were read from")
+        })
+    }
+}
+
+pub fn lse_bases(dir: &Path) -> LseBases {
+    let path = dir.join("manifest.json");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let bases = manifest["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| {
+            let name = k["name"].as_str().unwrap().to_string();
+            let field = k["variant"]["lse_base"].as_str();
+            let base = LseBase::from_manifest(field).unwrap_or_else(|| {
+                panic!(
+                    "{}: kernel {name} has variant.lse_base {field:?}; this suite knows \"e\" and \"2\"",
+                    path.display()
+                )
+            });
+            (name, base)
+        })
+        .collect();
+    LseBases(bases)
 }
 
 /// Elements per vector access: every stride a tensor takes must be a multiple of it (the

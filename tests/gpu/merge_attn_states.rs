@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use rayon::prelude::*;
 
 use mla_gen::dtype::Dtype;
-use mla_gen::reference::{self, lse_index, RowMerge};
+use mla_gen::reference::{self, lse_index, LseBase, RowMerge};
 use mla_gen::runtime::{DeviceBuffer, GroupScales, Kernel, MergeArgs};
 
 use crate::common::*;
@@ -16,6 +16,7 @@ use crate::data::*;
 #[allow(clippy::too_many_arguments)]
 pub fn run_case(
     k: &Kernel,
+    base: LseBase,
     stream: &Arc<CudaStream>,
     t: usize,
     h: usize,
@@ -152,7 +153,7 @@ pub fn run_case(
     let bad: Option<String> = (0..t * h).into_par_iter().find_map_any(|row| {
         let (ti, hi) = (row / h, row % h);
         let li = lse_index(head_major, t, h, ti, hi);
-        let m: RowMerge = reference::merge_row(plse[li], slse[li], ti < n);
+        let m: RowMerge = base.merge_row(plse[li], slse[li], ti < n);
         // Per-token-group FP8: each element is judged against its group's scale as written.
         let group_scale = |e: usize| -> Result<f32, String> {
             let Some(g) = group else { return Ok(scale) };
@@ -215,6 +216,7 @@ pub fn run_case(
 /// setting several times; inputs are fresh for each case.
 pub fn suite_case(
     k: &Kernel,
+    base: LseBase,
     stream: &Arc<CudaStream>,
     (t, h): (usize, usize),
     case: usize,
@@ -241,7 +243,7 @@ pub fn suite_case(
     let layouts = dense.then(|| dense_layouts(d, h));
     (
         format!("threshold={th:?} lse={with_lse} dense={dense}"),
-        run_case(k, stream, t, h, th, with_lse, seed, layouts),
+        run_case(k, base, stream, t, h, th, with_lse, seed, layouts),
     )
 }
 

@@ -7,16 +7,18 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use rayon::prelude::*;
 
 use mla_gen::dtype::Dtype;
-use mla_gen::reference::{self, lse_index, RowMerge};
+use mla_gen::reference::{self, lse_index, LseBase, RowMerge};
 use mla_gen::runtime::{DeviceBuffer, InPlaceArgs, Kernel};
 
 use crate::common::*;
 use crate::data::*;
 
 /// An in-place case: state (padded) := merge(state, other), with an optional mask of ~30% zeros.
-/// Masked tokens and rows without keys must keep their exact bits; padding its poison.
+/// Masked tokens and, in base e, rows without keys must keep their exact bits (base 2 writes
+/// zeros there); padding its poison.
 fn run_in_place_case(
     k: &Kernel,
+    base: LseBase,
     stream: &Arc<CudaStream>,
     (t, h): (usize, usize),
     with_mask: bool,
@@ -73,7 +75,7 @@ fn run_in_place_case(
         };
         let li = lse_index(head_major, t, h, ti, hi);
         let merged = !with_mask || mask[ti] != 0;
-        let m: RowMerge = reference::merge_row(state_lse[li], other_lse[li], true);
+        let m: RowMerge = base.merge_row(state_lse[li], other_lse[li], true);
         if !merged || m == RowMerge::CopyPrefix {
             return (out[i] != state[i])
                 .then(|| format!("t={ti} h={hi}: a row that keeps its values changed"));
@@ -102,7 +104,7 @@ fn run_in_place_case(
                 got.to_bits() == state_lse[li].to_bits()
             } else {
                 reference::lse_matches(
-                    reference::merge_row(state_lse[li], other_lse[li], true).lse(),
+                    base.merge_row(state_lse[li], other_lse[li], true).lse(),
                     got,
                 )
             };
@@ -120,6 +122,7 @@ fn run_in_place_case(
 /// One case of the suite: a kernel with a mask is given one in two cases of three.
 pub fn suite_case(
     k: &Kernel,
+    base: LseBase,
     stream: &Arc<CudaStream>,
     (t, h): (usize, usize),
     mask: bool,
@@ -129,6 +132,6 @@ pub fn suite_case(
     let with_mask = mask && case % 3 != 2;
     (
         format!("mask={with_mask}"),
-        run_in_place_case(k, stream, (t, h), with_mask, seed),
+        run_in_place_case(k, base, stream, (t, h), with_mask, seed),
     )
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use rayon::prelude::*;
 
-use mla_gen::reference::{self, Layout, StatesMerge};
+use mla_gen::reference::{self, Layout, LseBase, StatesMerge};
 use mla_gen::runtime::{Kernel, StatesArgs, StatesLayout};
 
 use crate::common::*;
@@ -16,6 +16,7 @@ use crate::data::*;
 /// specials and ~3% of rows without keys in any state.
 fn run_states_case(
     k: &Kernel,
+    base: LseBase,
     stream: &Arc<CudaStream>,
     (t, h, kk): (usize, usize, usize),
     with_lse: bool,
@@ -105,7 +106,7 @@ fn run_states_case(
     let bad: Option<String> = (0..t * h).into_par_iter().find_map_any(|row| {
         let (ti, hi) = (row / h, row % h);
         let row_lse: Vec<f32> = (0..kk).map(|ki| lse[(ti * kk + ki) * h + hi]).collect();
-        let m: StatesMerge = reference::merge_states_row(&row_lse);
+        let m: StatesMerge = base.merge_states_row(&row_lse);
         let mut values = vec![0.0; kk];
         for e in 0..d {
             let got_bits = out[ol.row(ti, hi) + e];
@@ -137,6 +138,7 @@ fn run_states_case(
 /// without the output lse.
 pub fn suite_case(
     k: &Kernel,
+    base: LseBase,
     stream: &Arc<CudaStream>,
     (t, h): (usize, usize),
     num_states: Option<u32>,
@@ -150,6 +152,6 @@ pub fn suite_case(
     let t = t.min(((1usize << 25) / (kk * h * (d + d / 2 + 8))).max(1));
     (
         format!("T'={t} K={kk} lse={with_lse}"),
-        run_states_case(k, stream, (t, h, kk), with_lse, seed),
+        run_states_case(k, base, stream, (t, h, kk), with_lse, seed),
     )
 }
