@@ -140,7 +140,7 @@ impl LseBase {
 
     /// [`merge_states_row`] in this base. Base 2 differs in the arithmetic and in two rules: one
     /// state (K = 1, a runtime-K kernel) is its row and lse as given, and a row without keys in
-    /// any state is blended with weights 0 (zeros for finite rows), lse -inf.
+    /// any state is zeros, lse -inf.
     pub fn merge_states_row(self, lse: &[f32]) -> StatesMerge {
         if self == LseBase::Two && lse.len() == 1 {
             return StatesMerge::AsGiven {
@@ -155,10 +155,7 @@ impl LseBase {
         if m == f64::NEG_INFINITY {
             return match self {
                 LseBase::E => StatesMerge::CopyFirst,
-                LseBase::Two => StatesMerge::Blend {
-                    weights: vec![0.0; lse.len()],
-                    lse: f64::NEG_INFINITY,
-                },
+                LseBase::Two => StatesMerge::Zeros,
             };
         }
         let w: Vec<f64> = lse
@@ -207,6 +204,9 @@ pub enum StatesMerge {
     CopyFirst,
     /// One state in base 2: its row, and its lse as given (+inf and NaN included).
     AsGiven { lse: f64 },
+    /// No keys in any state, base 2: every element +0 (the kernel writes zero words, so an
+    /// infinite element gives 0, not inf x 0); lse = -inf.
+    Zeros,
     /// `out = sum_k state_k * weights[k]`; a NaN lse makes every weight and the lse NaN.
     Blend { weights: Vec<f64>, lse: f64 },
 }
@@ -214,7 +214,7 @@ pub enum StatesMerge {
 impl StatesMerge {
     pub fn lse(&self) -> f64 {
         match self {
-            StatesMerge::CopyFirst => f64::NEG_INFINITY,
+            StatesMerge::CopyFirst | StatesMerge::Zeros => f64::NEG_INFINITY,
             StatesMerge::AsGiven { lse } | StatesMerge::Blend { lse, .. } => *lse,
         }
     }
@@ -223,6 +223,7 @@ impl StatesMerge {
     pub fn value_and_magnitude(&self, values: &[f64]) -> (f64, f64) {
         match self {
             StatesMerge::CopyFirst | StatesMerge::AsGiven { .. } => (values[0], values[0].abs()),
+            StatesMerge::Zeros => (0.0, 0.0),
             StatesMerge::Blend { weights, .. } => weights
                 .iter()
                 .zip(values)
@@ -385,7 +386,7 @@ pub fn element_matches(dtype: Dtype, row: &RowMerge, prefix: f64, suffix: f64, g
 pub fn states_element_matches(dtype: Dtype, merge: &StatesMerge, values: &[f64], got: f64) -> bool {
     let (want, magnitude) = merge.value_and_magnitude(values);
     let blend = match merge {
-        StatesMerge::CopyFirst | StatesMerge::AsGiven { .. } => None,
+        StatesMerge::CopyFirst | StatesMerge::AsGiven { .. } | StatesMerge::Zeros => None,
         StatesMerge::Blend { weights, .. } => {
             let f32_sum = (weights.len() as f64 + 2.0) * f64::from(f32::EPSILON) / 2.0;
             Some((tolerance(dtype).max(f32_sum), magnitude))

@@ -363,6 +363,8 @@ fn base_2_k_way_merge_by_hand() {
         &[7.0, 1.0, 2.0],
         7.0
     ));
+    // The kernel writes zero words: an infinite element is 0 there, not inf x 0 = NaN.
+    assert_eq!(r.value_and_magnitude(&[f64::INFINITY, 1.0, 2.0]).0, 0.0);
     // A NaN lse propagates.
     assert!(two.merge_states_row(&[-INF, f32::NAN]).lse().is_nan());
     // Two states agree with the pairwise merge in base 2.
