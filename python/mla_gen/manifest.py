@@ -318,7 +318,7 @@ def by_size_rule(kf: KernelFolder, kernel: dict, value) -> dict:
 def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output_lse: bool = False,
              threshold: bool = False, output: str = "same", group_size: int | None = None, ue8m0: bool = False,
              lse_layout: str | None = None, num_states: int | None = None, mask: bool = False,
-             mask_empty_context: bool = False) -> bool:
+             mask_empty_context: bool = False, **select_options: str) -> bool:
     """Whether the current kernel folder has a kernel for this call, from the manifest alone (no
     driver, no GPU, nothing loaded). ``dtype``: the inputs' dtype (torch dtype or name);
     ``output_lse``: an output lse will be given; ``threshold``: prefill_tokens_with_context
@@ -326,16 +326,20 @@ def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output
     "fp8_e4m3_group" (with group_size, ue8m0); ``mask_empty_context``: query_start_loc and
     context_start_loc will be given (the empty-context mask fused into the merge). Layout defaults: head-major lse for
     merge_attn_states and mask_empty_context_lse, token-major for merge_state_in_place.
+    ``select_options``: any other key of the kernels' ``select`` blocks, its value as the manifest
+    writes it, e.g. ``lse_base="2"`` (FlashInfer's and SGLang's base): a new spec option that
+    selects is asked for here with no change to this function.
     A True answer means a kernel exists; the argument check still judges strides, alignment and
     overlap at the call."""
     hit = select(folder(), family, *call(family, dtype, head_size, output_lse=output_lse, threshold=threshold,
                                          output=output, group_size=group_size, ue8m0=ue8m0, lse_layout=lse_layout,
-                                         num_states=num_states, mask=mask, mask_empty_context=mask_empty_context))
+                                         num_states=num_states, mask=mask, mask_empty_context=mask_empty_context,
+                                         **select_options))
     return hit is not None and hit[1]
 
 
 def call(family, dtype, head_size, *, output_lse=False, threshold=False, output="same", group_size=None, ue8m0=False,
-         lse_layout=None, num_states=None, mask=False, mask_empty_context=False) -> tuple:
+         lse_layout=None, num_states=None, mask=False, mask_empty_context=False, **select_options) -> tuple:
     """The call ``supports()``'s keywords describe, as :func:`select` takes it: ``(args,
     options)``, one token of one head (so either lse layout fits the sizes; the option decides)."""
     dt = None if dtype is None else dtype_name(dtype)
@@ -374,7 +378,7 @@ def call(family, dtype, head_size, *, output_lse=False, threshold=False, output=
                          "mask_empty_context_lse)")
     if output_lse and family in ("merge_attn_states", "merge_states"):
         args["output_lse"] = ("f32", (1, 1))
-    return args, options
+    return args, {**options, **{k: str(v) for k, v in select_options.items()}}
 
 
 def launch_pdl(kernel: dict) -> bool:

@@ -42,6 +42,12 @@ def test_supports_answers_from_the_manifest_without_the_driver():
     assert not mla_gen.supports(torch.bfloat16, 128, output="fp8_e4m3_group", group_size=32)
     assert mla_gen.supports(torch.bfloat16, 128, family="merge_states", num_states=4, output_lse=True)
     assert not mla_gen.supports(torch.bfloat16, 100, family="merge_states", num_states=4)
+    # Any select option by its manifest name: the base-2 kernels (FlashInfer's API is f16/bf16).
+    assert mla_gen.supports(torch.bfloat16, 128, family="merge_states", lse_base="2")
+    assert not mla_gen.supports(torch.float32, 128, family="merge_states", lse_base="2")
+    assert mla_gen.supports(torch.float32, 128, family="merge_states")
+    assert mla_gen.supports(torch.float16, 576, lse_layout="token_major", lse_base="2", output_lse=True)
+    assert not mla_gen.supports(torch.float16, 576, lse_layout="token_major", lse_base="3")
     # (Whether libcuda is open here depends on the tests before this one; a fresh process checks
     # that supports() opens nothing: test_import_opens_no_driver.)
 
