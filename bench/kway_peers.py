@@ -2,9 +2,14 @@
 hot and cold L2 (issue #34, items 4 and 5), and the in-place merge beside FlashInfer's
 MergeStateInPlace:
 
+  shipped      what mla_gen.flashinfer.merge_states runs from the kernel folder given with --shipped
+               (bench/gpu/kway.sh: the default spec's kernels): the package's own selection and
+               launch path (the kernel fixed at the call's K where the folder has one, else the
+               runtime-K kernel; the row names it), checked bit for bit against the function's
+               result; with --shipped it is the default the ratios and the summary use
   <label>      mla-gen's runtime-K kernel (`num_states = "runtime"`) of each kernel folder given
-               with --kernels LABEL=DIR (candidates: other templates or schedules; the first is
-               "the default" the ratios and the summary use), FlashInfer's lse (base 2,
+               with --kernels LABEL=DIR (candidates: other templates or schedules; without
+               --shipped the first is the default), FlashInfer's lse (base 2,
                token-major), launched by name (mla_gen.launch_kernel); <label>-k: the folder's
                kernel for this K fixed at compile time, where it has one
   flashinfer   FlashInfer's MergeStates (and MergeStateInPlace), from the flashinfer-python
@@ -25,16 +30,17 @@ tokens before it is timed (a wrongly wired peer shows as `check failed`, not as 
 bound allows its K - 1 roundings to bf16, as a timing baseline). The
 `check` table first runs the semantic cases of kway_check.py (docs/SEMANTICS.md: +inf, NaN, empty
 rows, K = 1, padded strides, every element written, no output lse) on every kernel of the
---check-kernels folder and the bf16 base-2 kernels of each --kernels folder but --unchecked ones.
+--check-kernels folder, every one of the --shipped folder and the bf16 base-2 kernels of each
+--kernels folder but --unchecked ones.
 
 The `family` table (bench/gpu/families.sh) is the peer table of the other families: states 1, 2,
-3, 4, 8 and 16 (the default's runtime-K kernel, FlashInfer, the loop) and the in-place merge with
+3, 4, 8 and 16 (the default, FlashInfer, the loop) and the in-place merge with
 and without a [T] mask, at six decode and prefill shapes.
 
 Per shape: times (us) and the ratios `x fi` = FlashInfer's time / the kernel's (>= 1: mla-gen
 at least as fast) and `x loop` = the loop's time / the default's. JSON in --out/kway.json.
 
-  python3 bench/kway_peers.py --peers DIR --kernels new=DIR [--kernels old=DIR ...]
+  python3 bench/kway_peers.py --peers DIR [--shipped DIR] [--kernels new=DIR ...] [--no-loop]
       [--inplace DIR] [--check-kernels DIR] [--unchecked LABEL]
       [--tables check,candidates,states,inplace,family,grid]
       [--cap SECONDS] [--out DIR]      (bench/gpu/kway.sh run: the lead's one command)
@@ -57,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mla_gen  # noqa: E402
 import mla_gen.flashinfer as mfi  # noqa: E402
+from mla_gen import _torch  # noqa: E402
 from bench_table import iterations  # noqa: E402
 from hot_l2 import Arena, hot_us  # noqa: E402
 from kway_check import check_folder  # noqa: E402
@@ -110,6 +117,42 @@ class Folder:
             os.environ["MLA_GEN_KERNELS"] = self.path
             mla_gen.launch_kernel(name, values)
         return call
+
+    def impls(self, sh, fixed_too):
+        """label -> call: the runtime-K kernel, and with `fixed_too` the kernel fixed at K."""
+        calls = {self.label: self.launcher(sh.D, sh.K, sh.out, sh.out_lse, sh.v, sh.s2, fixed=False)}
+        if fixed_too:
+            calls[self.label + "-k"] = self.launcher(sh.D, sh.K, sh.out, sh.out_lse, sh.v, sh.s2, fixed=True)
+        return {label: call for label, call in calls.items() if call}
+
+
+class Shipped:
+    """mla_gen.flashinfer.merge_states's launch into the shape's buffers: its kind, options and
+    call path (_torch._call: selection, checks, plan), the kernels of `path`."""
+
+    label = "shipped"
+
+    def __init__(self, path):
+        self.path = str(Path(path).resolve())
+
+    def _args(self, sh):
+        os.environ["MLA_GEN_KERNELS"] = self.path
+        return mfi._STATES, mfi._OPTIONS[1:], (sh.out, sh.out_lse, sh.v, sh.s2), ()
+
+    def kernel(self, sh):
+        """The kernel the call launches (selection, then size rule and specializations)."""
+        return _torch._prepare(*self._args(sh))[0].name
+
+    def impls(self, sh, fixed_too):
+        return {self.label: lambda: _torch._call(*self._args(sh))}
+
+    def differs_from_the_function(self, sh):
+        """None, or how mla_gen.flashinfer.merge_states's own result differs from the one the
+        last call left in the shape's outputs (bit for bit: the same kernel on the same inputs)."""
+        out, lse = mfi.merge_states(sh.v, sh.s2)
+        if torch.equal(out, sh.out) and torch.equal(lse, sh.out_lse):
+            return None
+        return "check failed: shipped: mla_gen.flashinfer.merge_states's result differs from the timed call's"
 
 
 class FlashInfer:
@@ -250,15 +293,10 @@ class KwayShape:
 
 def implementations(sh, folders, fi, fixed_too, loop=True):
     """name -> (call, producer, base-2 [T, H] lse of its result)."""
-    K, D = sh.K, sh.D
     impls = {}
     for i, f in enumerate(folders):
-        call = f.launcher(D, K, sh.out, sh.out_lse, sh.v, sh.s2, fixed=False)
-        if call:
-            impls[f.label] = (call, sh.inputs.producer, lambda: sh.out_lse)
-        fixed = f.launcher(D, K, sh.out, sh.out_lse, sh.v, sh.s2, fixed=True) if fixed_too and i < 2 else None
-        if fixed:
-            impls[f.label + "-k"] = (fixed, sh.inputs.producer, lambda: sh.out_lse)
+        for label, call in f.impls(sh, fixed_too and i < 2).items():
+            impls[label] = (call, sh.inputs.producer, lambda: sh.out_lse)
     impls["flashinfer"] = (lambda: fi.merge_states(sh.v, sh.s2, sh.out, sh.out_lse), sh.inputs.producer,
                            lambda: sh.out_lse)
     if loop and sh.loop_inputs is not None:
@@ -303,6 +341,9 @@ def bench_kway(tag, K, T, H, D, folders, fi, args, fixed_too=True, loop=True):
     impls = implementations(sh, folders, fi, fixed_too, loop)
     for name, (call, _, lse2) in list(impls.items()):
         problem = sh.check(name, call, lse2, roundings=K - 1 if name == "loop" else 1)
+        if name == Shipped.label and not problem:
+            row["kernel"] = folders[0].kernel(sh)
+            problem = folders[0].differs_from_the_function(sh)
         if problem:
             row["errors"].append(problem)
             del impls[name]
@@ -327,8 +368,15 @@ def ratios(row, default):
             row.setdefault("pct_copy", {})[mode] = 100 * us["copy"][mode] / us[default][mode]
 
 
+def k_tag(kernel):
+    """merge_states_bf16_d128_k4_lse_base2 -> k4 (kvar: the runtime-K kernel)."""
+    return kernel.split("_")[4]
+
+
 def print_kway(row, default):
     head = f"K={row['K']:>2} T={row['T']:>5} H={row['H']:>2} D={row['D']:>3} {row['bytes'] / 1e6:>8.1f}MB"
+    if "kernel" in row:
+        head += f" [{k_tag(row['kernel'])}]"
     parts = [head]
     for mode in ("cold", "hot"):
         us = {n: t[mode] for n, t in row["us"].items()}
@@ -406,6 +454,15 @@ def summary(rows, default):
                 lines.append(f"{table} {mode} {label}: x fi median {statistics.median(x for x, _ in xs):.3f}, min "
                              f"{worst[0]:.3f} (K={worst[1]['K']} T={worst[1]['T']} H={worst[1]['H']} "
                              f"D={worst[1]['D']}), {slower} of {len(xs)} below 0.98")
+    grid = [r for r in rows if r["table"] == "grid" and default in r.get("x_fi", {})]
+    for K in sorted({r["K"] for r in grid}):  # the target grid per number of states, the default
+        rs = [r for r in grid if r["K"] == K]
+        kernels = ",".join(sorted({k_tag(r["kernel"]) for r in rs if "kernel" in r}))
+        per_mode = "; ".join(
+            f"{m} median {statistics.median(r['x_fi'][default][m] for r in rs):.3f} min "
+            f"{min(r['x_fi'][default][m] for r in rs):.3f}, {sum(r['x_fi'][default][m] < 0.98 for r in rs)} below 0.98"
+            for m in ("cold", "hot"))
+        lines.append(f"grid K={K} {default}{f' [{kernels}]' if kernels else ''} ({len(rs)} shapes): x fi {per_mode}")
     family = [r for r in rows if r["table"] == "family" and default in r.get("x_fi", {})]
     for K in sorted({r["K"] for r in family}):  # the family table per number of states
         rs = [r for r in family if r["K"] == K]
@@ -435,8 +492,11 @@ def summary(rows, default):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", required=True, help="folder with libpeers_fi.so and libpeers_vllm.so")
+    ap.add_argument("--shipped", metavar="DIR", help="kernel folder whose kernels mla_gen.flashinfer.merge_states "
+                    "runs, through its own call path (the default spec's): then the default")
     ap.add_argument("--kernels", action="append", default=[], metavar="LABEL=DIR",
-                    help="kernel folder (specs/kway-candidates-3.toml); the first is the default")
+                    help="kernel folder launched by name (specs/kway-candidates-3.toml); the first is the "
+                    "default without --shipped")
     ap.add_argument("--inplace", metavar="DIR", help="folder with base-2 token-major merge_state_in_place kernels "
                     "(the family table: with and without the mask)")
     ap.add_argument("--check-kernels", metavar="DIR", help="folder of bench/kway-check.toml for --tables check")
@@ -448,11 +508,12 @@ def main():
     ap.add_argument("--graph-reps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cap", type=float, default=1e9, help="seconds: stop starting shapes after this")
+    ap.add_argument("--no-loop", dest="loop", action="store_false", help="no chunk loop in the grid")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
-    folders = [Folder(*item.split("=", 1)) for item in args.kernels]
+    folders = ([Shipped(args.shipped)] if args.shipped else []) + [Folder(*item.split("=", 1)) for item in args.kernels]
     if not folders:
-        sys.exit("kway_peers.py: give at least one --kernels LABEL=DIR")
+        sys.exit("kway_peers.py: give --shipped DIR or at least one --kernels LABEL=DIR")
     fi = FlashInfer(args.peers)
     tables = args.tables.split(",")
     out = Path(args.out)
@@ -489,7 +550,7 @@ def main():
         bad = check_folder(args.check_kernels)
         for f in folders:
             if f.label not in args.unchecked:
-                bad += check_folder(f.path, only_bf16_base2=True)
+                bad += check_folder(f.path, only_bf16_base2=not isinstance(f, Shipped))
         failures.extend(bad)
         print(f"# semantic checks: {len(bad)} failures", flush=True)
         save()
@@ -499,14 +560,14 @@ def main():
                                           folders[0].label) or r)
     first = folders[:1]
     if "states" in tables:
-        run("states 1-16 (the default's runtime-K kernel)", STATES_SHAPES,
+        run("states 1-16 (the default: --shipped's kernels, else the first folder's runtime K)", STATES_SHAPES,
             lambda K, T, H, D: print_kway(r := bench_kway("states", K, T, H, D, first, fi, args, fixed_too=False),
                                           folders[0].label) or r)
     if "inplace" in tables and args.inplace:
         run("in-place beside MergeStateInPlace", INPLACE_SHAPES,
             lambda T, H, D: bench_inplace(T, H, D, str(Path(args.inplace).resolve()), fi, args))
     if "family" in tables:
-        run("family: MergeStates at 1-16 states beside the chunk loop (the default's runtime-K kernel)",
+        run("family: MergeStates at 1-16 states beside the chunk loop (the default)",
             FAMILY_SHAPES, lambda K, T, H, D: print_kway(
                 r := bench_kway("family", K, T, H, D, first, fi, args, fixed_too=False), folders[0].label) or r)
         if args.inplace:
@@ -517,10 +578,11 @@ def main():
         shapes = [(K, T, H, D) for H, D in GRID_HD for K in GRID_K for T in GRID_T]
 
         def grid_row(K, T, H, D):
-            r = bench_kway("grid", K, T, H, D, folders[:2], fi, args)
+            r = bench_kway("grid", K, T, H, D, folders[:2], fi, args, fixed_too=not args.shipped, loop=args.loop)
             print_kway(r, folders[0].label)
             return r
-        run("target grid (default and the second folder, fixed-K kernels too)", shapes, grid_row)
+        run("target grid (the default and the second folder; fixed-K kernels by name without --shipped)",
+            shapes, grid_row)
     print()
     for line in summary(rows, folders[0].label):
         print("#", line)

@@ -74,14 +74,7 @@ build)
     "$M" generate "$F/spec-inplace.toml" --out "$F/inplace" --quiet
     find "$F" -name '*.cu' -delete
     "$py" bench/twins.py cases --kernels "$F/default" --no-size-rule "$F/no-size-rule" --out "$F/twin-cases.json"
-    dirty="$(git diff --quiet HEAD -- templates src specs || echo ' + uncommitted changes')"
-    echo "families: templates and specs at $(git rev-parse --short HEAD)$dirty" > "$F/built.txt"
-    size="$(du -sm "$F" | cut -f1)"
-    if (( size > 40 )); then
-        echo "families.sh: $F is $size MB, over the 40 MB a run carries" >&2
-        exit 1
-    fi
-    echo "built $F (${size} MB); on the GPU machine: bench/gpu/families.sh run (carry .device/families)"
+    bench/gpu/built.sh families "$F" 40
     ;;
 run)
     OUT="${OUT:-.device/out}/families"

@@ -1,98 +1,67 @@
 #!/usr/bin/env bash
-# The K-way merge beside FlashInfer's MergeStates and a vLLM-style chunk loop, and the in-place
-# merge beside MergeStateInPlace (issue #34, items 4 and 5), in two halves:
+# The K-way merge as the default ships it beside FlashInfer's MergeStates (issue #34, item 4: the
+# target grid, states {2,3,4,5,8,9,16} x T {256,2048,8192,32768} x H {8,16,32} x D {64,128,256},
+# bf16, hot and cold), in two halves:
 #
-#   bench/gpu/kway.sh build   (here)  FlashInfer's headers (bench/gpu/flashinfer_headers.sh:
-#                                       from .whl/ or pip) and the kernel folders into .device/kway
-#                                       (git-ignored; carry .device/kway):
-#                                         new      specs/kway-candidates-3.toml, templates/ (runtime
-#                                                  and fixed K, bf16, D 64/128/256, lse base 2)
-#                                         old      the same spec from BASE's templates (default
-#                                                  1d8fd14, before the branch-free bodies)
-#                                         candidates, runtime K only (the list below): one
-#                                                  `{%- set kway_* %}` of merge_states.cu.tera changed
-#                                                  (4 unrolled K; chunks of 8; IEEE math) or schedule
-#                                                  keys (min_blocks_per_sm 8, 12: at most 64, 40
-#                                                  registers). Run 2026-12-04 (GPU-VERIFICATION.md)
-#                                                  tried two passes, chunks of 2, 256-thread blocks and
-#                                                  16 heads per block too: all slower
-#                                         inplace  base-2 token-major merge_state_in_place
-#                                         check    bench/kway-check.toml (semantic cases)
-#                                         flashinfer-api   tests/gpu-flashinfer.toml (KWAY_FI_CHECK=1)
-#   bench/gpu/kway.sh run     (there) compiles bench/peers/peers.cu (bench/gpu/peers_libs.sh),
-#                                       then bench/kway_peers.py: the semantic checks, the
-#                                       candidates, states 1-16, the in-place table and the target
-#                                       grid, stopping new shapes after KWAY_CAP seconds (default
-#                                       240). Log, table and JSON in $OUT/kway/.
-#                                       KWAY_FI_CHECK=1 then runs bench/flashinfer_check.py
-#                                       (mla_gen.flashinfer against FlashInfer's own kernels, K = 1
-#                                       included) on the flashinfer-api folder.
+#   bench/gpu/kway.sh build   (here)  into .device/kway (git-ignored; carry .device/kway, ~27 MB):
+#                                       include   FlashInfer's headers (flashinfer_headers.sh:
+#                                                 from .whl/ or pip)
+#                                       shipped   the default spec for sm_90 (specs/default.toml:
+#                                                 its K-way kernels fixed at K = 2, 3, 4, 5, 8 and
+#                                                 with runtime K), the folder
+#                                                 mla_gen.flashinfer.merge_states selects from
+#                                       inplace   base-2 token-major merge_state_in_place (the
+#                                                 inplace and family tables)
+#                                       flashinfer-api   tests/gpu-flashinfer.toml (KWAY_FI_CHECK=1)
+#                                     BASE=REV also builds `old`: specs/kway-candidates-3.toml from
+#                                     REV's templates, runtime and fixed K launched by name
+#                                     (KWAY_OLD=1 at run time times it beside). The rows_per_thread
+#                                     candidates of runs 122-127 (not adopted) are in git history.
+#   bench/gpu/kway.sh run     (there) compiles bench/peers/peers.cu (bench/gpu/peers_libs.sh) while
+#                                       bench/kway_check.py checks every K-way kernel of `shipped`
+#                                       against float64 (docs/SEMANTICS.md's rules), then
+#                                       bench/kway_peers.py --shipped: each shape through
+#                                       mla_gen.flashinfer.merge_states's own call path (the row
+#                                       names the kernel: k2..k8 or kvar), FlashInfer, a copy of
+#                                       the same bytes; tables $KWAY_TABLES (default grid; also
+#                                       states, inplace, family), no chunk loop unless KWAY_LOOP=1,
+#                                       no new shape after KWAY_CAP seconds (default 170: the run
+#                                       takes at most about 4 minutes). Logs, table and JSON in $OUT/kway/.
+#                                       KWAY_FI_CHECK=1 then runs bench/flashinfer_check.py on the
+#                                       flashinfer-api folder.
 #
-# What passes: the log ends with "# semantic checks: 0 failures" above, no "check failed", exit 0;
-# the summary lines "grid cold|hot new: x fi ... min" >= 0.98 and "x loop (K >= 4): min" >= 2.
+# What passes: check.log ends with "K-way cases pass" with equal counts and no "FAIL"; kway.log has
+# no "check failed" (each timed call also equals mla_gen.flashinfer.merge_states's own result bit
+# for bit) and its "# grid K=.. shipped [k2] (36 shapes): x fi cold median .. min .., N below 0.98"
+# lines (one per K) show the target: min >= 0.98 cold and hot; exit 0.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 K=.device/kway
 case "${1:-}" in
 build)
     scripts/install-nvrtc.sh >/dev/null
-    cargo build --quiet
+    cargo build --quiet --bin mla-gen
     M=target/debug/mla-gen
-    rm -rf "$K" && mkdir -p "$K"
+    mkdir -p "$K"  # all but FlashInfer's headers, which need no second download
+    find "$K" -mindepth 1 -maxdepth 1 ! -name include -exec rm -rf {} +
     bench/gpu/flashinfer_headers.sh "$K/include"
     gen() { "$M" generate "$1" --templates "$2" --out "$K/$3" --quiet; }
-    runtime_spec() {  # the runtime-K kernels of specs/kway-candidates-3.toml, plus schedule keys
-        local spec="$K/spec-$1.toml"
-        shift
-        printf '%s\n' 'arch = ["sm_90"]' '[[merge_states]]' 'dtype = "bf16"' 'head_size = [64, 128, 256]' \
-            'num_states = "runtime"' 'lse_base = "2"' "$@" > "$spec"
-        echo "$spec"
-    }
-    gen specs/kway-candidates-3.toml templates new
-    base="${BASE:-1d8fd14}"
-    mkdir -p "$K/templates-old/c"
-    for f in $(git ls-tree -r --name-only "$base" templates); do
-        git show "$base:$f" > "$K/templates-old/${f#templates/}"
-    done
-    gen specs/kway-candidates-3.toml "$K/templates-old" old
-    # label | sed expression for merge_states.cu.tera (none: templates/ as is) | schedule keys (;)
-    # r2*: two tokens per thread (K <= 4: both rows' loads in flight together; larger K one row
-    # after the other), so K = 2-3 keep as many bytes in flight per SM as the fixed-K kernels at
-    # the runtime kernel's occupancy; registers (no spills): r2 80 (6 blocks/SM), r2m7 72 (7),
-    # r2m8 64 (8, as the default's 1 row).
-    candidates=(
-        'r2||rows_per_thread = 2'
-        'r2m7||rows_per_thread = 2;min_blocks_per_sm = 7'
-        'r2m8||rows_per_thread = 2;min_blocks_per_sm = 8'
-    )
-    labels="new old"
-    for item in "${candidates[@]}"; do
-        IFS='|' read -r label edit keys <<< "$item"
-        tpl=templates
-        if [[ -n "$edit" ]]; then
-            tpl="$K/templates-$label"
-            cp -r templates "$tpl"
-            sed -i "$edit" "$tpl/merge_states.cu.tera"
-            if cmp -s templates/merge_states.cu.tera "$tpl/merge_states.cu.tera"; then
-                echo "kway.sh: candidate $label changed nothing in merge_states.cu.tera ($edit)" >&2
-                exit 2
-            fi
-        fi
-        IFS=';' read -r -a key_lines <<< "$keys"
-        gen "$(runtime_spec "$label" "${key_lines[@]}")" "$tpl" "$label"
-        labels="$labels $label"
-    done
+    "$M" generate --arch sm_90 --out "$K/shipped" --quiet
+    rm -f "$K"/shipped/kernels/*.ptx  # the H200 loads the sm_90 CUBINs; 20 MB less to carry
     printf '%s\n' 'arch = ["sm_90"]' '[[merge_state_in_place]]' 'dtype = "bf16"' 'head_size = [64, 128, 256]' \
-        'lse_layout = "token_major"' 'lse_base = "2"' > "$K/spec-inplace.toml"
+        'lse_layout = "token_major"' 'lse_base = "2"' 'mask = [false, true]' > "$K/spec-inplace.toml"
     gen "$K/spec-inplace.toml" templates inplace
-    gen bench/kway-check.toml templates check
     gen tests/gpu-flashinfer.toml templates flashinfer-api
+    if [[ -n "${BASE:-}" ]]; then
+        mkdir -p "$K/templates-old/c"
+        for f in $(git ls-tree -r --name-only "$BASE" templates); do
+            git show "$BASE:$f" > "$K/templates-old/${f#templates/}"
+        done
+        gen specs/kway-candidates-3.toml "$K/templates-old" old
+        rm -rf "$K/templates-old"
+    fi
     find "$K" -name '*.cu' -delete
-    rm -rf "$K"/templates-*
-    dirty="$(git diff --quiet HEAD -- templates || echo ' + uncommitted templates')"
-    echo "base templates: $(git rev-parse --short "$base"); new: $(git rev-parse --short HEAD)$dirty" > "$K/built.txt"
-    echo "$labels" > "$K/labels.txt"
-    echo "built $K ($(du -sh "$K" | cut -f1)); on the GPU machine: bench/gpu/kway.sh run (carry .device/kway)"
+    bench/gpu/built.sh kway "$K" 45 "${BASE:+; old: $BASE}"
     ;;
 run)
     OUT="${OUT:-.device/out}/kway"
@@ -100,18 +69,22 @@ run)
     export PYTHONUNBUFFERED=1
     cat "$K/built.txt"
     lib="$(mktemp -d)"
-    bench/gpu/peers_libs.sh "$K/include" "$lib"
-    kernels=()
-    for label in $(cat "$K/labels.txt"); do  # new and old first: the default and the base
-        kernels+=(--kernels "$label=$K/$label")
-    done
-    python3 bench/kway_peers.py --peers "$lib" "${kernels[@]}" --inplace "$K/inplace" \
-        --check-kernels "$K/check" --unchecked old --tables "${KWAY_TABLES:-check,candidates,states,inplace,grid}" \
-        --cap "${KWAY_CAP:-240}" --out "$OUT" 2>&1 | tee "$OUT/kway.log"
+    # nvcc (CPU) while the semantic checks use the GPU
+    bench/gpu/peers_libs.sh "$K/include" "$lib" > "$OUT/nvcc.log" 2>&1 &
+    nvcc=$!
+    status=0
+    python3 bench/kway_check.py "$K/shipped" 2>&1 | tee "$OUT/check.log" || status=1
+    wait "$nvcc" || { echo "kway.sh: building bench/peers/peers.cu failed (nvcc.log)" >&2; exit 1; }
+    extra=()
+    [[ "${KWAY_LOOP:-0}" == 1 ]] || extra+=(--no-loop)
+    [[ "${KWAY_OLD:-0}" == 1 ]] && extra+=(--kernels "old=$K/old")
+    python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" --inplace "$K/inplace" "${extra[@]}" \
+        --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --out "$OUT" 2>&1 | tee "$OUT/kway.log" || status=1
     if [[ "${KWAY_FI_CHECK:-0}" == 1 ]]; then
         MLA_GEN_KERNELS="$K/flashinfer-api" PYTHONPATH=python python3 bench/flashinfer_check.py \
             --peers "$lib" --out "$OUT" 2>&1 | tail -40 | tee "$OUT/flashinfer_check.log"
     fi
+    exit $status
     ;;
 *)
     echo "usage: bench/gpu/kway.sh build|run   (see the comment at the top)" >&2; exit 2 ;;

@@ -30,6 +30,7 @@ HEADS = (64, 96, 128, 192, 256, 512, 576)
 VLLM_HEADS = (64, 80, 96, 112, 128, 192, 256, 512, 576)  # 80 and 112: vLLM's merge_attn_states only
 GROUPS = (128, 64)  # vLLM's quant_group_size: 128 block FP8 (DeepSeek-V3, Qwen3 FP8), 64
 STATES = tuple(range(1, 17))
+FIXED_STATES = (2, 3, 4, 5, 8)  # K-way kernels with K fixed at compile time (block 9)
 VLLM_ENTRIES = ("vllm.patch", "mla_gen.merge_attn_states", "torch.ops.mla_gen.merge_attn_states")
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 # Sizes of every call: T tokens (n of them with context where a threshold is given), H heads,
@@ -116,10 +117,11 @@ def expected_kernel(row):
         return f"merge_attn_states_{dt}_d{d}_lse_tm"
     if row.api == "flashinfer.merge_state":
         return f"merge_attn_states_{dt}_d{d}_lse_tm_base2"
-    if row.api == "mla_gen.merge_states":
-        return f"merge_states_{dt}_d{d}_kvar_lse"
-    if row.api == "flashinfer.merge_states":
-        return f"merge_states_{dt}_d{d}_kvar_lse_base2"  # K = 1 too: its copy, one launch (T > 1)
+    if row.api in ("mla_gen.merge_states", "flashinfer.merge_states"):
+        # K fixed at compile time where block 9 has it (f16/bf16), else the runtime-K kernel;
+        # FlashInfer's K = 1 too: the runtime-K kernel's copy, one launch (T > 1)
+        k = f"k{row.num_states}" if row.num_states in FIXED_STATES and row.dtype in HALF else "kvar"
+        return f"merge_states_{dt}_d{d}_{k}_lse" + ("_base2" if row.api.startswith("flashinfer") else "")
     if row.api == "mla_gen.merge_state_in_place":
         return f"merge_state_in_place_{dt}_d{d}" + ("_mask" if row.mask else "") + tm
     if row.api == "flashinfer.merge_state_in_place":
