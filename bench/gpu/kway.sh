@@ -28,7 +28,8 @@
 #                                       no new shape after KWAY_CAP seconds (default 170: the run
 #                                       takes at most about 4 minutes). Logs, table and JSON in $OUT/kway/.
 #                                       KWAY_FI_CHECK=1 then runs bench/flashinfer_check.py on the
-#                                       flashinfer-api folder.
+#                                       shipped default (KWAY_FI_KERNELS=.device/kway/flashinfer-api:
+#                                       the f32 kernels of tests/gpu-flashinfer.toml too).
 #
 # What passes: check.log ends with "K-way cases pass" with equal counts and no "FAIL"; kway.log has
 # no "check failed" (each timed call also equals mla_gen.flashinfer.merge_states's own result bit
@@ -81,7 +82,7 @@ run)
     python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" --inplace "$K/inplace" "${extra[@]}" \
         --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --out "$OUT" 2>&1 | tee "$OUT/kway.log" || status=1
     if [[ "${KWAY_FI_CHECK:-0}" == 1 ]]; then
-        MLA_GEN_KERNELS="$K/flashinfer-api" PYTHONPATH=python python3 bench/flashinfer_check.py \
+        MLA_GEN_KERNELS="${KWAY_FI_KERNELS:-$K/shipped}" PYTHONPATH=python python3 bench/flashinfer_check.py \
             --peers "$lib" --out "$OUT" 2>&1 | tail -40 | tee "$OUT/flashinfer_check.log"
     fi
     exit $status
