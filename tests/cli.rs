@@ -322,7 +322,7 @@ fn list_render_inspect_doctor() {
     let called = names
         .iter()
         .filter(|n| !n.contains("_below") && !n.contains("_dense"));
-    assert_eq!(called.count(), 396);
+    assert_eq!(called.count(), 536);
     assert!(names.contains(&"merge_attn_states_bf16_d576_thr_lse".to_string()));
 
     let o = mla_gen(
@@ -432,7 +432,7 @@ fn schema_json_is_fresh_and_machine_outputs_parse() {
         rows.iter()
             .filter(|r| r["variant"]["rows_below"].is_null() && r["variant"]["dense"].is_null())
             .count(),
-        396
+        536
     );
     assert!(rows[0]["params"][0]["tensor"]["dims"].is_array());
     let completions = mla_gen(&["completions", "bash"], &[]);
