@@ -86,7 +86,19 @@ fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
             // 13.0), a trade measured faster on the H200 at D = 128 and 512
             // (docs/PERFORMANCE.md). More than that would be a new problem.
             let capped = k.variant.mask_empty_context && k.variant.dtype.size_bytes() <= 2;
-            assert_spills_at_most(&k.name, a, if capped { 32 } else { 0 });
+            // Group FP8 kernels are capped at 32 registers too (full occupancy: 1.05x on the
+            // H200, run 105). With UE8M0 scales they call libdevice's log2f on a rare branch
+            // (vLLM's scale rule, prelude.cu.tera's group_scale); on sm_100 at D = 192 and 576
+            // ptxas spills 8 bytes each way for it (NVRTC 13.0), on sm_80-sm_90 nothing. Not
+            // measured: no sm_100 GPU has been lent. More than that would be a new problem.
+            let ue8m0_on_sm100 =
+                a.arch.name() == "sm_100" && k.variant.fp8_group.as_ref().is_some_and(|g| g.ue8m0);
+            let allowed = match (capped, ue8m0_on_sm100) {
+                (true, _) => 32,
+                (false, true) => 8,
+                (false, false) => 0,
+            };
+            assert_spills_at_most(&k.name, a, allowed);
         }
     }
 }

@@ -69,7 +69,8 @@ pub const TWIN_KINDS: [TwinKind; 2] = [
     },
 ];
 
-/// The manifest key of a range kernel's bound, and what it says.
+/// The manifest key of a range kernel's bound, and what it says (the schema's text).
+#[cfg(feature = "schema")]
 const ROWS_BELOW_DOC: &str = "A kernel of another's size rule: it serves that kernel's launches with fewer rows\n(tokens x heads) than this, and is named after it with `_below<rows>` (before `_pdl`).";
 
 /// A set of kinds of specialization (a bit per row of [`TWIN_KINDS`]).
