@@ -111,22 +111,14 @@ mod tests {
         // A scale one ulp above 2^-15 (absmax 0x3c600001): log2f gives -15 exactly, and vLLM
         // keeps 2^-15; 0x93 ulps above, the next power (run 133: the one scale of 5,440,000
         // that differed from vLLM's).
-        assert_eq!(
-            group_scale(f32::from_bits(0x3c60_0001), false).to_bits(),
-            0x3800_0001
-        );
-        assert_eq!(
-            group_scale(f32::from_bits(0x3c60_0001), true),
-            2f32.powi(-15)
-        );
-        assert_eq!(
-            group_scale(f32::from_bits(0x3c60_0100), false).to_bits(),
-            0x3800_0093
-        );
-        assert_eq!(
-            group_scale(f32::from_bits(0x3c60_0100), true),
-            2f32.powi(-14)
-        );
+        for (absmax, scale, power) in [
+            (0x3c60_0001, 0x3800_0001, -15),
+            (0x3c60_0100, 0x3800_0093, -14),
+        ] {
+            let absmax = f32::from_bits(absmax);
+            assert_eq!(group_scale(absmax, false).to_bits(), scale);
+            assert_eq!(group_scale(absmax, true), 2f32.powi(power));
+        }
         assert_eq!(group_scale(449.0, true), 2.0);
         assert_eq!(group_scale(300.0, true), 1.0);
         assert_eq!(group_absmax([1.0, -7.5, f32::NAN, 3.0]), 7.5);
