@@ -69,18 +69,30 @@ impl RowMerge {
     }
 }
 
-/// The base of the lse a kernel reads and writes (docs/SEMANTICS.md, "lse in base 2"): the
-/// manifest's `variant.lse_base`, absent for base e.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+// The one type of the lse base: the spec's option (crate::gen::variant re-exports it), the
+// manifest's `variant.lse_base` (absent for base e) and the reference's arithmetic. A row without
+// keys: base e keeps the first side's row, base 2 blends with weights 0 (FlashInfer's rule).
+/// The base of the lse a kernel reads and writes (docs/SEMANTICS.md, "lse in base 2"). Hosts
+/// select it by the `select` block's `lse_base`, which base-2 kernels alone name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum LseBase {
-    /// lse = ln(sum of exp(logit)); a row without keys keeps the first side's row.
+    /// lse = ln(sum of exp(logit)): vLLM's, FlashAttention's and SGLang's.
     #[default]
+    #[serde(rename = "e")]
     E,
-    /// lse = log2(sum of 2^logit) (FlashInfer's); a row without keys is blended with weights 0.
+    /// lse = log2(sum of 2^logit): FlashInfer's, with its rule for a row without keys (zeros).
+    #[serde(rename = "2")]
     Two,
 }
 
 impl LseBase {
+    /// Each base by its spec and manifest name.
+    pub const ALL: [(&'static str, LseBase); 2] = [("e", LseBase::E), ("2", LseBase::Two)];
+    /// Base e (the manifest omits the field).
+    pub fn is_e(&self) -> bool {
+        *self == LseBase::E
+    }
     /// The base given the manifest's `variant.lse_base` value (None: the field is absent).
     pub fn from_manifest(value: Option<&str>) -> Option<LseBase> {
         match value {

@@ -14,26 +14,7 @@ mod twin;
 
 pub const GROUP_SIZES_ALLOWED: [u32; 4] = [16, 32, 64, 128];
 
-/// The base of the lse a kernel reads and writes (docs/SEMANTICS.md, "lse in base 2"). Hosts
-/// select it by the `select` block's `lse_base`, which base-2 kernels alone name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub enum LseBase {
-    /// lse = ln(sum of exp(logit)): vLLM's, FlashAttention's and SGLang's.
-    #[default]
-    #[serde(rename = "e")]
-    E,
-    /// lse = log2(sum of 2^logit): FlashInfer's, with its rule for a row without keys (zeros).
-    #[serde(rename = "2")]
-    Two,
-}
-
-impl LseBase {
-    pub(crate) const ALL: [(&'static str, LseBase); 2] = [("e", LseBase::E), ("2", LseBase::Two)];
-    fn is_e(&self) -> bool {
-        *self == LseBase::E
-    }
-}
+pub use crate::reference::LseBase;
 
 pub const ROWS_PER_THREAD_ALLOWED: [u32; 4] = [1, 2, 4, 8];
 pub const BLOCK_THREADS_ALLOWED: [u32; 4] = [128, 256, 512, 1024];
