@@ -77,6 +77,9 @@ names = zipfile.ZipFile(sys.argv[1]).namelist()
 assert not any(n.endswith(".cu") for n in names)
 assert "mla_gen/_C.abi3.so" in names, "the compiled op is missing from the wheel"
 assert "mla_gen/_launch.abi3.so" in names, "the C launch (python/csrc/launch.c) is missing from the wheel"
+natives = sorted(n for n in names if n.startswith("mla_gen/_C_torch"))
+for release in ("2_10", "2_11"):  # scripts/build-wheel.sh's MLA_GEN_WHEEL_NATIVE
+    assert f"mla_gen/_C_torch{release}.abi3.so" in natives, f"no native build for torch {release}: {natives}"
 assert not any("libtorch" in n for n in names), "torch's libraries were copied into the wheel"
 meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
 meta = zipfile.ZipFile(sys.argv[1]).read(meta).decode()
@@ -86,7 +89,7 @@ for field in ("License-Expression: MIT OR Apache-2.0", "License-File: LICENSE-MI
     assert field in meta, f"METADATA lacks {field!r}"
 assert any(n.endswith("licenses/LICENSE-MIT") for n in names) and any(n.endswith("licenses/LICENSE-APACHE") for n in names)
 print(f"1 passed, 0 failed: package data ({len(files)} kernel files, manifest equal to generated/manifest.json, "
-      f"the compiled op, metadata, version {mla_gen.__version__})")
+      f"the compiled op and its native builds {[n.split('/')[1] for n in natives]}, metadata, version {mla_gen.__version__})")
 PYEOF
 cargo_version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)"
 "$VPY" -c "import mla_gen, sys; v = mla_gen.__version__; sys.exit(0 if v == '$cargo_version' else f'mla_gen {v} != Cargo.toml $cargo_version')"
@@ -94,7 +97,7 @@ cargo_version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)"
 echo "== python: pytest python/tests, the compiled op (installed package; GPU tests skip without a GPU)"
 cd "$work"  # so that python/ is not on sys.path: the tests import the installed package
 status=0
-MLA_GEN_EXPECT_INSTALLED=1 MLA_GEN_EXPECT_COMPILED=1 "$VPY" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" 2>&1 \
+MLA_GEN_EXPECT_INSTALLED=1 MLA_GEN_EXPECT_COMPILED=1 MLA_GEN_EXPECT_NATIVE=1 "$VPY" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" 2>&1 \
     | tail -n 25
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "== python: pytest python/tests, the pure-Python fallback (MLA_GEN_PURE_PYTHON=1)"

@@ -33,7 +33,7 @@ tests="$PWD/python/tests"
 cd "$work"
 status=0
 echo "== torch $version: pytest python/tests, the compiled op"
-MLA_GEN_EXPECT_INSTALLED=1 MLA_GEN_EXPECT_COMPILED=1 "$VPY" -m pytest -q -p no:cacheprovider "$tests" 2>&1 | tail -n 15
+MLA_GEN_EXPECT_INSTALLED=1 MLA_GEN_EXPECT_COMPILED=1 MLA_GEN_EXPECT_NATIVE=1 "$VPY" -m pytest -q -p no:cacheprovider "$tests" 2>&1 | tail -n 15
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "== torch $version: pytest python/tests, the pure-Python fallback"
 MLA_GEN_EXPECT_INSTALLED=1 MLA_GEN_PURE_PYTHON=1 "$VPY" -m pytest -q -p no:cacheprovider "$tests" 2>&1 | tail -n 5

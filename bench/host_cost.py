@@ -15,7 +15,8 @@ the minimum over rounds is the least disturbed (the median is reported too), and
 given for both (min over min, median over median).
 Targets: function <= 0.5x the Triton launcher, op <= 0.6x (the packet call: what callers write).
 
-With the wheel's compiled op (mla_gen.ops.compiled) the op rows time it, and two rows time the
+With the wheel's compiled op (mla_gen.ops.compiled; its native build for this torch where the
+wheel has one, $MLA_GEN_NATIVE_OP=0 for the stable one: run twice to compare) the op rows time it, and two rows time the
 pure-Python implementation in the same process (the op's Python implementation under another
 namespace, the function's Python path); each against issue 22's bar, a compiled TORCH_LIBRARY op
 with vLLM's launcher (7.6 us on the H200). The plain function runs its Python fast path either
@@ -208,7 +209,7 @@ def main():
     prop = torch.cuda.get_device_properties(0)
     print(f"# host cost per call, {prop.name}, torch {torch.__version__}, {args.rounds} rounds x {args.calls} calls, "
           f"interleaved; mla_gen from {Path(mla_gen.__file__).parent}, compiled op: "
-          f"{'yes' if compiled else 'no (' + str(mla_gen._ext.reason) + ')'}; the function's launch: "
+          f"{'yes, ' + str(mla_gen._ext.build) + ' build' if compiled else 'no (' + str(mla_gen._ext.reason) + ')'}; the function's launch: "
           f"{'C (mla_gen._launch)' if c_default else 'ctypes'}")
     measured = VLLM_OP_ROW in res
     bar = res[VLLM_OP_ROW]["min_us"] if measured else VLLM_OP_US
@@ -238,7 +239,7 @@ def main():
         import triton
         Path(out_dir, "host_cost.json").write_text(json.dumps(
             {"device": prop.name, "torch": torch.__version__, "triton": triton.__version__,
-             "mla_gen": mla_gen.__version__, "compiled_op": compiled, "c_launch": c_default, "vllm_op_us": bar, "vllm_op_measured": measured, "calls": args.calls, "rounds": args.rounds, "results": res}, indent=1))
+             "mla_gen": mla_gen.__version__, "compiled_op": compiled, "op_build": mla_gen._ext.build, "c_launch": c_default, "vllm_op_us": bar, "vllm_op_measured": measured, "calls": args.calls, "rounds": args.rounds, "results": res}, indent=1))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,14 @@ is found and says why not otherwise; ``1`` requires it; ``0`` never builds it) n
   NVRTC) and used only if the kernels it was generated with are byte for byte the packaged ones
   (it checks each image it reads against the sizes and hashes it was generated with);
 - a C and C++ compiler, on Linux.
+
+Native builds beside it (``$MLA_GEN_TORCH_NATIVE``: torch folders separated by ``:``, each with
+``include/`` and ``lib/``, e.g. ``scripts/torch-headers.sh 2.11.0 --libs``'s or an installed
+torch's; ``auto``, the default, is the environment's own torch where it has both; ``0`` none):
+``mla_gen/_C_torch<M>_<m>.abi3.so`` per folder, the same op (python/csrc/op_core.h) as a
+TORCH_LIBRARY kernel of that torch release, which mla_gen._ext loads instead of the stable one
+under that release only: the dispatcher then hands it its stack without the stable ABI's
+per-argument boxing.
 """
 
 from __future__ import annotations
@@ -175,8 +183,11 @@ def _torch_root():
 
 
 def _torch_version(include: Path):
-    text = (include / "torch" / "headeronly" / "version.h")
-    if not text.is_file():
+    for text in (include / "torch" / "headeronly" / "version.h", include / "torch" / "csrc" / "api" / "include" / "torch"
+                 / "version.h"):
+        if text.is_file():
+            break
+    else:
         return None
     t = text.read_text()
     major = re.search(r"#define TORCH_VERSION_MAJOR (\d+)", t)
@@ -410,7 +421,8 @@ def _ops_header(launcher_dir: Path, dest: Path):
 
 
 def extension_plan():
-    """(Extension, None) where the compiled op can be built, else (None, why not)."""
+    """([Extension, ...], None) where the compiled op can be built (the stable one, then the
+    native ones), else (None, why not)."""
     if not sys.platform.startswith("linux"):
         return None, f"the compiled op is built on Linux only (this is {sys.platform})"
     root = _torch_root()
@@ -429,35 +441,75 @@ def extension_plan():
     if launcher is None:
         return None, why
     _ops_header(launcher, work)
-    csrc = ROOT / "csrc"
-    sources = [csrc / "mla_gen_ops.cpp", csrc / "driver" / "driver.c", launcher / "mla_kernels.c"]
-    ext = Extension(
-        f"{PACKAGE}._C",
-        sources=[os.path.relpath(s, ROOT) if str(s).startswith(str(ROOT)) else str(s) for s in sources],
-        # driver/ first: its cuda.h stands in for the toolkit's
-        include_dirs=[str(csrc / "driver"), str(launcher), str(work), str(include)],
-        library_dirs=[str(lib)],
-        libraries=["torch_cpu", "torch_cuda", "dl"],  # libdl: where glibc < 2.34 has dlopen
-        # MLA_IMAGES_FROM_FILES: the launcher embeds no image; it reads the package's kernels/ (each
-        # image once in the wheel), checking each file's size and sha256 before the driver sees it.
-        define_macros=[("TORCH_TARGET_VERSION", "0x020a000000000000"), ("Py_LIMITED_API", "0x03090000"),
-                       ("MLA_IMAGES_FROM_FILES", "1")],
-        extra_compile_args=["-O2", "-fvisibility=hidden", "-fno-strict-aliasing"],
-        extra_link_args=["-Wl,--no-as-needed", "-Wl,-z,defs", "-Wl,--allow-shlib-undefined"],
-        py_limited_api=True,
-    )
+    ext = _op_extension("_C", "mla_gen_ops.cpp", launcher, work, include, lib,
+                        # TORCH_TARGET_VERSION: the binary calls nothing a torch after 2.10 added
+                        [("TORCH_TARGET_VERSION", "0x020a000000000000")], ["torch_cpu", "torch_cuda"])
     _say(f"building the compiled op against torch {tv[0]}.{tv[1]} headers ({include}), targeting 2.10; "
          f"C launcher from {launcher}")
-    return ext, None
+    return [ext] + _native_extensions(root, launcher, work), None
+
+
+def _op_extension(name, source, launcher, work, include, lib, macros, libraries, extra_includes=()):
+    csrc = ROOT / "csrc"
+    sources = [csrc / source, csrc / "driver" / "driver.c", launcher / "mla_kernels.c"]
+    return Extension(
+        f"{PACKAGE}.{name}",
+        sources=[os.path.relpath(s, ROOT) if str(s).startswith(str(ROOT)) else str(s) for s in sources],
+        # driver/ first: its cuda.h stands in for the toolkit's
+        include_dirs=[str(csrc / "driver"), str(launcher), str(work), str(include)] + [str(i) for i in extra_includes],
+        library_dirs=[str(lib)],
+        libraries=libraries + ["dl"],  # libdl: where glibc < 2.34 has dlopen
+        # MLA_IMAGES_FROM_FILES: the launcher embeds no image; it reads the package's kernels/ (each
+        # image once in the wheel), checking each file's size and sha256 before the driver sees it.
+        define_macros=macros + [("Py_LIMITED_API", "0x03090000"), ("MLA_IMAGES_FROM_FILES", "1")],
+        # -g0: no debug info (a native build's is 1.3 MB of the wheel, packed)
+        extra_compile_args=["-O2", "-g0", "-fvisibility=hidden", "-fno-strict-aliasing"],
+        extra_link_args=["-Wl,--no-as-needed", "-Wl,-z,defs", "-Wl,--allow-shlib-undefined"],
+        py_limited_api=True,  # no Python in it: the abi3 name keeps one wheel for every Python
+    )
+
+
+def _native_extensions(root, launcher, work) -> list:
+    """The native builds ($MLA_GEN_TORCH_NATIVE, see the module's doc): one TORCH_LIBRARY op per
+    torch folder, named by its release."""
+    value = os.environ.get("MLA_GEN_TORCH_NATIVE", "auto").strip() or "0"
+    if value == "0":
+        return []
+    folders = ([root] if root else []) if value == "auto" else [Path(f) for f in value.split(":") if f]
+    exts, seen = [], set()
+    for folder in folders:
+        include, lib = folder / "include", folder / "lib"
+        tv = _torch_version(include)
+        problem = (f"{include} has no torch/library.h" if not (include / "torch" / "library.h").is_file()
+                   else f"{lib} lacks libtorch_cpu.so or libtorch_cuda.so" if not all(
+                       (lib / f).is_file() for f in ("libc10.so", "libtorch_cpu.so", "libtorch_cuda.so"))
+                   else f"{include}: no torch version" if tv is None else None)
+        if problem:
+            if value == "auto":
+                _say(f"no native op for the environment's torch: {problem}")
+                continue
+            raise SystemExit(f"mla_gen build: MLA_GEN_TORCH_NATIVE: {problem}")
+        if tv in seen:
+            continue
+        seen.add(tv)
+        # torch's wheels use the C++11 std::string ABI since 2.7
+        abi = "1" if tv >= (2, 7) else "0"
+        exts.append(_op_extension(f"_C_torch{tv[0]}_{tv[1]}", "mla_gen_ops_native.cpp", launcher, work, include, lib,
+                                  [("_GLIBCXX_USE_CXX11_ABI", abi)], ["c10", "torch_cpu", "torch", "torch_cuda"],
+                                  [include / "torch" / "csrc" / "api" / "include"]))
+        _say(f"building the native op for torch {tv[0]}.{tv[1]} ({folder})")
+    return exts
 
 
 class BuildExt(build_ext):
     def build_extension(self, ext):
-        # C++17 for the .cpp only (gcc refuses -std=c++17 for C files)
+        # C++17 for the .cpp only (gcc refuses -std=c++17 for C files); C++20 for the native
+        # builds (torch's own headers need it since 2.13)
         original = self.compiler._compile
 
         def compile_one(obj, src, ext_, cc_args, extra_postargs, pp_opts):
-            extra = list(extra_postargs) + (["-std=c++17"] if src.endswith(".cpp") else ["-std=gnu11"])
+            std = "-std=c++20" if src.endswith("_native.cpp") else "-std=c++17" if src.endswith(".cpp") else "-std=gnu11"
+            extra = list(extra_postargs) + [std]
             return original(obj, src, ext_, cc_args, extra, pp_opts)
 
         self.compiler._compile = compile_one
@@ -467,7 +519,7 @@ class BuildExt(build_ext):
             self.compiler._compile = original
 
     def get_export_symbols(self, ext):
-        if ext.name.endswith("._C"):
+        if ext.name.split(".")[-1].startswith("_C"):
             return []  # a torch library, not a Python module: no PyInit_ to export
         return super().get_export_symbols(ext)
 
@@ -497,13 +549,13 @@ ext_modules = []
 options = {}
 # Only when building: metadata queries (egg_info, dist_info, sdist) need no compiler or torch.
 if MODE != "0" and any(c in sys.argv for c in ("bdist_wheel", "build", "build_ext", "install", "editable_wheel")):
-    ext, why = extension_plan()
-    if ext is not None:
+    exts, why = extension_plan()
+    if exts is not None:
         # Beside the op, the launch of the plain function's planned calls in one C call (Python's
         # limited API only: no torch, no driver library; mla_gen._cuda.use_c_launch).
         launch = Extension(f"{PACKAGE}._launch", sources=[os.path.relpath(ROOT / "csrc" / "launch.c", ROOT)],
                            extra_compile_args=["-O2", "-Wall"], py_limited_api=True)
-        ext_modules = [ext, launch]
+        ext_modules = exts + [launch]
         options["bdist_wheel"] = {"py_limited_api": "cp39"}
     elif MODE == "1":
         raise SystemExit(f"mla_gen build: MLA_GEN_EXTENSION=1 but the compiled op cannot be built: {why}")

@@ -17,7 +17,11 @@
 # The op compiles against torch 2.10's headers (scripts/torch-headers.sh: PyPI's torch 2.10.0
 # wheel, ~915 MB, downloaded once into ~/.cache/mla-gen) unless MLA_GEN_TORCH_INCLUDE names
 # others, and links by name against libtorch_cpu/libtorch_cuda of $MLA_GEN_TORCH_LIB (default: the
-# torch of $MLA_GEN_TORCH_ENV, ~/.cache/mla-gen/torch-env, which .ci/python.sh installs). pip
+# torch of $MLA_GEN_TORCH_ENV, ~/.cache/mla-gen/torch-env, which .ci/python.sh installs).
+# Beside it, native builds of the op (_C_torch<M>_<m>.abi3.so, loaded only under that torch
+# release: no stable-ABI boxing per argument) for each release in $MLA_GEN_WHEEL_NATIVE (default
+# "2.10.0 2.11.0", headers and libraries from PyPI's wheels, `scripts/torch-headers.sh V --libs`;
+# "" for none) and for the torch of $MLA_GEN_TORCH_ENV. pip
 # builds it (setuptools from PyPI, in build isolation); auditwheel (PyPI, in
 # ~/.cache/mla-gen/wheel-tools) checks the result and gives it its manylinux tag, leaving torch's
 # libraries out (torch provides them at run time). The wheel lands in DIR (default target/wheels);
@@ -47,11 +51,22 @@ if [ "$pure" = 1 ]; then
     export MLA_GEN_EXTENSION=0
 else
     export MLA_GEN_EXTENSION=1
-    export MLA_GEN_TORCH_INCLUDE="${MLA_GEN_TORCH_INCLUDE:-$(scripts/torch-headers.sh 2.10.0)}"
+    native="${MLA_GEN_WHEEL_NATIVE-2.10.0 2.11.0}"
+    libs=(); [[ " $native " == *" 2.10.0 "* ]] && libs=(--libs)  # one download for both
+    export MLA_GEN_TORCH_INCLUDE="${MLA_GEN_TORCH_INCLUDE:-$(scripts/torch-headers.sh 2.10.0 "${libs[@]}")}"
+    env_torch="$("$TORCH_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch"
     if [ -z "${MLA_GEN_TORCH_LIB:-}" ]; then
-        MLA_GEN_TORCH_LIB="$("$TORCH_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch/lib"
+        MLA_GEN_TORCH_LIB="$env_torch/lib"
         export MLA_GEN_TORCH_LIB
     fi
+    folders=()
+    for v in $native; do
+        folders+=("$(dirname "$(scripts/torch-headers.sh "$v" --libs)")")
+    done
+    # (a CPU-only torch has no libtorch_cuda.so to link: no native build for it)
+    [ -f "$env_torch/include/torch/library.h" ] && [ -f "$env_torch/lib/libtorch_cuda.so" ] && folders+=("$env_torch")
+    MLA_GEN_TORCH_NATIVE="$(IFS=:; echo "${folders[*]:-0}")"
+    export MLA_GEN_TORCH_NATIVE
 fi
 if [ -z "$spec" ] && [ "$pure" = 1 ] && "$MLA_GEN_BIN" verify --quiet 2>/dev/null; then
     export MLA_GEN_WHEEL_KERNELS="$PWD/generated"
@@ -102,6 +117,7 @@ fi
 # torch's libraries come from the installed torch at run time: never copied into the wheel.
 # (Its warnings about the CUBINs, ELF files of a GPU architecture, are dropped.)
 PATH="$tools/bin:$PATH" "$tools/bin/auditwheel" repair --exclude libtorch_cpu.so --exclude libtorch_cuda.so \
+    --exclude libtorch.so --exclude libc10.so \
     -w "$tmp/repaired" "$wheel" 2>&1 | grep -v "cubin with unknown architecture" >&2 || true
 repaired="$(ls "$tmp"/repaired/mla_gen-*.whl)"
 rm -f "$out"/mla_gen-*.whl

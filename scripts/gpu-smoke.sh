@@ -5,7 +5,7 @@
 #   scripts/gpu-smoke.sh build   (here: Rust, NVRTC, the torch env of .ci/python.sh)
 #       builds into .device/smoke/ the example engine, the quick GPU suite's binary, the C
 #       examples' launchers and the platform wheel (scripts/build-wheel.sh)
-#   scripts/gpu-smoke.sh run [engine|wheel]   (there, with .device carried: carry [".device"])
+#   scripts/gpu-smoke.sh run [engine|wheel|cost]   (there, with .device carried: carry [".device"])
 #       1. the example engine (build.rs bindings, select, every family step)             engine
 #       2. the C examples (merge.c, families.c, devices.c) against their launchers       engine
 #       3. the wheel installed into a temporary folder (both parts), then
@@ -13,9 +13,12 @@
 #          pytest python/tests against it (the compiled op required)                      wheel
 #       4. the quick Rust GPU suite (MLA_GEN_GPU_QUICK=1) and the Rust fault suite
 #          (tests/gpu_faults.rs) on the installed wheel's kernels                         engine
+#       5. the compiled op's other build: the wheel loads its native build where it has one
+#          for this torch (_C_torch<M>_<m>), so the GPU tests of the compiled op again with
+#          the stable one (MLA_GEN_NATIVE_OP=0); bench/host_cost.py with each (JSON to $OUT) cost
 #    `run` alone does both parts in that order; on the default's 734 kernels that is more than one
 #    device call's 600 s (the wheel's pytest alone took 264 s), so give each part its own call:
-#    `run engine`, then `run wheel`. Each part prints the same lines as `run` for its steps.
+#    `run engine`, then `run wheel`, then `run cost`. Each part prints the same lines as `run` for its steps.
 #    Each step's last non-empty line goes to $OUT/smoke.txt (smoke-engine.txt, smoke-wheel.txt
 #    for a part; default OUT .device/smoke/out), every log into $OUT/logs.tar.gz (logs-engine,
 #    logs-wheel; the device tool returns at most 8 files). Exit status 1 when any step fails.
@@ -41,8 +44,8 @@ run)
     PART="${2:-all}"
     case "$PART" in
     all) suffix= ;;
-    engine|wheel) suffix="-$PART" ;;
-    *) echo "scripts/gpu-smoke.sh run: unknown part '$PART'; the parts are engine and wheel (none: both)" >&2; exit 2 ;;
+    engine|wheel|cost) suffix="-$PART" ;;
+    *) echo "scripts/gpu-smoke.sh run: unknown part '$PART'; the parts are engine, wheel and cost (none: all)" >&2; exit 2 ;;
     esac
     part() { [[ "$PART" == all || "$PART" == "$1" ]]; }
     OUT="${OUT:-$S/out}"; mkdir -p "$OUT"
@@ -96,6 +99,13 @@ print("ran", sys.argv[1], "without error")' "$ex"
         step rust-quick env MLA_GEN_GPU_QUICK=1 MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" MLA_GEN_GPU_REPORT="$LOGS/rust-quick-report.txt" \
             "$S/bin/test-gpu" --test-threads=1
         step rust-faults env MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" "$S/bin/test-gpu_faults" --test-threads=1 --nocapture
+    fi
+    if part cost; then
+        repo="$PWD"
+        step compiled-gpu-stable bash -c "cd '$site' && PYTHONPATH='$site' MLA_GEN_EXPECT_COMPILED=1 MLA_GEN_NATIVE_OP=0 timeout 300 python3 -m pytest -q -p no:cacheprovider '$repo/python/tests/test_compiled_gpu.py' '$repo/python/tests/test_coverage_gpu.py'"
+        # the first start compiles the stable floor's op (>= 150 s before it prints)
+        step host-cost-native env PYTHONPATH="$site" OUT="$OUT/native" timeout 280 python3 bench/host_cost.py
+        step host-cost-stable env PYTHONPATH="$site" OUT="$OUT/stable" MLA_GEN_NATIVE_OP=0 timeout 200 python3 bench/host_cost.py
     fi
     tar -czf "$OUT/logs$suffix.tar.gz" -C "$LOGS" .
     echo "== smoke"; cat "$REPORT"

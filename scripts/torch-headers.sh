@@ -1,36 +1,68 @@
 #!/usr/bin/env bash
-# The C++ headers of one torch release, for building the compiled op against the oldest torch it
-# serves (the stable ABI of torch 2.10: one binary for 2.10 and every later torch).
+# The C++ headers of one torch release, and with --libs the libraries an op built for exactly that
+# release links against (libc10, libtorch, libtorch_cpu, libtorch_cuda).
 #
-#   scripts/torch-headers.sh [VERSION]     (default 2.10.0)
+#   scripts/torch-headers.sh [VERSION] [--libs]     (default 2.10.0)
 #
-# Downloads that torch's wheel for this Python from PyPI (`pip download --no-deps`: ~915 MB for
-# 2.10.0 on Linux x86_64; PyPI has no CPU-only or headers-only torch) and extracts its
-# torch/include/ into $MLA_GEN_CACHE (default ~/.cache/mla-gen)/torch-headers-VERSION, once; the
-# wheel is deleted after. Prints the include folder (MLA_GEN_TORCH_INCLUDE for python/setup.py).
+# Without --libs: the headers for the stable-ABI op (_C.abi3.so, built against 2.10's: one binary
+# for 2.10 and every later torch). With --libs: headers and libraries for a native op of that
+# release (_C_torch<M>_<m>.abi3.so, python/setup.py's MLA_GEN_TORCH_NATIVE: TORCH_LIBRARY, which
+# the dispatcher calls without the stable ABI's per-argument boxing).
+#
+# Downloads that torch's wheel from PyPI (`pip download --no-deps`: 0.5-0.9 GB on Linux x86_64;
+# PyPI has no CPU-only or headers-only torch) unless $MLA_GEN_TORCH_WHEEL names one, and
+# extracts torch/include/ (and torch/lib/'s four libraries) into $MLA_GEN_CACHE (default
+# ~/.cache/mla-gen)/torch-headers-VERSION, once; a downloaded wheel is deleted after. Prints the
+# include folder (MLA_GEN_TORCH_INCLUDE for python/setup.py); its sibling lib/ holds the libraries.
 set -euo pipefail
-version="${1:-2.10.0}"
+version="2.10.0" libs=0
+for a in "$@"; do
+    case "$a" in
+    --libs) libs=1 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) version="$a" ;;
+    esac
+done
 PY="${MLA_GEN_PYTHON:-python3}"
 cache="${MLA_GEN_CACHE:-$HOME/.cache/mla-gen}/torch-headers-$version"
-if [ ! -f "$cache/include/torch/csrc/stable/library.h" ]; then
+have=1
+[ -f "$cache/include/torch/csrc/stable/library.h" ] || have=0
+[ "$libs" = 0 ] || [ -f "$cache/lib/libtorch_cpu.so" ] || have=0
+if [ "$have" = 0 ]; then
     tmp="$(mktemp -d)"
     trap 'rm -rf "$tmp"' EXIT
-    "$PY" -m pip download --quiet --disable-pip-version-check --no-deps "torch==$version" -d "$tmp" >&2
+    wheel="${MLA_GEN_TORCH_WHEEL:-}"
+    if [ -z "$wheel" ]; then
+        # any Python's wheel: the headers and libraries are the same, only the Python module differs
+        "$PY" -m pip download --quiet --disable-pip-version-check --no-deps "torch==$version" -d "$tmp" >&2
+        wheel="$(ls "$tmp"/torch-*.whl)"
+    fi
     rm -rf "$cache.partial"
     mkdir -p "$cache.partial"
-    "$PY" - "$tmp" "$cache.partial" <<'PYEOF'
-import sys, zipfile
+    "$PY" - "$wheel" "$cache.partial" "$libs" <<'PYEOF'
+import shutil, sys, zipfile
 from pathlib import Path
-wheel = next(Path(sys.argv[1]).glob("torch-*.whl"))
+wheel, dest, libs = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "1"
+keep = {"libc10.so", "libtorch.so", "libtorch_cpu.so", "libtorch_cuda.so"} if libs else set()
+n = 0
 with zipfile.ZipFile(wheel) as z:
-    names = [n for n in z.namelist() if n.startswith("torch/include/")]
-    for n in names:
-        dest = Path(sys.argv[2], "include", n[len("torch/include/"):])
-        if n.endswith("/"):
+    for name in z.namelist():
+        if name.endswith("/"):
             continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(z.read(n))
-print(f"{wheel.name}: {len(names)} header files", file=sys.stderr)
+        if name.startswith("torch/include/"):
+            out = dest / "include" / name[len("torch/include/"):]
+        elif name.startswith("torch/lib/") and name[len("torch/lib/"):] in keep:
+            out = dest / "lib" / name[len("torch/lib/"):]
+        else:
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with z.open(name) as src, open(out, "wb") as f:
+            shutil.copyfileobj(src, f)
+        n += 1
+missing = keep - {p.name for p in (dest / "lib").glob("*.so")} if libs else set()
+if missing:
+    sys.exit(f"{wheel.name} has no torch/lib/{sorted(missing)[0]}: not a CUDA build of torch for Linux")
+print(f"{wheel.name}: {n} files", file=sys.stderr)
 PYEOF
     rm -rf "$cache"
     mv "$cache.partial" "$cache"

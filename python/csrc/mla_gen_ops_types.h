@@ -1,5 +1,5 @@
 // The types of the rows of mla_gen_ops.h, the table python/setup.py writes from
-// mla_gen/_binding.py and the manifest. Included by mla_gen_ops.cpp inside its anonymous
+// mla_gen/_binding.py and the manifest. Included by op_core.h inside its anonymous
 // namespace, before the table.
 #pragma once
 

@@ -1,7 +1,7 @@
 // What the compiled op reads of a call and how it says what is wrong: errors, the texts' fields
-// rendered as Python renders them, torch's dtypes, a tensor's view, the handles a call owns, the
-// device's primary context. Included by mla_gen_ops.cpp inside its anonymous namespace, after the
-// table (mla_gen_ops.h: kElems) and its constants.
+// rendered as Python renders them, torch's dtypes, a tensor's view, the device's primary context.
+// Included by op_core.h inside its anonymous namespace, after the table (mla_gen_ops.h: kElems)
+// and its constants.
 #pragma once
 
 [[noreturn]] void fail(const std::string& text) { throw std::runtime_error(text); }
@@ -74,30 +74,27 @@ const char* elem_of(int32_t code) {  // mla_gen/_plan.py's _elem
     return p ? p->value : "another dtype";
 }
 
-// What the call needs of a tensor, read once.
+// What the call needs of a tensor, read once (each front's read: the stable ABI's getters, or
+// the tensor's own fields).
 struct View {
-    AtenTensorHandle h = nullptr;
+    const void* h = nullptr;  // the tensor's handle: null where the argument is not given
     int64_t dim = 0;
     const int64_t* sizes = nullptr;
     const int64_t* strides = nullptr;
-    int32_t dtype = 0, device_type = 0, device = 0;
+    int32_t dtype = 0, device_type = 0, device = 0;  // c10's ScalarType and DeviceType codes (the shim's)
     uint64_t addr = 0;
     int64_t span = 0;  // elements from addr to the last one the view holds, inclusive
 
-    void read(AtenTensorHandle t) {
-        h = t;
-        void* p = nullptr;
-        int64_t *sz = nullptr, *st = nullptr;
-        ok(aoti_torch_get_dim(t, &dim), "aoti_torch_get_dim");
-        ok(aoti_torch_get_sizes(t, &sz), "aoti_torch_get_sizes");
-        ok(aoti_torch_get_strides(t, &st), "aoti_torch_get_strides");
-        ok(aoti_torch_get_dtype(t, &dtype), "aoti_torch_get_dtype");
-        ok(aoti_torch_get_device_type(t, &device_type), "aoti_torch_get_device_type");
-        ok(aoti_torch_get_device_index(t, &device), "aoti_torch_get_device_index");
-        ok(aoti_torch_get_data_ptr(t, &p), "aoti_torch_get_data_ptr");
+    void set(const void* handle, int64_t n, const int64_t* sz, const int64_t* st, int32_t type, int32_t dev_type,
+             int32_t dev, const void* data) {
+        h = handle;
+        dim = n;
         sizes = sz;
         strides = st;
-        addr = (uint64_t)(uintptr_t)p;
+        dtype = type;
+        device_type = dev_type;
+        device = dev;
+        addr = (uint64_t)(uintptr_t)data;
         span = 1;
         for (int64_t k = 0; k < dim; ++k) {
             if (sizes[k] == 0) {
@@ -115,16 +112,6 @@ struct View {
     }
     std::string device_text() const {  // as torch prints the device
         return device_type == dtypes().cpu ? std::string("cpu") : "cuda:" + std::to_string(device);
-    }
-};
-
-// The tensor handles of one call: each is the call's to delete, whatever happens.
-struct Owned {
-    AtenTensorHandle h[kMaxTensors + 2] = {};
-    int n = 0;
-    ~Owned() {
-        for (int i = 0; i < n; ++i)
-            if (h[i]) aoti_torch_delete_tensor_object(h[i]);
     }
 };
 

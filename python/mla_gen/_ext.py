@@ -5,12 +5,19 @@ the package's kernels. It embeds no image: it reads
 each from the package's ``kernels/`` folder beside it (the images the wheel ships once), checked
 against the manifest's size and sha256 before the driver sees it.
 
+Where the package also has a native build for the running torch's release
+(``_C_torch<major>_<minor>.abi3.so``: the same op as a TORCH_LIBRARY kernel, built against that
+release's headers and libraries), that one is loaded instead: the dispatcher hands it its stack
+as it is, where the stable ABI boxes every argument on the heap. ``$MLA_GEN_NATIVE_OP=0`` keeps
+the stable one (``build`` says which loaded: "native" or "stable").
+
 It is used where it loads; otherwise the Python implementation of today serves the op. Why not
 (``reason``): no such file (a pure-Python wheel: another platform, or built without torch >=
 2.10's headers), no ``kernels/manifest.json`` beside it, torch older than 2.10 (before the
-stable ABI), torch without CUDA (no libtorch_cuda), ``$MLA_GEN_PURE_PYTHON`` set, or
-``$MLA_GEN_KERNELS`` set at import (the compiled op's launcher is generated from the package's
-manifest, so it serves only the package's folder; the Python path serves any folder).
+stable ABI) without a native build for it, torch without CUDA (no libtorch_cuda),
+``$MLA_GEN_PURE_PYTHON`` set, or ``$MLA_GEN_KERNELS`` set at import (the compiled op's launcher
+is generated from the package's manifest, so it serves only the package's folder; the Python path
+serves any folder).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import torch
 MIN_TORCH = (2, 10)
 
 loaded: Path | None = None  # the library, once loaded
+build: str | None = None  # "native" or "stable", once loaded
 reason = "not tried"  # why the Python implementation serves the op
 _counter = None
 _plans = None
@@ -36,16 +44,32 @@ def _torch_version() -> tuple:
 
 
 def candidate():
-    """The compiled op's file in the package, or None."""
+    """The compiled op's stable-ABI file in the package, or None."""
     files = sorted(Path(__file__).parent.glob("_C.*so"))
     return files[0] if files else None
+
+
+def native_candidate():
+    """The package's native build for the running torch's release, or None."""
+    major, minor = _torch_version()
+    files = sorted(Path(__file__).parent.glob(f"_C_torch{major}_{minor}.*so"))
+    return files[0] if files else None
+
+
+def _load(path: Path) -> str | None:
+    """Load one build of the op; None, or why it did not load."""
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as e:
+        return f"the compiled op did not load: {e}"
+    return None
 
 
 def load() -> bool:
     """Load the compiled op (once): its CUDA implementations of the ops register as the library
     loads. Call after the schemas are defined. False with ``reason`` set where the
     Python implementation is to serve."""
-    global loaded, reason, _counter, _plans
+    global loaded, build, reason, _counter, _plans
     if loaded is not None:
         return True
     if os.environ.get("MLA_GEN_PURE_PYTHON", "") not in ("", "0"):
@@ -54,28 +78,40 @@ def load() -> bool:
     if os.environ.get("MLA_GEN_KERNELS"):
         reason = "MLA_GEN_KERNELS is set: the compiled op serves only the package's kernels"
         return False
-    path = candidate()
-    if path is None:
+    path, native = candidate(), None
+    if os.environ.get("MLA_GEN_NATIVE_OP", "") != "0":
+        native = native_candidate()
+    if path is None and native is None:
         reason = "the package has no compiled op (a pure-Python wheel)"
         return False
-    if not (path.parent / "kernels" / "manifest.json").is_file():
-        reason = f"the compiled op's images are missing: no {path.parent / 'kernels' / 'manifest.json'}"
+    folder = (path or native).parent
+    if not (folder / "kernels" / "manifest.json").is_file():
+        reason = f"the compiled op's images are missing: no {folder / 'kernels' / 'manifest.json'}"
         return False
-    if _torch_version() < MIN_TORCH:
+    # A native build that does not load (a torch of that release built otherwise) leaves nothing
+    # registered (the loader refuses it before its registrations run): the stable one serves.
+    why = _load(native) if native is not None else "no native build"
+    if why is None:
+        path, kind = native, "native"
+    elif path is None:
+        reason = why
+        return False
+    elif _torch_version() < MIN_TORCH:
         reason = f"torch {torch.__version__} predates the stable ABI the compiled op needs (2.10)"
         return False
-    try:
-        torch.ops.load_library(str(path))
-    except (OSError, RuntimeError) as e:
-        reason = f"the compiled op did not load: {e}"
-        return False
+    else:
+        kind = "stable"
+        why = _load(path)
+        if why is not None:
+            reason = why
+            return False
     try:
         lib = ctypes.CDLL(str(path))
         _counter = ctypes.c_uint64.in_dll(lib, "mla_gen_ext_launches")
         _plans = ctypes.c_uint64.in_dll(lib, "mla_gen_ext_plans")
     except (OSError, ValueError):
         _counter = _plans = None
-    loaded, reason = path, None
+    loaded, build, reason = path, kind, None
     return True
 
 

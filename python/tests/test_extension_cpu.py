@@ -10,7 +10,8 @@ without a GPU.
   stand-in header (python/csrc/driver/cuda.h) agrees with a real cuda.h where one is found.
 
 Without a compiled op these skip, unless $MLA_GEN_EXPECT_COMPILED=1 (CI's installed wheel),
-where they fail instead.
+where they fail instead; so do the native build's without one for the running torch, unless
+$MLA_GEN_EXPECT_NATIVE=1.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from mla_gen import _ext, ops  # noqa: E402
 HERE = Path(__file__).resolve().parent
 CSRC = HERE.parents[0] / "csrc"
 EXPECT = os.environ.get("MLA_GEN_EXPECT_COMPILED", "") not in ("", "0")
+EXPECT_NATIVE = os.environ.get("MLA_GEN_EXPECT_NATIVE", "") not in ("", "0")
 
 
 def _need_compiled():
@@ -89,12 +91,49 @@ def test_the_choice_is_reported():
         assert ops.compiled, _ext.reason
 
 
-def test_compiled_op_launches_what_the_python_path_launches(tmp_path):
+def _build_env(build):
+    """The child's environment for a build of the op: the stable one ($MLA_GEN_NATIVE_OP=0), or the
+    native one for this torch's release (skipped where the package has none)."""
+    if build == "stable":
+        return {"MLA_GEN_NATIVE_OP": "0"}
+    _need_native()
+    return {}
+
+
+def _need_native():
+    if _ext.native_candidate() is None:
+        if EXPECT_NATIVE:
+            pytest.fail(f"MLA_GEN_EXPECT_NATIVE is set, but the package has no native build for torch {torch.__version__}")
+        pytest.skip(f"the package has no native build for torch {torch.__version__}")
+
+
+@pytest.mark.parametrize("build", ["stable", "native"])
+def test_compiled_op_launches_what_the_python_path_launches(tmp_path, build):
+    # Each build of the op (they share python/csrc/op_core.h; each reads its stack its own way).
     _need_compiled()
+    env = _build_env(build)
     stub = _stub(tmp_path)
-    r = _child(HERE / "ext" / "compare_cpu.py", {"MLA_GEN_EXT_CPU": "1", "MLA_GEN_LIBCUDA": str(stub)})
+    r = _child(HERE / "ext" / "compare_cpu.py", {"MLA_GEN_EXT_CPU": "1", "MLA_GEN_LIBCUDA": str(stub), **env})
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "cases agree" in r.stdout
+    assert "cases agree" in r.stdout and f"({build} build:" in r.stdout, r.stdout
+
+
+def test_the_native_build_serves_its_torch_release_only():
+    # The native build (a TORCH_LIBRARY op of one torch release) loads under that release; another
+    # release, or $MLA_GEN_NATIVE_OP=0, gets the stable one.
+    _need_compiled()
+    _need_native()
+    native = _ext.native_candidate()
+    code = ("import torch\n"
+            "{fake}"
+            "import mla_gen\n"
+            "from mla_gen import ops, _ext\n"
+            "assert ops.compiled, _ext.reason\n"
+            "print(_ext.build, _ext.loaded.name)\n")
+    assert _child(code.format(fake=""), {}).stdout.split() == ["native", native.name]
+    assert _child(code.format(fake=""), {"MLA_GEN_NATIVE_OP": "0"}).stdout.split() == ["stable", _ext.candidate().name]
+    other = _child(code.format(fake="torch.__version__ = '2.99.0'\n"), {})
+    assert other.stdout.split() == ["stable", _ext.candidate().name], other.stdout + other.stderr
 
 
 _SCHEMAS = ("import torch, mla_gen, json\n"
@@ -125,9 +164,11 @@ def test_a_torch_below_the_stable_abi_gets_the_python_path():
     assert r.returncode == 0 and "python path ok" in r.stdout, r.stdout + r.stderr
 
 
-def test_threads_share_the_compiled_op(tmp_path):
+@pytest.mark.parametrize("build", ["stable", "native"])
+def test_threads_share_the_compiled_op(tmp_path, build):
     # Launches from many threads at once, each its own shapes: every one the Python path's kernel.
     _need_compiled()
+    env = _build_env(build)
     stub = _stub(tmp_path)
     code = ("import threading, torch, mla_gen\n"
             "from mla_gen import ops\n"
@@ -148,13 +189,13 @@ def test_threads_share_the_compiled_op(tmp_path):
             "assert not errors, errors\n"
             "assert mla_gen.stats()['launches'] >= 8 * 200 - 8\n"
             "print('threads ok')\n")
-    r = _child(code, {"MLA_GEN_EXT_CPU": "1", "MLA_GEN_LIBCUDA": str(stub)})
+    r = _child(code, {"MLA_GEN_EXT_CPU": "1", "MLA_GEN_LIBCUDA": str(stub), **env})
     assert r.returncode == 0 and "threads ok" in r.stdout, r.stdout + r.stderr
 
 
 def test_without_the_extension_file_the_python_path_serves(tmp_path):
     _need_compiled()
-    copy = _package_copy(tmp_path, "_C.*so")
+    copy = _package_copy(tmp_path, "_C*.so")
     code = ("import mla_gen, torch\n"
             "from mla_gen import ops, _ext\n"
             "assert mla_gen.__file__.startswith(%r), mla_gen.__file__\n"
@@ -174,14 +215,15 @@ def test_the_compiled_op_embeds_no_image():
     # text from the middle of each of a few files is not in it).
     _need_compiled()
     pkg = Path(mla_gen.__file__).resolve().parent
-    library = _ext.candidate().read_bytes()
     ptx = sorted((pkg / "kernels").rglob("*.ptx"))[:5]
     if not ptx:
         pytest.skip("the package's kernels have no PTX")
-    for f in ptx:
-        text = f.read_bytes()
-        middle = text[len(text) // 2:len(text) // 2 + 200]
-        assert len(middle) == 200 and middle not in library, f"{f.name}'s text is inside {_ext.candidate().name}"
+    for build in sorted(pkg.glob("_C*.so")):  # the stable op and every native build
+        library = build.read_bytes()
+        for f in ptx:
+            text = f.read_bytes()
+            middle = text[len(text) // 2:len(text) // 2 + 200]
+            assert len(middle) == 200 and middle not in library, f"{f.name}'s text is inside {build.name}"
 
 
 def test_the_compiled_op_reads_and_checks_the_package_images(tmp_path):

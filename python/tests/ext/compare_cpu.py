@@ -286,4 +286,5 @@ for op, op_cases in other_ops.items():
 
 if failures:
     sys.exit("\n".join(failures))
-print(f"{2 * len(cases) + len(sequence) + 2 * (len(others) + 1) + 3 + n_other} cases agree")
+print(f"{2 * len(cases) + len(sequence) + 2 * (len(others) + 1) + 3 + n_other} cases agree "
+      f"({_ext.build} build: {_ext.loaded.name})")

@@ -1,0 +1,80 @@
+// torch.ops.mla_gen.* as TORCH_LIBRARY kernels built for one torch release (python/setup.py:
+// _C_torch<major>_<minor>.abi3.so, against that release's headers and libraries). mla_gen._ext
+// loads it only under that release, else the stable-ABI build (mla_gen_ops.cpp). Both register
+// the same table's ops with the same work (op_core.h); this one reads the dispatcher's stack of
+// IValues in place, where the stable ABI copies each tensor handle and boxes each optional
+// argument on the heap (0.55-0.75 us a call on the H200, docs/PERFORMANCE.md's host cost).
+
+#include <ATen/ops/empty_strided.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/library.h>
+
+#include "op_core.h"
+
+namespace {
+
+// The dispatcher's stack of one call: its arguments are its last n IValues, which the stack keeps
+// alive for the whole call; the outputs replace them.
+class NativeFront {
+   public:
+    NativeFront(const OpRow& op, torch::jit::Stack* stack) : stack_(stack), n_(op.n_args) {
+        if (stack->size() < (size_t)n_) fail(std::string("mla_gen: ") + op.name + " was registered with another schema");
+        args_ = stack->data() + (stack->size() - n_);
+    }
+    bool given(int i) const { return !args_[i].isNone(); }
+    void tensor(int i, View& v) const { read(args_[i].toTensor(), v); }
+    int64_t integer(int i) const {
+        const c10::IValue& x = args_[i];
+        return x.isInt() ? x.toInt() : x.toSymInt().guard_int(__FILE__, __LINE__);
+    }
+    bool flag(int i) const { return args_[i].toBool(); }
+    bool text_is(int i, const char* want) const { return args_[i].toStringRef() == want; }
+    View allocate(int j, int64_t dim, const int64_t* sizes, const int64_t* strides, int32_t dtype, int32_t device_type,
+                  int32_t device) {
+        out_[j] = at::empty_strided(c10::IntArrayRef(sizes, dim), c10::IntArrayRef(strides, dim),
+                                    at::TensorOptions()
+                                        .dtype((c10::ScalarType)dtype)
+                                        .device(c10::Device((c10::DeviceType)device_type, (c10::DeviceIndex)device)));
+        View v;
+        read(out_[j], v);
+        return v;
+    }
+    void returned(int n_out) {
+        torch::jit::drop(*stack_, n_);
+        for (int j = 0; j < n_out; ++j) stack_->emplace_back(std::move(out_[j]));
+    }
+
+   private:
+    static void read(const at::Tensor& t, View& v) {
+        const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        const c10::Device device = impl->device();
+        v.set(impl, impl->dim(), impl->sizes().data(), impl->strides().data(), (int32_t)t.scalar_type(),
+              (int32_t)device.type(), device.index(), t.const_data_ptr());
+    }
+    torch::jit::Stack* stack_;
+    int n_;
+    const c10::IValue* args_;
+    at::Tensor out_[2];
+};
+
+template <int O>
+void boxed(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+    NativeFront in(kOps[O], stack);
+    serve<O>(in);
+}
+
+template <size_t... I>
+void register_all(torch::Library& m, std::index_sequence<I...>) {
+    (m.impl(kOps[I].name, torch::CppFunction::makeFromBoxedFunction<&boxed<(int)I>>()), ...);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(mla_gen, CUDA, m) {
+    use_the_package_images();
+    register_all(m, std::make_index_sequence<kNumOps>{});
+}
+
+TORCH_LIBRARY_IMPL(mla_gen, CPU, m) {
+    if (cpu_tests_wanted()) register_all(m, std::make_index_sequence<kNumOps>{});
+}
