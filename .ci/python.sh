@@ -36,6 +36,13 @@ case "$(basename "$wheel")" in
 *-cp39-abi3-manylinux_*_x86_64.whl) ;;
 *) echo "not a cp39-abi3 manylinux x86_64 wheel: $wheel"; exit 1 ;;
 esac
+# torch's own wheels need glibc 2.28: the op (each build) must not need more
+glibc="$(basename "$wheel" | sed -n 's/.*manylinux_2_\([0-9]*\)_x86_64.whl/\1/p')"
+if [ "$glibc" -gt 28 ]; then
+    echo "the wheel is manylinux_2_$glibc: an op build needs a glibc symbol newer than 2.28, which torch's wheels do not"
+    echo "(objdump -T mla_gen/_C*.so | grep GLIBC_ names it; python/csrc/mla_gen_ops_native.cpp's __libc_single_threaded)"
+    exit 1
+fi
 # The size budget (issue #34): the default kernels, each image once, in <= 40 MB (10^6 bytes).
 WHEEL_BUDGET=40000000
 wheel_bytes="$(stat -c %s "$wheel")"

@@ -40,10 +40,14 @@ and without a [T] mask, at six decode and prefill shapes.
 Per shape: times (us) and the ratios `x fi` = FlashInfer's time / the kernel's (>= 1: mla-gen
 at least as fast) and `x loop` = the loop's time / the default's. JSON in --out/kway.json.
 
+With ``--profile K:TxHxD,...`` nothing is timed: each shape's default and FlashInfer run twice,
+each right after its producer (as hot), for Nsight Compute (bench/gpu/kway.sh, KWAY_NCU=1).
+
   python3 bench/kway_peers.py --peers DIR [--shipped DIR] [--kernels new=DIR ...] [--no-loop]
       [--inplace DIR] [--check-kernels DIR] [--unchecked LABEL]
       [--tables check,candidates,states,inplace,family,grid]
       [--cap SECONDS] [--out DIR]      (bench/gpu/kway.sh run: the lead's one command)
+  python3 bench/kway_peers.py --peers DIR --shipped DIR --profile 5:256x16x128,2:2048x16x128
 """
 
 from __future__ import annotations
@@ -489,6 +493,22 @@ def summary(rows, default):
     return lines
 
 
+def profile(shapes: str, default, fi):
+    """--profile: each shape's default and FlashInfer, twice, each right after its producer."""
+    for item in shapes.split(","):
+        K, dims = item.split(":")
+        T, H, D = (int(x) for x in dims.split("x"))
+        sh = KwayShape(T, int(K), H, D, seed=T * 7 + int(K) * 5 + H * 3 + D, loop=False)
+        impls = implementations(sh, [default], fi, fixed_too=False, loop=False)
+        for name, (call, producer, _) in impls.items():
+            for _ in range(2):
+                producer()
+                call()
+            torch.cuda.synchronize()
+            print(f"# profiled {name} at K={K} T={T} H={H} D={D}", file=sys.stderr, flush=True)
+        del sh
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", required=True, help="folder with libpeers_fi.so and libpeers_vllm.so")
@@ -510,11 +530,15 @@ def main():
     ap.add_argument("--cap", type=float, default=1e9, help="seconds: stop starting shapes after this")
     ap.add_argument("--no-loop", dest="loop", action="store_false", help="no chunk loop in the grid")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--profile", metavar="K:TxHxD,...", help="no timing: launch the default and FlashInfer at "
+                    "these shapes, for ncu")
     args = ap.parse_args()
     folders = ([Shipped(args.shipped)] if args.shipped else []) + [Folder(*item.split("=", 1)) for item in args.kernels]
     if not folders:
         sys.exit("kway_peers.py: give --shipped DIR or at least one --kernels LABEL=DIR")
     fi = FlashInfer(args.peers)
+    if args.profile:
+        return profile(args.profile, folders[0], fi)
     tables = args.tables.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,11 @@
 #                                       KWAY_FI_CHECK=1 then runs bench/flashinfer_check.py on the
 #                                       shipped default (KWAY_FI_KERNELS=.device/kway/flashinfer-api:
 #                                       the f32 kernels of tests/gpu-flashinfer.toml too).
+#                                       KWAY_NCU=1 then profiles the default and FlashInfer's
+#                                       MergeStates with Nsight Compute, hot, at $KWAY_NCU_SHAPES
+#                                       (K:TxHxD, default the grid's worst: 5:256x16x128,
+#                                       2:2048x16x128, 3:2048x16x128, 8:32768x16x128):
+#                                       ncu.csv and ncu-summary.txt (bench/ncu_summary.py).
 #
 # What passes: check.log ends with "K-way cases pass" with equal counts and no "FAIL"; kway.log has
 # no "check failed" (each timed call also equals mla_gen.flashinfer.merge_states's own result bit
@@ -84,6 +89,16 @@ run)
     if [[ "${KWAY_FI_CHECK:-0}" == 1 ]]; then
         MLA_GEN_KERNELS="${KWAY_FI_KERNELS:-$K/shipped}" PYTHONPATH=python python3 bench/flashinfer_check.py \
             --peers "$lib" --out "$OUT" 2>&1 | tail -40 | tee "$OUT/flashinfer_check.log"
+    fi
+    if [[ "${KWAY_NCU:-0}" == 1 ]]; then
+        # Hot: no cache flush between kernels (--cache-control none), each kernel right after its producer.
+        ncu --clock-control none --cache-control none --kernel-name 'regex:merge_states|MergeStates' \
+            --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+            --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis --csv --page details \
+            python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" \
+            --profile "${KWAY_NCU_SHAPES:-5:256x16x128,2:2048x16x128,3:2048x16x128,8:32768x16x128}" \
+            > "$OUT/ncu.csv" 2> "$OUT/ncu.err" || status=1
+        python3 bench/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/ncu-summary.txt" || status=1
     fi
     exit $status
     ;;

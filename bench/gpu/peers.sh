@@ -99,20 +99,7 @@ run)
             --csv --page details \
             python3 bench/peers.py --profile --peers "$lib" "${kernels[@]}" \
             --shapes "${PEERS_NCU_SHAPES:-bf16:1024x16x128,bf16:4096x16x64,bf16:4096x16x128}" > "$OUT/ncu.csv" 2> "$OUT/ncu.err" || status=1
-        python3 - "$OUT/ncu.csv" <<'PY' | tee "$OUT/ncu-summary.txt"
-import csv, sys, collections
-rows = list(csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"')))
-want = ["Duration", "Executed Instructions", "Registers Per Thread", "Grid Size", "Block Size",
-        "Achieved Occupancy", "Issue Slots Busy", "No Eligible", "Memory Throughput", "L2 Hit Rate",
-        "Warp Cycles Per Issued Instruction", "Waves Per SM"]
-by = collections.defaultdict(dict)
-for r in rows:
-    if r["Metric Name"] in want:
-        by[(r["ID"], r["Kernel Name"][:60])][r["Metric Name"]] = f'{r["Metric Value"]} {r["Metric Unit"]}'.strip()
-for (i, k), m in by.items():
-    print(i, k)
-    print("   " + "; ".join(f"{n}: {m[n]}" for n in want if n in m))
-PY
+        python3 bench/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/ncu-summary.txt" || status=1
     fi
     exit $status
     ;;

@@ -11,6 +11,14 @@
 
 #include "op_core.h"
 
+// libstdc++ (GCC >= 11, on glibc >= 2.32) skips atomic reference counts where glibc's
+// __libc_single_threaded says the process has one thread; that symbol (GLIBC_2.32) would make the
+// wheel manylinux_2_34. This library's own copy, hidden and 0 ("threads may exist"), keeps every
+// count atomic and the wheel at torch's glibc floor.
+extern "C" {
+__attribute__((visibility("hidden"))) char __libc_single_threaded = 0;
+}
+
 namespace {
 
 // The dispatcher's stack of one call: its arguments are its last n IValues, which the stack keeps

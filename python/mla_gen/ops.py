@@ -5,7 +5,8 @@ costs 12-19 us a call); each op has a fake (meta) implementation, so torch.compi
 and meta tensors run it.
 
 The routes, in one place: where the package has its compiled op (mla_gen._ext: C++ on the
-LibTorch stable ABI, a platform wheel), it implements every op here for CUDA, from the table
+LibTorch stable ABI, or its native build for the running torch release, a platform wheel), it
+implements every op here for CUDA, from the table
 the Python path reads too (mla_gen._binding); the plain functions (mla_gen.merge_attn_states
 ...) and the FlashInfer, SGLang and vLLM APIs keep the Python path (_torch -> _plan), whose
 per-layout fast path costs less per call than a dispatch. Without the compiled op (a
