@@ -469,6 +469,9 @@ def _op_extension(name, source, launcher, work, include, lib, macros, libraries,
     )
 
 
+NATIVE_LIBS = ("libc10.so", "libtorch_cpu.so", "libtorch.so", "libtorch_cuda.so")  # what a native build links
+
+
 def _native_extensions(root, launcher, work) -> list:
     """The native builds ($MLA_GEN_TORCH_NATIVE, see the module's doc): one TORCH_LIBRARY op per
     torch folder, named by its release."""
@@ -480,9 +483,9 @@ def _native_extensions(root, launcher, work) -> list:
     for folder in folders:
         include, lib = folder / "include", folder / "lib"
         tv = _torch_version(include)
+        missing = [f for f in NATIVE_LIBS if not (lib / f).is_file()]
         problem = (f"{include} has no torch/library.h" if not (include / "torch" / "library.h").is_file()
-                   else f"{lib} lacks libtorch_cpu.so or libtorch_cuda.so" if not all(
-                       (lib / f).is_file() for f in ("libc10.so", "libtorch_cpu.so", "libtorch_cuda.so"))
+                   else f"{lib} lacks {', '.join(missing)} (a CUDA build of torch's libraries)" if missing
                    else f"{include}: no torch version" if tv is None else None)
         if problem:
             if value == "auto":
@@ -492,10 +495,10 @@ def _native_extensions(root, launcher, work) -> list:
         if tv in seen:
             continue
         seen.add(tv)
-        # torch's wheels use the C++11 std::string ABI since 2.7
-        abi = "1" if tv >= (2, 7) else "0"
+        # the std::string ABI the libraries were built with (PyPI's: the C++11 one since torch 2.7)
+        abi = "1" if b"__cxx11" in (lib / "libc10.so").read_bytes() else "0"
         exts.append(_op_extension(f"_C_torch{tv[0]}_{tv[1]}", "mla_gen_ops_native.cpp", launcher, work, include, lib,
-                                  [("_GLIBCXX_USE_CXX11_ABI", abi)], ["c10", "torch_cpu", "torch", "torch_cuda"],
+                                  [("_GLIBCXX_USE_CXX11_ABI", abi)], [n[3:-3] for n in NATIVE_LIBS],
                                   [include / "torch" / "csrc" / "api" / "include"]))
         _say(f"building the native op for torch {tv[0]}.{tv[1]} ({folder})")
     return exts
@@ -513,10 +516,15 @@ class BuildExt(build_ext):
             return original(obj, src, ext_, cc_args, extra, pp_opts)
 
         self.compiler._compile = compile_one
+        # each extension its own objects: the native builds compile the same sources, each against
+        # its torch (one object path would let one link another's)
+        temp = self.build_temp
+        self.build_temp = os.path.join(temp, ext.name.split(".")[-1])
         try:
             super().build_extension(ext)
         finally:
             self.compiler._compile = original
+            self.build_temp = temp
 
     def get_export_symbols(self, ext):
         if ext.name.split(".")[-1].startswith("_C"):

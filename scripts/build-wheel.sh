@@ -52,21 +52,27 @@ if [ "$pure" = 1 ]; then
 else
     export MLA_GEN_EXTENSION=1
     native="${MLA_GEN_WHEEL_NATIVE-2.10.0 2.11.0}"
-    libs=(); [[ " $native " == *" 2.10.0 "* ]] && libs=(--libs)  # one download for both
-    export MLA_GEN_TORCH_INCLUDE="${MLA_GEN_TORCH_INCLUDE:-$(scripts/torch-headers.sh 2.10.0 "${libs[@]}")}"
-    env_torch="$("$TORCH_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch"
+    libs=""; [[ " $native " == *" 2.10.0 "* ]] && libs="--libs"  # one download for both
+    # shellcheck disable=SC2086  # $libs: no word or one
+    export MLA_GEN_TORCH_INCLUDE="${MLA_GEN_TORCH_INCLUDE:-$(scripts/torch-headers.sh 2.10.0 $libs)}"
+    env_torch=""
+    if [ -x "$TORCH_ENV/bin/python" ]; then
+        env_torch="$("$TORCH_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch"
+    fi
     if [ -z "${MLA_GEN_TORCH_LIB:-}" ]; then
         MLA_GEN_TORCH_LIB="$env_torch/lib"
         export MLA_GEN_TORCH_LIB
     fi
-    folders=()
+    folders=""
     for v in $native; do
-        folders+=("$(dirname "$(scripts/torch-headers.sh "$v" --libs)")")
+        folders="$folders:$(dirname "$(scripts/torch-headers.sh "$v" --libs)")"
     done
     # (a CPU-only torch has no libtorch_cuda.so to link: no native build for it)
-    [ -f "$env_torch/include/torch/library.h" ] && [ -f "$env_torch/lib/libtorch_cuda.so" ] && folders+=("$env_torch")
-    MLA_GEN_TORCH_NATIVE="$(IFS=:; echo "${folders[*]:-0}")"
-    export MLA_GEN_TORCH_NATIVE
+    if [ -n "$env_torch" ] && [ -f "$env_torch/include/torch/library.h" ] && [ -f "$env_torch/lib/libtorch_cuda.so" ]; then
+        folders="$folders:$env_torch"
+    fi
+    MLA_GEN_TORCH_NATIVE="${folders#:}"
+    export MLA_GEN_TORCH_NATIVE="${MLA_GEN_TORCH_NATIVE:-0}"
 fi
 if [ -z "$spec" ] && [ "$pure" = 1 ] && "$MLA_GEN_BIN" verify --quiet 2>/dev/null; then
     export MLA_GEN_WHEEL_KERNELS="$PWD/generated"

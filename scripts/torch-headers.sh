@@ -32,7 +32,12 @@ if [ "$have" = 0 ]; then
     tmp="$(mktemp -d)"
     trap 'rm -rf "$tmp"' EXIT
     wheel="${MLA_GEN_TORCH_WHEEL:-}"
-    if [ -z "$wheel" ]; then
+    if [ -n "$wheel" ]; then
+        case "$(basename "$wheel")" in
+        "torch-$version-"*|"torch-$version+"*) ;;
+        *) echo "torch-headers.sh: MLA_GEN_TORCH_WHEEL=$wheel is not torch $version's wheel" >&2; exit 1 ;;
+        esac
+    else
         # any Python's wheel: the headers and libraries are the same, only the Python module differs
         "$PY" -m pip download --quiet --disable-pip-version-check --no-deps "torch==$version" -d "$tmp" >&2
         wheel="$(ls "$tmp"/torch-*.whl)"

@@ -29,7 +29,8 @@ void read(AtenTensorHandle t, View& v) {
 }
 
 // The stable stack of one call: every optional argument unboxed (its box, torch's allocation, is
-// ours to free) and every tensor handle owned, before anything can fail, so that none leaks.
+// ours to free), every tensor and string handle owned, before anything can fail, so that none
+// leaks.
 class StableFront {
    public:
     StableFront(const OpRow& op, StableIValue* stack) : stack_(stack) {
@@ -45,27 +46,24 @@ class StableFront {
                 }
             }
             if (op.args[i].role == 0 && given_[i]) own_[n_own_++] = handle(i);
+            if (op.args[i].is_str && given_[i]) text_[i] = torch::stable::detail::to<StringHandle>(value_[i]);
         }
     }
     ~StableFront() {
         for (int i = 0; i < n_own_; ++i)
             if (own_[i]) aoti_torch_delete_tensor_object(own_[i]);
-        if (text_) torch_delete_string(text_);
+        for (StringHandle s : text_)
+            if (s) torch_delete_string(s);
     }
     bool given(int i) const { return given_[i]; }
     void tensor(int i, View& v) const { read(handle(i), v); }
     int64_t integer(int i) const { return torch::stable::detail::to<int64_t>(value_[i]); }
     bool flag(int i) const { return torch::stable::detail::to<bool>(value_[i]); }
-    bool text_is(int i, const char* want) {
-        if (text_arg_ != i) {  // each string argument taken from its IValue once
-            if (text_) torch_delete_string(text_);
-            text_ = torch::stable::detail::to<StringHandle>(value_[i]);
-            text_arg_ = i;
-        }
+    bool text_is(int i, const char* want) const {
         const char* text = nullptr;
         size_t len = 0;
-        torch_string_c_str(text_, &text);
-        torch_string_length(text_, &len);
+        torch_string_c_str(text_[i], &text);
+        torch_string_length(text_[i], &len);
         return std::strlen(want) == len && !std::strncmp(want, text, len);
     }
     View allocate(int j, int64_t dim, const int64_t* sizes, const int64_t* strides, int32_t dtype, int32_t device_type,
@@ -93,8 +91,7 @@ class StableFront {
     AtenTensorHandle own_[kMaxTensors + 2] = {};
     int n_own_ = 0;
     AtenTensorHandle out_[2] = {};
-    StringHandle text_ = nullptr;
-    int text_arg_ = -1;
+    StringHandle text_[kMaxArgs] = {};
 };
 
 template <int O>

@@ -25,8 +25,11 @@ namespace {
 // alive for the whole call; the outputs replace them.
 class NativeFront {
    public:
-    NativeFront(const OpRow& op, torch::jit::Stack* stack) : stack_(stack), n_(op.n_args) {
-        if (stack->size() < (size_t)n_) fail(std::string("mla_gen: ") + op.name + " was registered with another schema");
+    NativeFront(const OpRow& op, const c10::FunctionSchema& schema, torch::jit::Stack* stack)
+        : stack_(stack), n_(op.n_args) {
+        if (schema.arguments().size() != (size_t)n_ || schema.returns().size() != (size_t)op.n_allocated ||
+            stack->size() < (size_t)n_)
+            fail(std::string("mla_gen: ") + op.name + " was registered with another schema");
         args_ = stack->data() + (stack->size() - n_);
     }
     bool given(int i) const { return !args_[i].isNone(); }
@@ -53,11 +56,13 @@ class NativeFront {
     }
 
    private:
+    // data_ptr(), as the stable ABI's getter: a copy-on-write tensor gets its own storage before
+    // a kernel writes it (const_data_ptr() would hand over the storage it still shares).
     static void read(const at::Tensor& t, View& v) {
         const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
         const c10::Device device = impl->device();
         v.set(impl, impl->dim(), impl->sizes().data(), impl->strides().data(), (int32_t)t.scalar_type(),
-              (int32_t)device.type(), device.index(), t.const_data_ptr());
+              (int32_t)device.type(), device.index(), t.data_ptr());
     }
     torch::jit::Stack* stack_;
     int n_;
@@ -66,8 +71,8 @@ class NativeFront {
 };
 
 template <int O>
-void boxed(const c10::OperatorHandle&, torch::jit::Stack* stack) {
-    NativeFront in(kOps[O], stack);
+void boxed(const c10::OperatorHandle& handle, torch::jit::Stack* stack) {
+    NativeFront in(kOps[O], handle.schema(), stack);
     serve<O>(in);
 }
 

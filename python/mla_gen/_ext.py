@@ -8,8 +8,10 @@ against the manifest's size and sha256 before the driver sees it.
 Where the package also has a native build for the running torch's release
 (``_C_torch<major>_<minor>.abi3.so``: the same op as a TORCH_LIBRARY kernel, built against that
 release's headers and libraries), that one is loaded instead: the dispatcher hands it its stack
-as it is, where the stable ABI boxes every argument on the heap. ``$MLA_GEN_NATIVE_OP=0`` keeps
-the stable one (``build`` says which loaded: "native" or "stable").
+as it is, where the stable ABI boxes every argument on the heap. Only under a final release
+(``2.11.0``, ``2.11.1+cu130``): a pre-release or a vendor's build (``2.11.0a0+git...``) may lay
+out what the native build reads inline otherwise. ``$MLA_GEN_NATIVE_OP=0`` keeps the stable one
+(``build`` says which loaded: "native" or "stable"; ``native_reason`` why not the native one).
 
 It is used where it loads; otherwise the Python implementation of today serves the op. Why not
 (``reason``): no such file (a pure-Python wheel: another platform, or built without torch >=
@@ -33,6 +35,7 @@ MIN_TORCH = (2, 10)
 
 loaded: Path | None = None  # the library, once loaded
 build: str | None = None  # "native" or "stable", once loaded
+native_reason: str | None = None  # why the native build is not the one loaded
 reason = "not tried"  # why the Python implementation serves the op
 _counter = None
 _plans = None
@@ -49,8 +52,14 @@ def candidate():
     return files[0] if files else None
 
 
+def _final_release() -> bool:
+    return re.fullmatch(r"\d+\.\d+\.\d+(\+[\w.]+)?", torch.__version__) is not None
+
+
 def native_candidate():
-    """The package's native build for the running torch's release, or None."""
+    """The package's native build for the running torch's release (a final release), or None."""
+    if not _final_release():
+        return None
     major, minor = _torch_version()
     files = sorted(Path(__file__).parent.glob(f"_C_torch{major}_{minor}.*so"))
     return files[0] if files else None
@@ -69,7 +78,7 @@ def load() -> bool:
     """Load the compiled op (once): its CUDA implementations of the ops register as the library
     loads. Call after the schemas are defined. False with ``reason`` set where the
     Python implementation is to serve."""
-    global loaded, build, reason, _counter, _plans
+    global loaded, build, reason, native_reason, _counter, _plans
     if loaded is not None:
         return True
     if os.environ.get("MLA_GEN_PURE_PYTHON", "") not in ("", "0"):
@@ -79,10 +88,16 @@ def load() -> bool:
         reason = "MLA_GEN_KERNELS is set: the compiled op serves only the package's kernels"
         return False
     path, native = candidate(), None
-    if os.environ.get("MLA_GEN_NATIVE_OP", "") != "0":
+    if os.environ.get("MLA_GEN_NATIVE_OP", "") == "0":
+        native_reason = "MLA_GEN_NATIVE_OP=0"
+    else:
         native = native_candidate()
+        native_reason = (None if native else f"the package has no native build for torch {torch.__version__}"
+                         if _final_release() else f"torch {torch.__version__} is not a final release (the native "
+                         "builds serve only the releases they were built for)")
     if path is None and native is None:
-        reason = "the package has no compiled op (a pure-Python wheel)"
+        reason = ("the package has no compiled op (a pure-Python wheel)" if not any(Path(__file__).parent.glob("_C*.so"))
+                  else f"the package has no stable-ABI op and {native_reason}")
         return False
     folder = (path or native).parent
     if not (folder / "kernels" / "manifest.json").is_file():
@@ -90,7 +105,7 @@ def load() -> bool:
         return False
     # A native build that does not load (a torch of that release built otherwise) leaves nothing
     # registered (the loader refuses it before its registrations run): the stable one serves.
-    why = _load(native) if native is not None else "no native build"
+    why = _load(native) if native is not None else native_reason
     if why is None:
         path, kind = native, "native"
     elif path is None:
@@ -100,7 +115,7 @@ def load() -> bool:
         reason = f"torch {torch.__version__} predates the stable ABI the compiled op needs (2.10)"
         return False
     else:
-        kind = "stable"
+        kind, native_reason = "stable", why
         why = _load(path)
         if why is not None:
             reason = why

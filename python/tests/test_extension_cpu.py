@@ -118,6 +118,28 @@ def test_compiled_op_launches_what_the_python_path_launches(tmp_path, build):
     assert "cases agree" in r.stdout and f"({build} build:" in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("build", ["stable", "native"])
+def test_a_copy_on_write_output_gets_its_own_storage(tmp_path, build):
+    # An output that still shares its storage (torch._lazy_clone) is materialized before the kernel
+    # writes it, as torch's own ops do: the original keeps its values.
+    _need_compiled()
+    if not hasattr(torch, "_lazy_clone"):
+        pytest.skip("this torch has no copy-on-write tensors")
+    env = _build_env(build)
+    stub = _stub(tmp_path)
+    code = ("import torch, mla_gen\n"
+            "from mla_gen import ops, _ext\n"
+            "assert ops.compiled and _ext.build == %r, (_ext.build, _ext.reason)\n"
+            "v0, l0 = torch.zeros(4, 2, 128, dtype=torch.bfloat16), torch.zeros(4, 2)\n"
+            "v, s = torch._lazy_clone(v0), torch._lazy_clone(l0)\n"
+            "torch.ops.mla_gen.merge_state_in_place(v, s, torch.zeros_like(v0), torch.zeros_like(l0))\n"
+            "assert not torch._C._is_cow_tensor(v) and not torch._C._is_cow_tensor(s)\n"
+            "assert v.data_ptr() != v0.data_ptr() and s.data_ptr() != l0.data_ptr()\n"
+            "print('own storage')\n") % build
+    r = _child(code, {"MLA_GEN_EXT_CPU": "1", "MLA_GEN_LIBCUDA": str(stub), **env})
+    assert r.returncode == 0 and "own storage" in r.stdout, r.stdout + r.stderr
+
+
 def test_the_native_build_serves_its_torch_release_only():
     # The native build (a TORCH_LIBRARY op of one torch release) loads under that release; another
     # release, or $MLA_GEN_NATIVE_OP=0, gets the stable one.
