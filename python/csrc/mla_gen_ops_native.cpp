@@ -1,6 +1,7 @@
 // torch.ops.mla_gen.* as TORCH_LIBRARY kernels built for one torch release (python/setup.py:
 // _C_torch<major>_<minor>.abi3.so, against that release's headers and libraries). mla_gen._ext
-// loads it only under that release, else the stable-ABI build (mla_gen_ops.cpp). Both register
+// loads it only under a final release of that major.minor, else the stable-ABI build
+// (mla_gen_ops.cpp). Both register
 // the same table's ops with the same work (op_core.h); this one reads the dispatcher's stack of
 // IValues in place, where the stable ABI copies each tensor handle and boxes each optional
 // argument on the heap (0.55-0.75 us a call on the H200, docs/PERFORMANCE.md's host cost).
