@@ -39,7 +39,7 @@ else
         || { cat "$OUT/install.log"; exit 1; }
 fi
 export PYTHONPATH="$site" PYTHONUNBUFFERED=1 MLA_GEN_EXPECT_COMPILED="$expect_compiled"
-"$PY" -c 'import mla_gen, sys; from mla_gen import ops, _ext; print("mla_gen", mla_gen.__version__, "from", mla_gen.__file__, "kernels", mla_gen.kernels_dir(), "compiled op:", ops.compiled or _ext.reason)' \
+"$PY" -c 'import mla_gen, sys; from mla_gen import ops, _ext; print("mla_gen", mla_gen.__version__, "from", mla_gen.__file__, "kernels", mla_gen.kernels_dir(), "compiled op:", f"{_ext.build} build ({_ext.loaded.name})" if ops.compiled else _ext.reason)' \
     | tee "$OUT/compiled.txt"
 echo "== pytest python/tests (installed package, default kernels)"
 (cd "$site" && timeout 900 "$PY" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" 2>&1) \
