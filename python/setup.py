@@ -38,8 +38,8 @@ Native builds beside it (``$MLA_GEN_TORCH_NATIVE``: torch folders separated by `
 torch's; ``auto``, the default, is the environment's own torch where it has both; ``0`` none):
 ``mla_gen/_C_torch<M>_<m>.abi3.so`` per folder, the same op (python/csrc/op_core.h) as a
 TORCH_LIBRARY kernel of that torch release, which mla_gen._ext loads instead of the stable one
-under that release only: the dispatcher then hands it its stack without the stable ABI's
-per-argument boxing.
+under a final release of that major.minor only: the dispatcher then hands it its stack without
+the stable ABI's per-argument boxing.
 """
 
 from __future__ import annotations
@@ -507,7 +507,7 @@ def _native_extensions(root, launcher, work) -> list:
 class BuildExt(build_ext):
     def build_extension(self, ext):
         # C++17 for the .cpp only (gcc refuses -std=c++17 for C files); C++20 for the native
-        # builds (torch's own headers need it since 2.13)
+        # builds (torch 2.15's own headers need it; 2.10's and 2.11's compile under it too)
         original = self.compiler._compile
 
         def compile_one(obj, src, ext_, cc_args, extra_postargs, pp_opts):
