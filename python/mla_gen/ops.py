@@ -26,21 +26,13 @@ from __future__ import annotations
 import torch
 
 from . import _torch as _t
-from ._binding import SCHEMAS, TEXTS
+from ._binding import OPS, SCHEMAS, TEXTS
 
 NAMESPACE = "mla_gen"
 
 # The op's own entry (the op's argument order): the dispatcher calls it directly, no wrapper frame
 # here; it runs the function's fast path with the operator's last-plan slot.
 _merge_attn_states = _t.merge_attn_states_op
-
-
-def _merge_attn_states_fp8_group(output, output_group_scales, output_lse, prefix_output, prefix_lse, suffix_output,
-                                 suffix_lse, prefill_tokens_with_context=None, ue8m0=False, query_start_loc=None,
-                                 context_start_loc=None):
-    _t.merge_attn_states_fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output,
-                                   suffix_lse, output_lse, prefill_tokens_with_context, ue8m0=ue8m0,
-                                   query_start_loc=query_start_loc, context_start_loc=context_start_loc)
 
 
 def _merge_states(v, s):
@@ -50,40 +42,48 @@ def _merge_states(v, s):
     return out, lse
 
 
-def _merge_state_in_place(v, s, v_other, s_other, mask=None, lse_layout="token_major"):
-    _t.merge_state_in_place(v, s, v_other, s_other, mask, lse_layout=lse_layout)
+def _schema_names(schema: str) -> tuple:
+    """The argument names of a schema, in order: ``f(Tensor! a, SymInt? b=None) -> ()`` gives (a, b)."""
+    inside = schema[schema.index("(") + 1:schema.index(") ->")]
+    return tuple(arg.split("=")[0].split()[-1] for arg in inside.split(","))
 
 
-def _mask_empty_context_lse(lse, query_start_loc, context_start_loc, lse_layout="head_major"):
-    _t.mask_empty_context_lse(lse, query_start_loc, context_start_loc, lse_layout=lse_layout)
+def _by_name(name):
+    """Op `name`'s Python implementation: its schema's arguments, by name, to the function of the
+    same name (each argument of an op is the function's parameter of that name; the dispatcher
+    leaves out trailing arguments that hold their defaults)."""
+    fn, names = getattr(_t, name), _schema_names(SCHEMAS[name])
+
+    def impl(*args, **kwargs):
+        return fn(**dict(zip(names, args)), **kwargs)
+
+    impl.__name__ = f"_{name}"
+    return impl
 
 
-IMPLS = {"merge_attn_states": _merge_attn_states, "merge_attn_states_fp8_group": _merge_attn_states_fp8_group,
-         "merge_states": _merge_states, "merge_state_in_place": _merge_state_in_place,
-         "mask_empty_context_lse": _mask_empty_context_lse}
+IMPLS = {name: _by_name(name) for name in SCHEMAS}
+IMPLS["merge_attn_states"] = _merge_attn_states
+IMPLS["merge_states"] = _merge_states
 
 
 # Fakes: the mutating ops return nothing; merge_states allocates on the input's device. The
-# merges' fakes refuse what the call would refuse before reaching any kernel: one start location
-# without the other.
+# fakes of ops with the fused mask's kind (_binding.OPS: a second kind, the start locations
+# given) refuse one start location without the other, as the call would before any kernel.
 def _fake_none(*args, **kwargs):
     return None
 
 
-def _fake_merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
-                            prefill_tokens_with_context=None, output_scale=None, query_start_loc=None,
-                            context_start_loc=None):
-    if (query_start_loc is None) != (context_start_loc is None):
-        _t.both_or_neither(query_start_loc, context_start_loc)
-    return None
+def _fake_checked(name):
+    names = _schema_names(SCHEMAS[name])
 
+    def fake(*args, **kwargs):
+        given = {**dict(zip(names, args)), **kwargs}
+        q, c = given.get("query_start_loc"), given.get("context_start_loc")
+        if (q is None) != (c is None):
+            _t.both_or_neither(q, c)
+        return None
 
-def _fake_merge_attn_states_fp8_group(output, output_group_scales, output_lse, prefix_output, prefix_lse,
-                                      suffix_output, suffix_lse, prefill_tokens_with_context=None, ue8m0=False,
-                                      query_start_loc=None, context_start_loc=None):
-    if (query_start_loc is None) != (context_start_loc is None):
-        _t.both_or_neither(query_start_loc, context_start_loc)
-    return None
+    return fake
 
 
 def _fake_merge_states(v, s):
@@ -91,10 +91,8 @@ def _fake_merge_states(v, s):
     return v.new_empty((T, H, D)), v.new_empty((T, H), dtype=torch.float32)
 
 
-FAKES = {name: _fake_none for name in SCHEMAS}
+FAKES = {name: _fake_checked(name) if len(OPS[name].kinds) > 1 else _fake_none for name in SCHEMAS}
 FAKES["merge_states"] = _fake_merge_states
-FAKES["merge_attn_states"] = _fake_merge_attn_states
-FAKES["merge_attn_states_fp8_group"] = _fake_merge_attn_states_fp8_group
 
 _lib = None
 # Whether the compiled op (mla_gen._ext) implements the ops for CUDA in this process.
