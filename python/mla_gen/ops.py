@@ -50,8 +50,8 @@ def _schema_names(schema: str) -> tuple:
 
 def _by_name(name):
     """Op `name`'s Python implementation: its schema's arguments, by name, to the function of the
-    same name (each argument of an op is the function's parameter of that name; the dispatcher
-    leaves out trailing arguments that hold their defaults)."""
+    same name (each argument of an op is the function's parameter of that name; arguments the
+    dispatcher passes by keyword, or leaves out because they hold their defaults, follow)."""
     fn, names = getattr(_t, name), _schema_names(SCHEMAS[name])
 
     def impl(*args, **kwargs):
