@@ -59,7 +59,7 @@ else
     if [ -x "$TORCH_ENV/bin/python" ]; then
         env_torch="$("$TORCH_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch"
     fi
-    if [ -z "${MLA_GEN_TORCH_LIB:-}" ]; then
+    if [ -z "${MLA_GEN_TORCH_LIB:-}" ] && [ -n "$env_torch" ]; then  # else setup.py's own search
         MLA_GEN_TORCH_LIB="$env_torch/lib"
         export MLA_GEN_TORCH_LIB
     fi

@@ -95,11 +95,11 @@ impl LseBase {
     }
     /// The base given the manifest's `variant.lse_base` value (None: the field is absent).
     pub fn from_manifest(value: Option<&str>) -> Option<LseBase> {
-        match value {
-            None | Some("e") => Some(LseBase::E),
-            Some("2") => Some(LseBase::Two),
-            Some(_) => None,
-        }
+        let name = value.unwrap_or("e");
+        Self::ALL
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, base)| base)
     }
     /// base^x.
     fn pow(self, x: f64) -> f64 {

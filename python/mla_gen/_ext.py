@@ -90,11 +90,12 @@ def load() -> bool:
     path, native = candidate(), None
     if os.environ.get("MLA_GEN_NATIVE_OP", "") == "0":
         native_reason = "MLA_GEN_NATIVE_OP=0"
+    elif not _final_release():
+        native_reason = (f"torch {torch.__version__} is not a final release (the native builds serve only the "
+                         "releases they were built for)")
     else:
         native = native_candidate()
-        native_reason = (None if native else f"the package has no native build for torch {torch.__version__}"
-                         if _final_release() else f"torch {torch.__version__} is not a final release (the native "
-                         "builds serve only the releases they were built for)")
+        native_reason = None if native else f"the package has no native build for torch {torch.__version__}"
     if path is None and native is None:
         reason = ("the package has no compiled op (a pure-Python wheel)" if not any(Path(__file__).parent.glob("_C*.so"))
                   else f"the package has no stable-ABI op and {native_reason}")
