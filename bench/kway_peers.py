@@ -493,12 +493,19 @@ def summary(rows, default):
     return lines
 
 
+def parse_shapes(text: str):
+    """"K:TxHxD,..." -> [(K, T, H, D), ...]."""
+    shapes = []
+    for item in text.split(","):
+        K, dims = item.split(":")
+        shapes.append((int(K), *(int(x) for x in dims.split("x"))))
+    return shapes
+
+
 def profile(shapes: str, default, fi):
     """--profile: each shape's default and FlashInfer, twice, each right after its producer."""
-    for item in shapes.split(","):
-        K, dims = item.split(":")
-        T, H, D = (int(x) for x in dims.split("x"))
-        sh = KwayShape(T, int(K), H, D, seed=T * 7 + int(K) * 5 + H * 3 + D, loop=False)
+    for K, T, H, D in parse_shapes(shapes):
+        sh = KwayShape(T, K, H, D, seed=T * 7 + K * 5 + H * 3 + D, loop=False)
         impls = implementations(sh, [default], fi, fixed_too=False, loop=False)
         for name, (call, producer, _) in impls.items():
             for _ in range(2):
@@ -530,6 +537,8 @@ def main():
     ap.add_argument("--cap", type=float, default=1e9, help="seconds: stop starting shapes after this")
     ap.add_argument("--no-loop", dest="loop", action="store_false", help="no chunk loop in the grid")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--candidate-shapes", metavar="K:TxHxD,...", help="the candidates table at these shapes "
+                    "instead of its own")
     ap.add_argument("--profile", metavar="K:TxHxD,...", help="no timing: launch the default and FlashInfer at "
                     "these shapes, for ncu")
     args = ap.parse_args()
@@ -579,7 +588,8 @@ def main():
         print(f"# semantic checks: {len(bad)} failures", flush=True)
         save()
     if "candidates" in tables:
-        run("candidates (every folder, x fi per label)", CANDIDATE_SHAPES,
+        shapes = parse_shapes(args.candidate_shapes) if args.candidate_shapes else CANDIDATE_SHAPES
+        run("candidates (every folder, x fi per label)", shapes,
             lambda K, T, H, D: print_kway(r := bench_kway("candidates", K, T, H, D, folders, fi, args),
                                           folders[0].label) or r)
     first = folders[:1]
