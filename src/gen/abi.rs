@@ -86,8 +86,20 @@ fn constrain(
             });
             dense_strides(params, v.head_size)
         }
+        Twin::AllContext => all_context(params),
         Twin::FewHeads => few_heads(params, v, launch),
     }
+}
+
+/// The threshold of a specialization for calls where every token has context: n = T only.
+fn all_context(mut params: Vec<Param>) -> Vec<Param> {
+    for p in params.iter_mut().filter(|p| p.name == THRESHOLD) {
+        if let Some(bounds) = p.bounds.as_mut() {
+            bounds.min = "num_tokens".into();
+        }
+        p.doc = "n = T: every token has context (this specialization takes no other value)".into();
+    }
+    params
 }
 
 /// The pairwise merge's threshold: the tokens with context come first.

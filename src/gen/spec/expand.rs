@@ -12,15 +12,17 @@ use super::*;
 const FP8_HEADS_PER_BLOCK: u32 = 8;
 
 /// The kinds of twins `v` offers (`TWIN_KINDS` describes each): with the spec's `dense`, every
-/// pairwise merge a dense one, and the `_flat` ones for fewer heads where `takes_flat_twins`.
-/// Without the dense one, none: the others build on it, and a kernel that offered them would
-/// have no twins while its manifest entry said it had (`flat_twins`).
+/// pairwise merge a dense one; with the threshold, those for calls where every token has
+/// context; and the `_flat` ones for fewer heads where `takes_flat_twins`. Without the dense one,
+/// none: the others build on it, and a kernel that offered them would have no twins while its
+/// manifest entry said it had (`flat_twins`).
 fn offered_twins(v: &MergeVariant, dense: bool) -> TwinSet {
     if !(dense && v.family == Family::MergeAttnStates) {
         return TwinSet::EMPTY;
     }
     let offers = |twin| match twin {
         Twin::Dense => true,
+        Twin::AllContext => v.prefix_threshold,
         Twin::FewHeads => takes_flat_twins(v),
     };
     TWIN_KINDS

@@ -55,7 +55,7 @@ fn default_spec_serves_every_engine_call() {
     let s = default_spec().unwrap();
     assert_eq!(
         s.variants.len(),
-        874,
+        1199,
         "the count specs/default.toml's header states"
     );
     let called: Vec<&MergeVariant> = s.variants.iter().filter(|v| v.role.is_named()).collect();
@@ -135,7 +135,8 @@ fn default_spec_serves_every_engine_call() {
     // vLLM's kernels: each general kernel (size rules' included), then its dense twins in the
     // order hosts try them: first the `_flat` one for fewer heads where the kernel has no fused
     // mask and its blocks hold several heads (every FP8 output: 8; 21 of the inputs' dtype's),
-    // then `_dense`. No all-context twin (`_dense_nothr`: GPU runs 128-129, under 2%).
+    // then `_dense_nothr` (all context: no threshold test) and `_dense`, the same pair under
+    // `_flat`. The all-context twins came back after runs 142-143 (HISTORY.md, session 21).
     let with_flat = |output| {
         s.variants
             .iter()
@@ -152,16 +153,16 @@ fn default_spec_serves_every_engine_call() {
     let rule_kernels: usize = called.iter().map(|v| v.size_rule.len()).sum();
     let flat_twins = 27 + 52 + 21;
     let twinned = s.variants.iter().filter(|v| vllm(v)).count();
-    assert_eq!(twinned, 2 * (212 + rule_kernels) + flat_twins);
+    assert_eq!(twinned, 3 * (212 + rule_kernels) + 2 * flat_twins);
     let mut rest = &s.variants[..];
     while let Some((general, after)) = rest.split_first() {
         let name = general.kernel_name();
         assert!(general.role.twin_of.is_empty(), "{name}");
         let twins: &[&str] = if general.role.twins.contains(Twin::FewHeads) {
-            &["_dense_flat", "_dense"]
+            &["_dense_nothr_flat", "_dense_flat", "_dense_nothr", "_dense"]
         } else if general.role.twins.contains(Twin::Dense) {
             assert!(general.prefix_threshold, "{name}");
-            &["_dense"]
+            &["_dense_nothr", "_dense"]
         } else {
             &[]
         };
@@ -169,6 +170,7 @@ fn default_spec_serves_every_engine_call() {
             assert_eq!(twin.kernel_name(), format!("{name}{tag}"));
             let is = |kind| twin.role.twin_of.contains(kind);
             assert!(is(Twin::Dense) && twin.size_rule.is_empty());
+            assert_eq!(is(Twin::AllContext), tag.contains("nothr"), "{name}{tag}");
             assert_eq!(is(Twin::FewHeads), tag.ends_with("_flat"), "{name}{tag}");
         }
         rest = &after[twins.len()..];

@@ -14,6 +14,8 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 pub enum Twin {
     /// The `[T, H, D]` tensors have no padding: one row number addresses all three.
     Dense,
+    /// Every token has context: the threshold is `num_tokens`, so the kernel tests none.
+    AllContext,
     /// Fewer heads than a block of the general kernel holds: rows numbered `t * H + h`.
     FewHeads,
 }
@@ -40,7 +42,7 @@ pub struct TwinKind {
 }
 
 /// Every kind of specialization, in the order of their tags in a name (and of `Twin`).
-pub const TWIN_KINDS: [TwinKind; 2] = [
+pub const TWIN_KINDS: [TwinKind; 3] = [
     TwinKind {
         twin: Twin::Dense,
         tag: "_dense",
@@ -55,6 +57,17 @@ pub const TWIN_KINDS: [TwinKind; 2] = [
         takes: "tensors without padding (every stride the dense one), rows (tokens x heads) below 2^31",
     },
     TwinKind {
+        twin: Twin::AllContext,
+        tag: "_nothr",
+        key: "all_context",
+        key_doc: "A dense specialization for calls where every token has context (`_dense_nothr`): its\ncontract bounds the threshold to `num_tokens`, so the kernel has no threshold to test.\nHosts try it before the plain `_dense` twin.",
+        // Every kernel with the threshold and a dense twin has these.
+        has_key: None,
+        priority: 1,
+        base: false,
+        takes: "every token has context (prefill_tokens_with_context = num_tokens)",
+    },
+    TwinKind {
         twin: Twin::FewHeads,
         tag: "_flat",
         key: "flat_rows",
@@ -63,7 +76,7 @@ pub const TWIN_KINDS: [TwinKind; 2] = [
             "flat_twins",
             "This kernel has `_flat` dense twins, listed first in its specializations (set by the spec\nlayer: pairwise merges without the fused mask whose blocks hold several heads, see\n`flat_rows`).",
         )),
-        priority: 1,
+        priority: 2,
         base: false,
         takes: "fewer heads than a block of the general kernel holds (outputs of the inputs' dtype: at most half as many, and enough tokens for 128 blocks)",
     },
@@ -112,7 +125,7 @@ impl TwinSet {
         self.kinds().map(|k| 1 << k.priority).sum()
     }
 
-    /// Its tags, in table order (`_dense_flat`).
+    /// Its tags, in table order (`_dense_nothr`).
     pub fn tags(self) -> String {
         self.kinds().map(|k| k.tag).collect()
     }
@@ -147,7 +160,8 @@ impl Role {
     }
 
     /// Each twin's kinds, in the order hosts try them: every combination of the offered kinds
-    /// that has the base ones, by descending rank (`_dense_flat`, `_dense`).
+    /// that has the base ones, by descending rank (`_dense_nothr_flat`, `_dense_flat`,
+    /// `_dense_nothr`, `_dense`).
     pub fn twin_sets(&self) -> Vec<TwinSet> {
         let base = TWIN_KINDS.iter().filter(|k| k.base);
         if base.clone().any(|k| !self.twins.contains(k.twin)) {

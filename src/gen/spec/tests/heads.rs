@@ -71,7 +71,9 @@ fn pairwise_merges_with_heads_per_block_get_flat_row_twins_for_fewer_heads() {
         got,
         [
             row(general, "", false, None, "0", 4, 8),
+            row(general, "_dense_nothr_flat", true, Some("7"), "0", 32, 1),
             row(general, "_dense_flat", true, Some("7"), "0", 32, 1),
+            row(general, "_dense_nothr", false, None, "0", 4, 8),
             row(general, "_dense", false, None, "0", 4, 8),
         ]
     );
@@ -100,9 +102,10 @@ fn pairwise_merges_with_heads_per_block_get_flat_row_twins_for_fewer_heads() {
     );
     let general = "merge_attn_states_bf16_d128_thr_lse_r1m1b512h8";
     assert_eq!(
-        got[..2],
+        got[..3],
         [
             row(general, "", false, None, "0", 4, 8),
+            row(general, "_dense_nothr_flat", true, Some("4"), "4096", 32, 1),
             row(general, "_dense_flat", true, Some("4"), "4096", 32, 1),
         ]
     );

@@ -193,8 +193,8 @@ fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_
     .unwrap();
     let names = s.kernel_names();
     // bf16 d64's tuned size rule (specs/tuned.toml): each smaller range a kernel, each kernel
-    // followed by its dense specialization, and before it the `_flat` one where its blocks
-    // hold several heads.
+    // followed by its two dense specializations, and before them the two `_flat` ones where its
+    // blocks hold several heads.
     let (_, head, ranges) = first_tuned_rule();
     assert_eq!(head, 64, "the test reads bf16 d64's rule");
     let general = "merge_attn_states_bf16_d64_thr_lse";
@@ -209,23 +209,29 @@ fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_
             .find(|v| v.kernel_name() == kernel)
             .unwrap();
         let several_heads = crate::gen::launch::BlockShape::of(v).heads_per_block > 1;
-        let flat = format!("{kernel}_dense_flat");
-        let dense = format!("{kernel}_dense");
+        let flat = [
+            format!("{kernel}_dense_nothr_flat"),
+            format!("{kernel}_dense_flat"),
+        ];
+        let twins = [format!("{kernel}_dense_nothr"), format!("{kernel}_dense")];
         want.push(kernel);
-        want.extend(Some(flat).filter(|_| several_heads));
-        want.push(dense);
+        want.extend(flat.into_iter().filter(|_| several_heads));
+        want.extend(twins);
     }
     want.push("merge_state_in_place_bf16_d128".into());
     assert_eq!(names, want);
-    // The general kernel names its specialization; its strides are bound to the dense ones and
-    // its rows to 32 bits, and it takes every threshold (no all-context twin: runs 128-129).
+    // The general kernel names its specializations in the order hosts try them; their strides
+    // are bound to the dense ones and their rows to 32 bits, the first's threshold to T.
     let launch = crate::gen::launch::Launch::for_variant(&s.variants[0]);
     assert_eq!(
         launch.specializations,
-        ["merge_attn_states_bf16_d64_thr_lse_dense"]
+        [
+            "merge_attn_states_bf16_d64_thr_lse_dense_nothr",
+            "merge_attn_states_bf16_d64_thr_lse_dense"
+        ]
     );
-    let twin = crate::gen::abi::contract(&s.variants[1]);
-    let threshold = twin
+    let all_context = crate::gen::abi::contract(&s.variants[1]);
+    let threshold = all_context
         .params
         .iter()
         .find(|p| p.name == "prefill_tokens_with_context")
@@ -233,8 +239,9 @@ fn every_pairwise_kernel_gets_a_dense_specialization_unless_the_spec_says_dense_
         .unwrap();
     assert_eq!(
         (threshold.min.as_str(), threshold.max.as_deref()),
-        ("0", Some("num_tokens"))
+        ("num_tokens", Some("num_tokens"))
     );
+    let twin = crate::gen::abi::contract(&s.variants[2]);
     assert!(twin.launch.specializations.is_empty() && twin.launch.size_rule.is_none());
     let bound = |name: &str| {
         let b = twin

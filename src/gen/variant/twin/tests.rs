@@ -16,10 +16,7 @@ fn the_table_lists_the_kinds_in_declaration_order() {
     priorities.dedup();
     assert_eq!(priorities.len(), TWIN_KINDS.len());
     let keys: Vec<&str> = TWIN_KINDS.iter().map(|k| k.key).collect();
-    // The all-context twins (`_dense_nothr`, key `all_context`) are gone: 1.006x hot, 1.001x
-    // cold at engine shapes (GPU runs 128-129), under the 2% a class of twins must win.
-    assert_eq!(keys, ["dense", "flat_rows"]);
-    assert!(TWIN_KINDS.iter().all(|k| k.tag != "_nothr"));
+    assert_eq!(keys, ["dense", "all_context", "flat_rows"]);
 }
 
 #[test]
@@ -28,18 +25,18 @@ fn twins_are_the_combinations_with_the_base_kind_narrowest_first() {
         let sets = Role::offering(kinds).twin_sets();
         sets.into_iter().map(TwinSet::tags).collect()
     };
+    let all = [Twin::Dense, Twin::AllContext, Twin::FewHeads];
+    assert_eq!(
+        tags(&all),
+        ["_dense_nothr_flat", "_dense_flat", "_dense_nothr", "_dense"]
+    );
     assert_eq!(
         tags(&[Twin::Dense, Twin::FewHeads]),
         ["_dense_flat", "_dense"]
     );
-    // The order of the kinds given does not matter.
-    assert_eq!(
-        tags(&[Twin::FewHeads, Twin::Dense]),
-        ["_dense_flat", "_dense"]
-    );
     assert_eq!(tags(&[Twin::Dense]), ["_dense"]);
     // Without the base kind (the spec's `dense = false`) there are none, whatever else.
-    assert!(tags(&[Twin::FewHeads]).is_empty());
+    assert!(tags(&[Twin::AllContext, Twin::FewHeads]).is_empty());
     assert!(tags(&[]).is_empty());
 }
 
@@ -47,21 +44,21 @@ fn twins_are_the_combinations_with_the_base_kind_narrowest_first() {
 fn the_manifest_keys_of_a_role_are_the_old_flags_in_their_order() {
     let json = |role: Role| serde_json::to_string(&role).unwrap();
     assert_eq!(json(Role::default()), "{}");
-    let general = Role::offering(&[Twin::Dense, Twin::FewHeads]);
+    let general = Role::offering(&[Twin::Dense, Twin::AllContext, Twin::FewHeads]);
     assert_eq!(
         json(general),
         r#"{"dense_specialization":true,"flat_twins":true}"#
     );
     let twin = Role {
         rows_below: Some(4096),
-        twin_of: TwinSet::of(&[Twin::FewHeads, Twin::Dense]),
+        twin_of: TwinSet::of(&[Twin::FewHeads, Twin::Dense, Twin::AllContext]),
         twins: TwinSet::EMPTY,
     };
     assert_eq!(
         json(twin),
-        r#"{"rows_below":4096,"dense":true,"flat_rows":true}"#
+        r#"{"rows_below":4096,"dense":true,"all_context":true,"flat_rows":true}"#
     );
-    assert_eq!(twin.name_suffix(), "_below4096_dense_flat");
+    assert_eq!(twin.name_suffix(), "_below4096_dense_nothr_flat");
     assert!(!twin.is_named() && general.is_named());
 }
 
@@ -81,8 +78,11 @@ fn the_decision_list_says_each_familys_order() {
         .iter()
         .filter_map(|l| l.split('`').nth(1).filter(|t| t.starts_with("_dense")))
         .collect();
-    assert_eq!(twins, ["_dense_flat", "_dense"]);
-    // Every general kernel (the size rules' too) has the plain dense twin.
+    assert_eq!(
+        twins,
+        ["_dense_nothr_flat", "_dense_flat", "_dense_nothr", "_dense"]
+    );
+    // Every general kernel (the size rules' too) has the two dense twins.
     let pairwise = s
         .variants
         .iter()
