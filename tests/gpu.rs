@@ -42,7 +42,7 @@ use mla_gen::spec::Family;
 
 use common::*;
 use data::padded_layouts;
-use merge_attn_states::run_case;
+use merge_attn_states::{run_case, takes_only_all_context};
 
 #[test]
 fn every_ptx_and_cubin_loads() {
@@ -319,13 +319,17 @@ fn boundary_shapes_stay_inside_their_buffers() {
             }
             // The `_flat` twins take few heads (their most, not 128), some many tokens.
             let (t, h) = (t.max(fewest_tokens(k)), h.min(most_heads(k)));
-            // A kernel without the threshold takes none (it merges every token).
+            // A kernel without the threshold takes none (it merges every token); an all-context
+            // twin takes only n = T.
             let thresholds: &[Option<usize>] = if k.meta.variant.prefix_threshold {
                 &[None, Some(0), Some(t)]
             } else {
                 &[None]
             };
             for &threshold in thresholds {
+                if threshold == Some(0) && t > 0 && takes_only_all_context(k) {
+                    continue;
+                }
                 cases += 1;
                 let seed = 0xb0 ^ ((t * 131 + h) as u64) ^ ((cases as u64) << 20);
                 if let Err(why) = run_case(k, base, &stream, t, h, threshold, true, seed, layouts) {

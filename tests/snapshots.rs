@@ -41,16 +41,22 @@ fn head_sizes_in_bf16() {
 fn dense_specialization() {
     let t = Templates::embedded().unwrap();
     let general = MergeVariant {
-        role: spec::Role::offering(&[spec::Twin::Dense]),
+        role: spec::Role::offering(&[spec::Twin::Dense, spec::Twin::AllContext]),
         ..variant(Dtype::Bf16, 128, true, true)
     };
     let twins = general.specialization_twins();
     for twin in &twins {
         insta::assert_snapshot!(twin.kernel_name(), t.render("snapshot.toml", twin).unwrap());
     }
-    // With a threshold, one twin: the dense one tests the threshold too (no all-context twin).
+    // With a threshold: the twin for calls where every token has context first, then the dense.
     let names: Vec<String> = twins.iter().map(|t| t.kernel_name()).collect();
-    assert_eq!(names, ["merge_attn_states_bf16_d128_thr_lse_dense"]);
+    assert_eq!(
+        names,
+        [
+            "merge_attn_states_bf16_d128_thr_lse_dense_nothr",
+            "merge_attn_states_bf16_d128_thr_lse_dense"
+        ]
+    );
     let launch = mla_gen::abi::Launch::for_variant(&general);
     assert_eq!(launch.specializations, names);
 }

@@ -212,6 +212,12 @@ pub fn run_case(
     }
 }
 
+/// A specialization for calls where every token has context (`_dense_nothr`): its contract
+/// bounds the threshold to T, so launches with another threshold are not its cases.
+pub fn takes_only_all_context(k: &Kernel) -> bool {
+    bounds_of(k, "prefill_tokens_with_context").is_some_and(|b| b.min == "num_tokens")
+}
+
 /// One case of the suite: cycle (threshold, output lse) over the shapes so every kernel sees every
 /// setting several times; inputs are fresh for each case.
 pub fn suite_case(
@@ -224,6 +230,8 @@ pub fn suite_case(
 ) -> (String, Result<u64, String>) {
     let thresholds: Vec<Option<usize>> = if !k.meta.variant.prefix_threshold {
         vec![None]
+    } else if takes_only_all_context(k) {
+        vec![None, Some(t)]
     } else {
         vec![None, Some(0), Some(t / 2), Some(t)]
     };
