@@ -179,13 +179,16 @@ proptest! {
         );
         let s = spec::parse("fuzz.toml", &text).unwrap();
         // The kernels callers name; size rules add kernels of their own (rows_below), and each
-        // of those kernels has its dense specialization, with or without the threshold; where
-        // its blocks hold several heads, the `_flat` one too.
+        // of those kernels has its dense specialization, and with the threshold a second one
+        // (the all-context twin); where its blocks hold several heads, the `_flat` ones too.
         let called = s.variants.iter().filter(|v| v.role.is_named()).count();
         prop_assert_eq!(called, dtypes.len() * heads.len() * thr.len());
         let general = s.variants.iter().filter(|v| v.role.twin_of.is_empty());
         let expected: usize = general
-            .map(|v| 2 + usize::from(v.role.twins.contains(spec::Twin::FewHeads)))
+            .map(|v| {
+                let twins = if v.prefix_threshold { 2 } else { 1 };
+                1 + twins * if v.role.twins.contains(spec::Twin::FewHeads) { 2 } else { 1 }
+            })
             .sum();
         prop_assert_eq!(s.variants.len(), expected);
     }

@@ -170,7 +170,7 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
         prep.launcher = make_launcher(kf, run_meta, run, prep.device)
     sources = _launch_values(kind, plan, tensors, given_free, values)
     # The free integers' bounds are the launched kernel's: a call outside a specialization's
-    # (a threshold its bounds refuse) takes the full check, which chooses again.
+    # (a threshold below T for `_dense_nothr`) takes the full check, which chooses again.
     run_plan = plan if run_meta is meta else plan_for(run_meta["name"], run_meta)
     preferred = _preferred_ranges(kf, meta, plan, run_meta, values, given_free, kind)
     prep.run, prep.go, prep.set_guard = _fast_path(kind, plan, run_plan, checked, tensors, free, given_free, sources,
@@ -200,10 +200,9 @@ def _launch_values(kind: Kind, plan, tensors: tuple, given_free: dict, values) -
 def _preferred_ranges(kf, meta, plan, run_meta, values, given_free, kind) -> list:
     """The free integers' ranges where a specialization tried before the launched kernel would
     serve this layout instead: ``[[(free index, lo, hi), ...], ...]``, one list per such kernel
-    (the call is in it when every free integer is in its range). A plan refuses such calls (the
-    full check then plans that specialization) instead of launching the kernel ranked below it.
-    The default's twins bound no free integer (the all-context twins that bounded the threshold
-    are gone), so there this finds none. Only ranges its bounds state over the plan's fixed
+    (the call is in it when every free integer is in its range). A plan of `_dense` refuses a
+    threshold equal to T, which `_dense_nothr` takes (the full check then plans the twin), instead
+    of launching the slower kernel for it. Only ranges its bounds state over the plan's fixed
     values, and where the kernel accepts both ends: otherwise no range (the plan keeps such calls,
     correct as before)."""
     if run_meta is meta or not given_free:

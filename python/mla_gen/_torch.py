@@ -70,10 +70,10 @@ def _launch(prep, values):
         _cuda.launch(prep.launcher, values, prep.gx, prep.gy, _stream(prep.device))
 
 
-# Plans one layout keeps for different values of its free integers, where specializations bound
-# them (a plan's fast path takes only the values of its kernel; without a second plan, every
-# call of the other kind took the full check). The default's twins bound none since the
-# all-context twins (`_dense_nothr`, n = T only) were dropped.
+# Plans one layout keeps for different values of its free integers: a threshold below T plans the
+# `_dense` kernel, one equal to T its `_dense_nothr` twin, and each plan's fast path takes only
+# the values of its kernel (without a second plan, every call of the other kind took the full
+# check: a new plan per call after a first call with n = T).
 _MAX_PLANS_PER_LAYOUT = 4
 
 

@@ -47,10 +47,9 @@ def launched(kernel: str, num_tokens: int, num_heads: int, dense: bool = True, t
     """The kernel a launch of `kernel` with these rows runs in the current folder: the one its
     size rule names (test_size_rule_cpu.py checks the rule itself), else itself; for dense
     tensors (`dense`; rows below 2^32), that one's first dense specialization the threshold and
-    the head count allow (`_flat` takes fewer heads than its bound and, for outputs of the
-    inputs' dtype, at least its tokens; a threshold bounded from below, as a twin for calls
-    where every token has context would have, only n = T; test_specialization_cpu.py checks the
-    choice)."""
+    the head count allow (`_dense_nothr` takes n = T only, the default; `_flat` fewer heads than
+    its bound and, for outputs of the inputs' dtype, at least its tokens;
+    test_specialization_cpu.py checks the choice)."""
     from mla_gen import manifest
 
     kf = manifest.folder()
@@ -59,7 +58,7 @@ def launched(kernel: str, num_tokens: int, num_heads: int, dense: bool = True, t
     def bound(twin, name):
         return next((p.get("bounds") or {} for p in twin["params"] if p["name"] == name), {})
 
-    def takes(twin):  # the twin's contract allows this threshold, H and T
+    def takes(twin):  # the twin's contract allows this threshold (`_dense_nothr`: n = T only), H and T
         n_ok = bound(twin, "prefill_tokens_with_context").get("min") != "num_tokens" or threshold in (None, num_tokens)
         return (n_ok and num_heads <= int(bound(twin, "num_heads").get("max", num_heads))
                 and num_tokens >= int(bound(twin, "num_tokens").get("min", 0)))

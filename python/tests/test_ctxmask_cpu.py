@@ -144,11 +144,11 @@ def test_the_start_locations_pick_the_ctxmask_kernel(cpu_launch, contract_kernel
         mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, n, query_start_loc=q, context_start_loc=c)
         assert cpu_launch.last()[0] == ctx and cpu_launch.last()[1]["prefill_tokens_with_context"] == n
     assert mla_gen.stats()["plans"] == plans
-    # n = T: the same kernel and plan (there is no all-context twin).
+    # n = T: the dense plan leaves it to the all-context twin, planned once.
     for _ in range(2):
         mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, T, query_start_loc=q, context_start_loc=c)
-        assert cpu_launch.last()[0] == ctx and cpu_launch.last()[1]["prefill_tokens_with_context"] == T
-    assert mla_gen.stats()["plans"] == plans
+        assert cpu_launch.last()[0] == launched(CTX, T, H) and cpu_launch.last()[1]["prefill_tokens_with_context"] == T
+    assert mla_gen.stats()["plans"] == plans + 1
     mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, 6)
     assert cpu_launch.last()[0] == plain and "num_requests" not in cpu_launch.last()[1]
     mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, 6, query_start_loc=q, context_start_loc=c)

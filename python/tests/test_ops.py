@@ -269,7 +269,8 @@ def test_load_is_once_per_kernel_image():
     p, pl, s, sl = inputs(T=16)
     out = torch.empty_like(p)
     # With a threshold below T from the first call: a call without one may pick a kernel built
-    # without it where the folder has one (tests/gpu-extra.toml does): a second kernel.
+    # without it where the folder has one (tests/gpu-extra.toml does), and n = T the all-context
+    # twin (_dense_nothr): each a second kernel.
     mla_gen.merge_attn_states(out, p, pl, s, sl, None, 15)
     loads = mla_gen.stats()["module_loads"]
     for n in range(16):

@@ -52,49 +52,55 @@ def test_a_new_threshold_is_an_argument_not_a_plan(cpu_launch):
         mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
         assert cpu_launch.last()[1]["prefill_tokens_with_context"] == n
         assert cpu_launch.last()[1]["output_lse"] == 0, "no output lse: a null pointer"
-    # n = T too: the same kernel (there is no all-context twin), so no plan more.
-    assert mla_gen.stats()["plans"] == plans
+    # One plan more, at n = T: that value launches the all-context twin (the next test).
+    assert mla_gen.stats()["plans"] == plans + 1
     mla_gen.merge_attn_states(out, p, pl, s, sl)
     assert cpu_launch.last()[1]["prefill_tokens_with_context"] == T, "None: every token has context"
 
 
-def test_every_threshold_launches_the_one_dense_twin(cpu_launch):
-    """The dense twin tests the threshold itself (the all-context twin `_dense_nothr` is gone:
-    1.006x at engine shapes, GPU runs 128-129), so a plan made with or without a threshold
-    launches it for every n in 0..=T, and for new layouts the same."""
+def test_a_threshold_below_t_leaves_the_all_context_twin(cpu_launch):
+    """A plan made without a threshold launches `_dense_nothr` (its contract: n = T only). Calls
+    that pass one get a plan of their own (its first n < T: the plain dense twin), which keeps
+    its kernel while n meets that kernel's bounds, but for n = T, which it leaves to the twin
+    (faster, and tried first); a plan's fast path never launches a kernel whose bounds the
+    call's n breaks."""
     out, p, pl, s, sl = pair()
     main = "merge_attn_states_bf16_d128_thr_lse"
-    dense = launched(main, T, H)
-    assert dense == launched(main, T, H, threshold=0) and dense.endswith("_dense")
+    nothr, dense = launched(main, T, H), launched(main, T, H, threshold=0)
+    assert (nothr, dense) == (dense + "_nothr", dense)
     for n in (None, 3, T, 0, None):
         mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
         assert cpu_launch.last()[1]["prefill_tokens_with_context"] == (T if n is None else n)
-    assert [n for n, _, _ in cpu_launch.launches][-5:] == [dense] * 5
-    out, p, pl, s, sl = pair(t=2 * T)  # new layouts: a plan made with n = 2T, its fast path takes n = 2
+    assert [n for n, _, _ in cpu_launch.launches][-5:] == [nothr, dense, nothr, dense, nothr]
+    out, p, pl, s, sl = pair(t=2 * T)  # new layouts: a plan made with n = 2T launches the twin,
     first = len(cpu_launch.launches)
     mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2 * T)
-    plans = mla_gen.stats()["plans"]
-    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2)
-    assert mla_gen.stats()["plans"] == plans
-    assert [n for n, _, _ in cpu_launch.launches][first:] == [launched(main, 2 * T, H)] * 2
+    mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2)  # and its fast path refuses n = 2
+    assert [n for n, _, _ in cpu_launch.launches][first:] == [launched(main, 2 * T, H), launched(main, 2 * T, H, threshold=2)]
     assert cpu_launch.launches[-1][0].endswith("_dense") and cpu_launch.last()[1]["prefill_tokens_with_context"] == 2
 
 
-def test_a_layout_keeps_one_plan_for_every_threshold(cpu_launch):
-    """Whichever n comes first (T or below), the calls of one layout that pass a threshold share
-    one plan; a call without one (None) makes its own once."""
+def test_a_layout_keeps_a_plan_per_kernel_its_threshold_launches(cpu_launch):
+    """After a first call with n = T (its plan launches `_dense_nothr`, whose fast path takes n = T
+    only), calls with n < T get a second plan of the same layout, kept: no full check per call
+    (before, every such call made a plan anew), whichever kind of call comes first or next. And a
+    plan of `_dense` leaves n = T to the twin (before, it launched the slower `_dense` for it)."""
     out, p, pl, s, sl = pair()
-    dense = launched("merge_attn_states_bf16_d128_thr_lse", T, H)
+    main = "merge_attn_states_bf16_d128_thr_lse"
+    nothr, dense = launched(main, T, H), launched(main, T, H, threshold=0)
     for first in (T, 3):
         mla_gen._torch._plans.clear()
         seen = []
-        for n in (first, 3, 5, 3, T, T, 2, None, 0, T, None):
+        for n in (first, 3, 5, 3, T, T, 2, None, 0, T):
             before = mla_gen.stats()["plans"]
             mla_gen.merge_attn_states(out, p, pl, s, sl, None, n)
             seen.append((cpu_launch.last()[0], mla_gen.stats()["plans"] - before))
             assert cpu_launch.last()[1]["prefill_tokens_with_context"] == (T if n is None else n)
-        planned = [1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]
-        assert seen == [(dense, k) for k in planned], f"first n = {first}"
+        # Each kernel planned once: the first n = T after a dense plan plans the twin (when the
+        # first call did not), every later one finds it.
+        twin_planned = 1 if first == 3 else 0
+        assert seen == [(nothr if first == T else dense, 1), (dense, 1 - twin_planned), (dense, 0), (dense, 0),
+                        (nothr, twin_planned), (nothr, 0), (dense, 0), (nothr, 1), (dense, 0), (nothr, 0)]
     # Another entry point of the same kind and layouts (no slot of its own here): found by key.
     before = mla_gen.stats()["plans"]
     for n in (T, 1, T):

@@ -60,8 +60,8 @@ _cuda.launch = _record
 
 def python_call(args, full=False, op="merge_attn_states"):
     """The Python path's launch; `full`: through its full check (no plan kept), which launches
-    by the rule itself: a Python plan keeps its kernel while a call meets that kernel's bounds,
-    where the rule could rank another specialization first."""
+    by the rule itself: the Python plans may launch a kernel the rule ranks below (_dense for a
+    threshold of T after a plan made with a smaller one, where the rule picks _dense_nothr)."""
     if full:
         _torch._plans.clear()
         _torch._last_pair_op[:] = [None, None, None, None]
@@ -172,7 +172,7 @@ plans = _ext.plans()
 sequence = {
     "plan: the prepared call": base,
     "plan: other buffers": same_layout(base, output=shifted(base[0], 8), prefix_lse=shifted(base[3], 1)),
-    "plan: threshold T (every token with context)": same_layout(base, prefill_tokens_with_context=8),
+    "plan: threshold T (the _nothr twin)": same_layout(base, prefill_tokens_with_context=8),
     "plan: threshold 0": same_layout(base, prefill_tokens_with_context=0),
     "plan: threshold above T": same_layout(base, prefill_tokens_with_context=9),
     "plan: negative threshold": same_layout(base, prefill_tokens_with_context=-1),
