@@ -4,6 +4,7 @@ default only where it wins >= 2%.
 
   class      the twin a call runs with it        without it (the folder that lacks the class)
   dense      `_dense` (general kernel's twin)   the general kernel (spec key `dense = false`)
+  nothr      `*_dense_nothr*` (threshold = T)   the same twin without `_nothr`
   flat       `*_flat` (fewer heads than a block) the same twin without `_flat`
   size_rule  the rule's kernel at any size:     --no-size-rule DIR: the default spec generated with
              a `_below<rows>` range below its     `size_rule = false`, whose kernel has the schedule
@@ -13,9 +14,8 @@ default only where it wins >= 2%.
 "Without" folders are otherwise the default folder's manifest with the class's kernels taken out
 of it and out of every `specializations` list (and, for size_rule, every `size_rule`), the same
 images: what `dense = false` generates for the kernels that stay (checked: its general kernels'
-images are the default's byte for byte); the `_flat` twins have no spec key of their own
-(src/gen/variant/twin.rs, spec/expand.rs `offered_twins`). The all-context class (`_dense_nothr`,
-threshold = T) was timed here in runs 128-129 and dropped (docs/PERFORMANCE.md, "Twin table"). Each call goes through the Python
+images are the default's byte for byte); the `_nothr` and `_flat` twins have no spec key of their
+own (src/gen/variant/twin.rs, spec/expand.rs `offered_twins`). Each call goes through the Python
 package (mla_gen.merge_attn_states with MLA_GEN_KERNELS set to the folder), so the host picks the
 twin as an engine's call would.
 
@@ -60,7 +60,7 @@ from mla_gen import _cuda, _torch  # noqa: E402
 from hot_l2 import Arena  # noqa: E402
 
 # The variant key a class's kernels have true (rows_below: set), as the manifest writes it.
-CLASSES = {"dense": "dense", "flat": "flat_rows", "size_rule": "rows_below"}
+CLASSES = {"dense": "dense", "nothr": "all_context", "flat": "flat_rows", "size_rule": "rows_below"}
 # The flags a general kernel carries while it still has twins of a kind (twin.rs `has_key`).
 HAS_FLAGS = {"dense": "dense_specialization", "flat_rows": "flat_twins"}
 WIN, LOSS = 1.02, 0.98
@@ -294,7 +294,7 @@ def make_cases(args):
                     continue
                 twin, other = runs["with"], runs[cls]
                 # dense alone: the plain `_dense` twin (removing it removes every twin)
-                alone = cls != "dense" or not has_class(variant[twin], "flat")
+                alone = cls != "dense" or not any(has_class(variant[twin], k) for k in ("nothr", "flat"))
                 if cls == "size_rule":  # where the two folders' kernels differ in code
                     serves = variant[twin]["schedule"] != variants[cls][other]["schedule"]
                 else:

@@ -1,6 +1,6 @@
 """A kernel folder's dense specializations alone, as a folder of their own: SRC's manifest with
-only each kernel's first dense specialization (`_dense_flat` where the kernel has one, else
-`_dense`; their files copied), so that a host picking kernels by their options
+only each kernel's first dense specialization (the first its `specializations` names:
+`_dense_nothr_flat`, `_dense_nothr`, `_dense_flat` or `_dense`; their files copied), so that a host picking kernels by their options
 launches them directly. For timing schedule candidates before a host selects specializations
 itself; the kernels and their contracts are unchanged.
 
@@ -18,7 +18,7 @@ def main():
         sys.exit(__doc__)
     src, dst = Path(sys.argv[1]), Path(sys.argv[2])
     manifest = json.loads((src / "manifest.json").read_text())
-    # A kernel's first specialization only (the `_flat` twin, where there is one): two
+    # A kernel's first specialization only: two
     # specializations of the same options would leave a host two kernels to choose from.
     first = {k["launch"]["specializations"][0] for k in manifest["kernels"] if k["launch"].get("specializations")}
     manifest["kernels"] = [k for k in manifest["kernels"] if k["variant"].get("dense") and k["name"] in first]

@@ -26,7 +26,7 @@
 #                                                                 (bench/kway_peers.py --tables family)
 #                                      nvcc.log                   bench/peers/peers.cu's build
 #
-# What passes: exit 0; twins.log ends with the class table (a row per class: dense, flat,
+# What passes: exit 0; twins.log ends with the class table (a row per class: dense, nothr, flat,
 # size_rule, then one per kernel with a size rule, each with shapes > 0 and a verdict) and no
 # "checks failed"; ptx_jit.log has a line per
 # call and the "# ptx90:" and "# ptx80:" summaries; kway.log has "family" summary lines and no

@@ -18,7 +18,7 @@ for producer in ${HARNESS_PRODUCERS:-linear attention}; do
         for shape in 64x16x64 256x8x64 512x32x64 1024x16x64 4096x16x64 64x16x128 256x8x128 512x32x128 \
                      1024x16x128 4096x16x128 64x16x256 256x8x256 1024x16x256; do
             IFS=x read -r T H D <<< "$shape"
-            # The kernel the hosts launch for this call: the size rule's range, its first dense twin.
+            # The kernel the hosts launch for this call: the size rule's range, its all-context twin.
             read -r name tpb hpb threads < <(python3 - "$K" "$T" "$H" "$D" <<'PY'
 import json, sys
 folder, T, H, D = sys.argv[1], *map(int, sys.argv[2:])
