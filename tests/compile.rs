@@ -163,8 +163,8 @@ fn fp8_kernels_compile_without_spills_and_store_whole_vectors() {
         mla_gen::compile::compile(&Templates::embedded().unwrap(), &spec, 0, false).unwrap();
     assert_eq!(
         kernels.len(),
-        36,
-        "12 and their two dense specializations each (one with flat rows, for fewer heads)"
+        60,
+        "12 and their four dense specializations each (two with flat rows, for fewer heads)"
     );
     for k in &kernels {
         let launch = Launch::for_variant(&k.variant);
