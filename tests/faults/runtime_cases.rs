@@ -14,7 +14,7 @@ mod args;
 const KERNEL: &str = "merge_attn_states_bf16_d128_thr_lse";
 const CUBIN: &str = "kernels/merge_attn_states_bf16_d128_thr_lse.sm_90.cubin";
 const PTX: &str = "kernels/merge_attn_states_bf16_d128_thr_lse.sm_90.ptx";
-const KERNELS: i32 = 4; // the spec's kernel, its size rule's and their dense specializations
+const KERNELS: i32 = 6; // the spec's kernel, its size rule's and their two dense specializations each
 const PARAMS: i32 = 15;
 const FIX: &str = "mla-gen generate SPEC --out DIR";
 
