@@ -45,7 +45,7 @@ each right after its producer (as hot), for Nsight Compute (bench/gpu/kway.sh, K
 
   python3 bench/kway_peers.py --peers DIR [--shipped DIR] [--kernels new=DIR ...] [--no-loop]
       [--inplace DIR] [--check-kernels DIR] [--unchecked LABEL]
-      [--tables check,candidates,states,inplace,family,grid]
+      [--tables check,candidates,states,inplace,family,grid] [--candidate-shapes K:TxHxD,...]
       [--cap SECONDS] [--out DIR]      (bench/gpu/kway.sh run: the lead's one command)
   python3 bench/kway_peers.py --peers DIR --shipped DIR --profile 5:256x16x128,2:2048x16x128
 """
