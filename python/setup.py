@@ -365,7 +365,7 @@ def _ops_header(launcher_dir: Path, dest: Path):
         first = op.kinds[0]
         assert base.names[:len(first.names)] == first.names and base.free == first.free, name
         # each schema argument's type: optional ("?"), a string
-        types = [a.split()[0] for a in binding.SCHEMAS[name].split("(", 1)[1].rsplit(") ->", 1)[0].split(", ")]
+        types = [t for t, _ in binding.schema_args(name)]
         assert len(types) == len(op.args), name
         args = []
         for (role, what), t in zip(op.args, types):

@@ -163,6 +163,15 @@ SCHEMAS = {
 }
 
 
+def schema_args(name: str) -> tuple:
+    """Op `name`'s schema arguments in order, as (type, name): ``f(Tensor! a, SymInt? b=None) -> ()``
+    gives (("Tensor!", "a"), ("SymInt?", "b")). The compiled op's table (setup.py) reads the
+    types, mla_gen.ops the names."""
+    schema = SCHEMAS[name]
+    inside = schema[schema.index("(") + 1:schema.index(") ->")]
+    return tuple(tuple(arg.split("=")[0].split()) for arg in inside.split(","))
+
+
 class Op:
     """A torch op's binding: ``args``, per schema argument in order, ``("tensor", kind name)``,
     ``("free", name)`` or ``("option", key)``; ``options``, the select keys the op fixes

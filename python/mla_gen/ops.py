@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from . import _torch as _t
-from ._binding import OPS, SCHEMAS, TEXTS
+from ._binding import OPS, SCHEMAS, TEXTS, schema_args
 
 NAMESPACE = "mla_gen"
 
@@ -42,17 +42,16 @@ def _merge_states(v, s):
     return out, lse
 
 
-def _schema_names(schema: str) -> tuple:
-    """The argument names of a schema, in order: ``f(Tensor! a, SymInt? b=None) -> ()`` gives (a, b)."""
-    inside = schema[schema.index("(") + 1:schema.index(") ->")]
-    return tuple(arg.split("=")[0].split()[-1] for arg in inside.split(","))
+def _schema_names(name: str) -> tuple:
+    """Op `name`'s argument names, in schema order."""
+    return tuple(arg for _, arg in schema_args(name))
 
 
 def _by_name(name):
     """Op `name`'s Python implementation: its schema's arguments, by name, to the function of the
     same name (each argument of an op is the function's parameter of that name; arguments the
     dispatcher passes by keyword, or leaves out because they hold their defaults, follow)."""
-    fn, names = getattr(_t, name), _schema_names(SCHEMAS[name])
+    fn, names = getattr(_t, name), _schema_names(name)
 
     def impl(*args, **kwargs):
         return fn(**dict(zip(names, args)), **kwargs)
@@ -74,7 +73,7 @@ def _fake_none(*args, **kwargs):
 
 
 def _fake_checked(name):
-    names = _schema_names(SCHEMAS[name])
+    names = _schema_names(name)
 
     def fake(*args, **kwargs):
         given = {**dict(zip(names, args)), **kwargs}
