@@ -235,7 +235,7 @@ def _c_launcher():
 
 
 def _binding_modules():
-    """mla_gen._binding (the torch layer's table), mla_gen.contract and mla_gen._select, read from
+    """mla_gen._binding (the torch layer's table, from binding.json), mla_gen.contract and mla_gen._select, read from
     this source tree as a package of their own (importing mla_gen would import torch where it is
     installed)."""
     import importlib.util
@@ -257,7 +257,8 @@ def _c(text) -> str:
 
 
 def _ops_header(launcher_dir: Path, dest: Path):
-    """mla_gen_ops.h: mla_gen/_binding.py's table (the ops, their kinds, the refusals' texts) and,
+    """mla_gen_ops.h: the torch layer's table (mla_gen/binding.json, read by mla_gen/_binding.py:
+    the ops, their kinds; the refusals' texts) and,
     per kernel a call can name, how its parameters read the call's tensors (the contract's dims,
     resolved by mla_gen/contract.py), in the C launcher's argument structs (every field 8 bytes:
     a field is its index). python/csrc/mla_gen_ops.cpp declares the types."""
@@ -269,7 +270,7 @@ def _ops_header(launcher_dir: Path, dest: Path):
     for fam, body in re.findall(r"typedef struct mla_(\w+)_args \{(.*?)\} mla_\1_args;", header, re.S):
         families.append(fam)
         fields[fam] = re.findall(r"(\w+);", re.sub(r"/\*.*?\*/", "", body, flags=re.S))
-    out = ["/* Written by python/setup.py from mla_gen/_binding.py and the packaged manifest.json. */"]
+    out = ["/* Written by python/setup.py from mla_gen/binding.json, mla_gen/_binding.py and the packaged manifest.json. */"]
     out += [f"static const char* const kText_{k} = {_c(v)};" for k, v in binding.TEXTS.items()]
     out.append(f"static const char kKernelsLabel[] = {_c(PACKAGE + chr(39) + 's compiled kernels (' + manifest['spec']['source'] + ')')};")
     out.append("static const char* const kLseLayouts[] = {" + ", ".join(_c(x) for x in binding.LSE_LAYOUTS) + "};")

@@ -75,7 +75,8 @@ PY_LAYERS = [
     ("fast path", ["_fastpath"]),
     ("plan", ["_plan"]),
     ("torch layer", ["_torch"]),
-    ("APIs", ["ops", "flashinfer", "sglang", "vllm"]),
+    ("APIs", ["functions", "flashinfer", "sglang", "vllm"]),
+    ("ops", ["ops"]),
     ("root", ["__init__"]),
 ]
 

@@ -1,5 +1,5 @@
 // The types of the rows of mla_gen_ops.h, the table python/setup.py writes from
-// mla_gen/_binding.py and the manifest. Included by op_core.h inside its anonymous
+// mla_gen/binding.json (read by mla_gen/_binding.py) and the manifest. Included by op_core.h inside its anonymous
 // namespace, before the table.
 #pragma once
 
@@ -12,7 +12,7 @@ struct Family {  // a C launcher argument struct: every field 8 bytes, so a fiel
     const void* init;
     size_t bytes;
 };
-struct Rule {  // a field of a kind's `what` (mla_gen/_binding.py, Kind)
+struct Rule {  // a field of a kind's `what` (mla_gen/binding.json, "fields")
     const char* name;
     int kind;  // 0 dtype, 1 size, 2 given, 3 option, 4 group_size
     int a, b;  // tensor (option) index; dim (second tensor)

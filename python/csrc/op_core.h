@@ -3,7 +3,7 @@
 // dispatcher calls without the stable ABI's per-argument boxing). Each build reads a call's
 // arguments its own way (a "front": given, tensor, integer, text_is, flag, allocate, returned)
 // and hands it to serve<O>; everything else is here, from the table python/setup.py writes
-// (mla_gen_ops.h, from mla_gen/_binding.py and the packaged manifest: which argument of an op is
+// (mla_gen_ops.h, from mla_gen/binding.json and the packaged manifest: which argument of an op is
 // which tensor, free integer or option; how an error names a call; the texts of the torch layer's
 // refusals; per kernel a call can name, how its parameters read the tensors). The Python path reads
 // the same table, so nothing of it is written here. The kernel is the C launcher's selection

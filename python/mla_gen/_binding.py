@@ -1,19 +1,26 @@
-"""The one table of the torch layer, shared by the Python path (_plan, _torch, ops) and the
-compiled op (python/csrc: setup.py writes this table into the header it compiles, mla_gen_ops.h):
-which argument of each torch op binds which kernel parameter, what a call that no kernel serves
-is called in its error, and the texts of the refusals the torch layer adds to the contract's.
-Torch-free, so that the wheel build reads it without torch.
+"""The torch layer's table, shared by the Python path (_plan, _torch, ops) and the compiled op
+(python/csrc: setup.py writes it into the header it compiles, mla_gen_ops.h): which argument of
+each torch op binds which kernel parameter, what a call that no kernel serves is called in its
+error, and the texts of the refusals the torch layer adds to the contract's. Torch-free, so that
+the wheel build reads it without torch.
+
+The kinds and ops are data, binding.json beside this file (its "about" says each field): an
+option that adds a tensor argument adds it there, not here.
 
 - ``TEXTS``: each refusal as a ``str.format`` template over named fields; rendered the same by
   both (shapes and strides as Python tuples, devices as torch prints them, dtypes ``torch.x``).
-- ``Kind``: one way of calling a family: the kernel parameters its tensors bind (in call order),
-  its free integers, its options (the manifest's ``select`` keys), the tensors whose element type
-  selects the kernel, and ``what`` (with ``fields`` and ``checks``): how an error names a call.
+- ``KINDS`` (``Kind``): one way of calling a family: the kernel parameters its tensors bind (in
+  call order), its free integers, its options (the manifest's ``select`` keys), the tensors whose
+  element type selects the kernel, and ``what`` (with ``fields`` and ``checks``): how an error
+  names a call.
 - ``SCHEMAS`` and ``OPS``: the torch ops, and per op which of its arguments is which tensor,
   free integer or option of which kind.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 TEXTS = {
     "not_on_device": "{name} is on {device}; the kernels run on a CUDA device",
@@ -100,76 +107,43 @@ class Kind:
         return self.what.format(**values)
 
 
-_FREE = ("prefill_tokens_with_context",)
-_START_LOCATIONS = ("query_start_loc", "context_start_loc")  # the fused mask's: [B + 1] gives num_requests
-_LSE = ("lse_layout",)
-_CTX_MASK = " with the empty-context mask (mask_empty_context = true)"
+def _load() -> dict:
+    with open(Path(__file__).with_name("binding.json"), encoding="utf-8") as f:
+        return json.load(f)
 
-_PAIR_NAMES = ("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse", "output_scale")
-_PAIR_WHAT = "dtype={dtype}, head_size={head_size}, output={output}, lse_layout={lse_layout}"
-_PAIR_FIELDS = (("dtype", ("dtype", "prefix_output")), ("head_size", ("size", "prefix_output", 2)),
-                ("output", ("given", "output_scale", "fp8_e4m3", "same")), ("lse_layout", ("option", "lse_layout")))
-_PAIR_CHECKS = (("rank", "prefix_output", "prefix_output", 3),)
-# merge_attn_states, per-tensor FP8 included (options: (lse_layout,)), with the fused mask
-PAIR = Kind("merge_attn_states", _PAIR_NAMES, _FREE, _LSE, ("prefix_output",), _PAIR_WHAT, _PAIR_FIELDS, _PAIR_CHECKS)
-PAIR_CTX = Kind("merge_attn_states", _PAIR_NAMES + _START_LOCATIONS, _FREE, _LSE, ("prefix_output",),
-                _PAIR_WHAT + _CTX_MASK, _PAIR_FIELDS, _PAIR_CHECKS)
 
-_GROUP_NAMES = ("output", "output_scales", "output_lse", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse")
-_GROUP_WHAT = ("dtype={dtype}, head_size={head_size}, output = fp8_e4m3_group, group_size = {group_size}, "
-               "ue8m0 = {ue8m0}, lse_layout={lse_layout}")
-_GROUP_FIELDS = (("dtype", ("dtype", "prefix_output")), ("head_size", ("size", "prefix_output", 2)),
-                 ("group_size", ("group_size", "prefix_output", "output_scales")), ("ue8m0", ("option", "ue8m0")),
-                 ("lse_layout", ("option", "lse_layout")))
-_GROUP_CHECKS = (("rank", "prefix_output", "prefix_output", 3), ("rank", "output_scales", "output_group_scales", 2),
-                 ("groups", "prefix_output", "output_scales", "output_group_scales"))
-# per-token-group FP8 (options: (ue8m0, lse_layout)), with the fused mask
-GROUP = Kind("merge_attn_states", _GROUP_NAMES, _FREE, ("ue8m0",) + _LSE, ("prefix_output",), _GROUP_WHAT,
-             _GROUP_FIELDS, _GROUP_CHECKS)
-GROUP_CTX = Kind("merge_attn_states", _GROUP_NAMES + _START_LOCATIONS, _FREE, ("ue8m0",) + _LSE, ("prefix_output",),
-                 _GROUP_WHAT + _CTX_MASK, _GROUP_FIELDS, _GROUP_CHECKS)
+def _tuples(rows):
+    return tuple(tuple(r) for r in rows)
 
-STATES = Kind("merge_states", ("output", "output_lse", "states", "states_lse"), (), (), ("states",),
-              "dtype={dtype}, head_size={head_size} merging {num_states} states (no kernel with num_states = "
-              "{num_states} or \"runtime\")",
-              (("dtype", ("dtype", "states")), ("head_size", ("size", "states", 3)),
-               ("num_states", ("size", "states", 1))), (("rank", "states", "v", 4),))
-IN_PLACE = Kind("merge_state_in_place", ("state", "state_lse", "other", "other_lse", "mask"), (), _LSE, ("state",),
-                "dtype={dtype}, head_size={head_size}, lse_layout={lse_layout}{mask}",
-                (("dtype", ("dtype", "state")), ("head_size", ("size", "state", 2)),
-                 ("lse_layout", ("option", "lse_layout")), ("mask", ("given", "mask", " and a mask", ""))),
-                (("rank", "state", "v", 3),))
-MASK = Kind("mask_empty_context_lse", ("lse",) + _START_LOCATIONS, (), _LSE, ("lse",), "lse_layout={lse_layout}",
-            (("lse_layout", ("option", "lse_layout")),))
+
+def _kinds(data: dict) -> dict:
+    """binding.json's kinds as Kind objects; a kind with ``base`` extends its base's tensors and
+    ``what``."""
+    kinds = {}
+    for name, k in data.items():
+        if "base" in k:
+            b = kinds[k["base"]]
+            kinds[name] = Kind(b.family, b.names + tuple(k["tensors"]), b.free, b.options, b.typed, b.what + k["what"],
+                               b.fields, b.checks)
+        else:
+            kinds[name] = Kind(k["family"], k["tensors"], k["free"], k["options"], k["typed"], k["what"],
+                               tuple((f[0], tuple(f[1:])) for f in k["fields"]), _tuples(k["checks"]))
+    return kinds
+
+
+_DATA = _load()
+KINDS = _kinds(_DATA["kinds"])
 
 # The torch ops (torch.ops.mla_gen.*): mla_gen.ops defines them with these schemas.
-SCHEMAS = {
-    "merge_attn_states": (
-        "merge_attn_states(Tensor! output, Tensor!? output_lse, Tensor prefix_output, Tensor prefix_lse, "
-        "Tensor suffix_output, Tensor suffix_lse, SymInt? prefill_tokens_with_context=None, "
-        "Tensor? output_scale=None, Tensor? query_start_loc=None, Tensor? context_start_loc=None) -> ()"),
-    "merge_attn_states_fp8_group": (
-        "merge_attn_states_fp8_group(Tensor! output, Tensor! output_group_scales, Tensor!? output_lse, "
-        "Tensor prefix_output, Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse, "
-        "SymInt? prefill_tokens_with_context=None, bool ue8m0=False, Tensor? query_start_loc=None, "
-        "Tensor? context_start_loc=None) -> ()"),
-    "merge_states": "merge_states(Tensor v, Tensor s) -> (Tensor, Tensor)",
-    "merge_state_in_place": (
-        "merge_state_in_place(Tensor(a!) v, Tensor(b!) s, Tensor v_other, Tensor s_other, Tensor? mask=None, "
-        "str lse_layout=\"token_major\") -> ()"),
-    "mask_empty_context_lse": (
-        "mask_empty_context_lse(Tensor(a!) lse, Tensor query_start_loc, Tensor context_start_loc, "
-        "str lse_layout=\"head_major\") -> ()"),
-}
+SCHEMAS = {name: f"{name}({', '.join(a[0] for a in op['args'])}) -> {op['returns']}"
+           for name, op in _DATA["ops"].items()}
 
 
 def schema_args(name: str) -> tuple:
-    """Op `name`'s schema arguments in order, as (type, name): ``f(Tensor! a, SymInt? b=None) -> ()``
-    gives (("Tensor!", "a"), ("SymInt?", "b")). The compiled op's table (setup.py) reads the
-    types, mla_gen.ops the names."""
-    schema = SCHEMAS[name]
-    inside = schema[schema.index("(") + 1:schema.index(") ->")]
-    return tuple(tuple(arg.split("=")[0].split()) for arg in inside.split(","))
+    """Op `name`'s schema arguments in order, as (type, name): ``Tensor! a`` gives ("Tensor!", "a"),
+    ``SymInt? b=None`` ("SymInt?", "b"). The compiled op's table (setup.py) reads the types,
+    mla_gen.ops the names."""
+    return tuple(tuple(a[0].split("=")[0].split()) for a in _DATA["ops"][name]["args"])
 
 
 class Op:
@@ -184,23 +158,5 @@ class Op:
         self.args, self.kinds, self.options, self.allocated = tuple(args), tuple(kinds), dict(options), tuple(allocated)
 
 
-def _tensors(*names):
-    return tuple(("tensor", n) for n in names)
-
-
-_THR = (("free", "prefill_tokens_with_context"),)
-OPS = {
-    "merge_attn_states": Op(_tensors("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output",
-                                     "suffix_lse") + _THR + _tensors("output_scale", "query_start_loc",
-                                                                     "context_start_loc"),
-                            (PAIR, PAIR_CTX), {"lse_layout": "head_major"}),
-    "merge_attn_states_fp8_group": Op(_tensors("output", "output_scales", "output_lse", "prefix_output", "prefix_lse",
-                                               "suffix_output", "suffix_lse") + _THR + (("option", "ue8m0"),)
-                                      + _tensors("query_start_loc", "context_start_loc"),
-                                      (GROUP, GROUP_CTX), {"lse_layout": "head_major"}),
-    "merge_states": Op(_tensors("states", "states_lse"), (STATES,), allocated=("output", "output_lse")),
-    "merge_state_in_place": Op(_tensors("state", "state_lse", "other", "other_lse", "mask") + (("option", "lse_layout"),),
-                               (IN_PLACE,)),
-    "mask_empty_context_lse": Op(_tensors("lse", "query_start_loc", "context_start_loc") + (("option", "lse_layout"),),
-                                 (MASK,)),
-}
+OPS = {name: Op((tuple(a[1].split()) for a in op["args"]), (KINDS[k] for k in op["kinds"]), op.get("options", ()),
+              op.get("allocated", ())) for name, op in _DATA["ops"].items()}

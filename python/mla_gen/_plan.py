@@ -13,7 +13,7 @@ head dim).
 plan, whose generated fast path (_fastpath) checks later calls with the same layouts only for what
 depends on the pointers and on the free integers. The storage-length rule needs no per-call work:
 torch keeps every tensor inside its storage, and the plan checked these layouts. The kinds (which
-tensors bind which parameters, how an error names a call) and the refusals' texts are _binding's,
+tensors bind which parameters, how an error names a call: binding.json) and the refusals' texts are _binding's,
 the table the compiled op reads too.
 
 Nothing here reads a global setting of the calls: the device type and the stream function come
@@ -27,7 +27,6 @@ import torch
 from . import _cuda, _fastpath
 from . import manifest as _m
 from ._binding import ELEMS, TEXTS, Kind, shape_text
-from ._binding import GROUP, GROUP_CTX, IN_PLACE, MASK, PAIR, PAIR_CTX, STATES  # noqa: F401 (the kinds, here too)
 from .contract import ArgumentError, Buffer, plan_for
 
 _ELEM = {getattr(torch, name): elem for name, elem in ELEMS.items() if hasattr(torch, name)}

@@ -1,28 +1,27 @@
-"""The torch functions: each turns its arguments into a call of a kind (_plan: which tensors bind
-which kernel parameters, the free integers, which kernel serves), finds the plan of the call's
-layouts and launches on torch's current stream (no device-to-host sync, so CUDA graphs can
-capture it).
+"""The torch layer: a call of a kind (mla_gen/binding.json: which tensors bind which kernel
+parameters; the free integers; the options) finds the plan of its layouts (_plan: which kernel
+serves, the check) and launches on torch's current stream (no device-to-host sync, so CUDA
+graphs can capture it). Generic over the kinds: the public functions (functions.py, flashinfer.py,
+sglang.py) say which kind a call is and pass its tensors in the kind's order.
 
 Where a call finds its plan, fastest first:
 
-- its entry point's slot ``[options, go, plan, folder]``: the previous call's plan, where the
-  call has the same options and kernel folder and the plan's generated ``go`` takes it (the same
-  arguments given, the layout guard, the per-call checks; then it launches);
+- its entry point's slot ``[options, go, plan, folder]`` (``_slotted``): the previous call's
+  plan, where the call has the same options and kernel folder and the plan's generated ``go``
+  takes it (the same arguments given, the layout guard, the per-call checks; then it launches);
 - the plan cache, by the call's kind, options, folder and layouts (``_lookup``): a few plans per
   layout, one per kernel the free integers' values launch (a threshold below T, equal to T);
 - the full check (_plan.prepare), which makes the plan, or raises the error that names the problem.
 
 Anything off on the way down reruns the full check, so every error is the full check's. The
-plain merge_attn_states and its operator share one fast path (``_merge``), each with its own slot,
-so that code calling both with different layouts does not make each call look its plan up again.
+plain merge_attn_states and its operator's Python implementation each have a slot, so that code
+calling both with different layouts does not make each call look its plan up again.
 
 Which calls come here (mla_gen/ops.py says the routes in one place): every plain function and
 the FlashInfer, SGLang and vLLM APIs; the torch ops only where the compiled op (mla_gen._ext) is
 absent. The plain merge_attn_states comes here even where the compiled op serves the op: on the
-H200 its fast path cost less per call than the compiled op of session 9 (GPU runs 74-75: 7.41 against 7.61 us, 10.70 against 12.11 us;
-docs/PERFORMANCE.md), which checked the whole contract on every call. The compiled op now keeps a
-plan per layout too (session 10: on the CPU machine, sending the function's calls to it costs
-about what this path costs; not yet measured on the GPU).
+H200 its slot cost less per call than a compiled op with vLLM's launcher (run 137, 0.85x;
+docs/PYTHON.md).
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ import torch
 
 from . import _cuda, _plan
 from . import manifest as _m
-from ._binding import GROUP, GROUP_CTX, IN_PLACE, LSE_LAYOUTS, MASK, PAIR, PAIR_CTX, STATES, TEXTS
-from .contract import ArgumentError, plan_for
+from .contract import plan_for
 
 # $MLA_GEN_KERNELS as stored, for the slots' folder (only compared with itself): one C call
 if _m._env_data is not None:
@@ -134,185 +132,23 @@ def _miss(slot, slot_options, kind, options, tensors, free):
 
 
 def _slotted(slot, kind, options, tensors, free):
-    """A call through an entry point's slot (the generic form of _merge)."""
+    """A call through an entry point's slot: the slot's plan where the call has the same options
+    and kernel folder and the plan's `go` takes it (the same arguments given, the layout guard,
+    the per-call checks; then it launches); else _miss."""
     last_options, go, _, last_folder = slot
     if options != last_options or _env_get(_ENV_KEY) != last_folder or not go(*tensors, *free):
         _miss(slot, options, kind, options, tensors, free)
 
 
-# ---- merge_attn_states (vLLM's), FP8 outputs and the fused empty-context mask included ----
+# ---- the entry points' slots ----
 
-# The slots [options, go, plan, folder]: the function's, the operator's
-# (torch.ops.mla_gen.merge_attn_states), the function's with the start locations (a plan per
-# (T, B), reused while they stay). The plan stays at [2]: bench/host_cost.py reads it.
+# [options, go, plan, folder]: the plain merge_attn_states's, the operator's
+# (torch.ops.mla_gen.merge_attn_states's Python implementation), the function's with the start
+# locations (a plan per (T, B), reused while they stay). The plan stays at [2]: bench/host_cost.py
+# reads it.
 _last_pair = [None, None, None, None]
 _last_pair_op = [None, None, None, None]
 _last_ctx = [None, None, None, None]
-
-
-def _merge(slot, lse_layout, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
-           prefill_tokens_with_context):
-    """The plain merge's fast path, the function's and the operator's: the slot's plan where the
-    call has the same lse layout and folder and its `go` takes the call; else _miss. Spelled out
-    (no tuples, no *args: about 0.1 us) because this is the path host_cost measures."""
-    last_layout, go, _, last_folder = slot
-    if (lse_layout != last_layout or _env_get(_ENV_KEY) != last_folder
-            or not go(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
-                      prefill_tokens_with_context)):
-        _miss(slot, lse_layout, PAIR, (lse_layout,), (output, output_lse, prefix_output, prefix_lse, suffix_output,
-                                                      suffix_lse, output_scale), (prefill_tokens_with_context,))
-
-
-def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
-                      prefill_tokens_with_context=None, output_scale=None, *, output_group_scales=None,
-                      ue8m0: bool = False, lse_layout: str = "head_major", query_start_loc=None,
-                      context_start_loc=None) -> None:
-    """vLLM's ``merge_attn_states``: output [T, H, D] (written), prefix/suffix outputs [T, H, D]
-    (each with its own token and head strides, the head dim contiguous), lse float32 [H, T]
-    (``lse_layout="token_major"``: [T, H], where the kernel folder has such kernels); tokens
-    ``t >= prefill_tokens_with_context`` copy the suffix (None: every token has context).
-    ``output_lse``: the merged lse, same layout, or None.
-
-    With ``output_scale`` (a float32 tensor holding one scale) the output is
-    ``torch.float8_e4m3fn``: saturate(value * (1 / scale)), the reciprocal rounded to float32
-    once (docs/SEMANTICS.md), nearest even. With ``output_group_scales`` (float32
-    [T, H * D / G], any strides) the output is e4m3 with one scale per group of G elements,
-    computed by the kernel and written there (see merge_attn_states_fp8_group).
-
-    With ``query_start_loc`` and ``context_start_loc`` (int32 [B + 1] each, on the device; both
-    or neither) the empty-context mask is fused into the merge (a kernel generated with
-    ``mask_empty_context = true``): the tokens t < n of a request b (tokens
-    ``query_start_loc[b]:query_start_loc[b+1]``) whose context is empty
-    (``context_start_loc[b+1] == context_start_loc[b]``) read ``prefix_lse`` as -inf, bit for bit
-    what ``mask_empty_context_lse`` on a copy of prefix_lse followed by the plain merge gives;
-    ``prefix_lse`` itself is not written, and the start locations are not read on the host.
-    B = ``query_start_loc.numel() - 1``.
-
-    Raises TypeError/ValueError for what the kernel cannot take; ArgumentError (a ValueError)
-    carries the argument check's text ``"<kernel>: <problem>"``."""
-    if output_group_scales is not None or query_start_loc is not None or context_start_loc is not None:
-        return _merge_other(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
-                            prefill_tokens_with_context, output_scale, output_group_scales, ue8m0, lse_layout,
-                            query_start_loc, context_start_loc)
-    # _merge's body with the function's slot, inlined: one Python call less on the path engines
-    # call (0.1-0.2 us of the function's ~3 on the CPU machine, bench/host_cost_stub.py).
-    last_layout, go, _, last_folder = _last_pair
-    if (lse_layout != last_layout or _env_get(_ENV_KEY) != last_folder
-            or not go(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
-                      prefill_tokens_with_context)):
-        _miss(_last_pair, lse_layout, PAIR, (lse_layout,), (output, output_lse, prefix_output, prefix_lse,
-                                                            suffix_output, suffix_lse, output_scale),
-              (prefill_tokens_with_context,))
-
-
-def merge_attn_states_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
-                         prefill_tokens_with_context=None, output_scale=None, query_start_loc=None,
-                         context_start_loc=None) -> None:
-    """The implementation of ``torch.ops.mla_gen.merge_attn_states`` (the op's argument order):
-    the function's fast path with the operator's slot, so that the dispatcher calls one Python
-    function and one shared fast path. The start locations go through merge_attn_states."""
-    if query_start_loc is not None or context_start_loc is not None:
-        return merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
-                                 prefill_tokens_with_context, output_scale, query_start_loc=query_start_loc,
-                                 context_start_loc=context_start_loc)
-    _merge(_last_pair_op, "head_major", output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
-           output_scale, prefill_tokens_with_context)
-
-
-def both_or_neither(query_start_loc, context_start_loc):
-    """The start locations come together (the fused mask needs both)."""
-    if query_start_loc is None or context_start_loc is None:
-        given, missing = (("query_start_loc", "context_start_loc") if context_start_loc is None
-                          else ("context_start_loc", "query_start_loc"))
-        raise ValueError(TEXTS["both_or_neither"].format(given=given, missing=missing))
-
-
-def _merge_other(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, prefill_tokens_with_context,
-                 output_scale, output_group_scales, ue8m0, lse_layout, query_start_loc, context_start_loc):
-    """merge_attn_states with per-token-group FP8 scales or the empty-context mask (off the plain
-    call's path)."""
-    if query_start_loc is not None or context_start_loc is not None:
-        both_or_neither(query_start_loc, context_start_loc)
-    if output_group_scales is not None:
-        if output_scale is not None:
-            raise ValueError("give output_scale (one per-tensor scale) or output_group_scales, not both")
-        return merge_attn_states_fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output,
-                                           suffix_lse, output_lse, prefill_tokens_with_context, ue8m0=ue8m0,
-                                           lse_layout=lse_layout, query_start_loc=query_start_loc,
-                                           context_start_loc=context_start_loc)
-    _slotted(_last_ctx, PAIR_CTX, (lse_layout,), (output, output_lse, prefix_output, prefix_lse, suffix_output,
-                                                  suffix_lse, output_scale, query_start_loc, context_start_loc),
-             (prefill_tokens_with_context,))
-
-
-def merge_attn_states_fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output, suffix_lse,
-                                output_lse=None, prefill_tokens_with_context=None, *, ue8m0: bool = False,
-                                lse_layout: str = "head_major", query_start_loc=None,
-                                context_start_loc=None) -> None:
-    """merge_attn_states with an e4m3 output quantized per token-group: output
-    ``torch.float8_e4m3fn`` [T, H, D]; ``output_group_scales`` float32 [T, H * D / G] (any
-    strides: row-major, column-major, padded) receives each group's scale, max(absmax, 1e-10) x
-    float32(1/448), as vLLM writes it (rounded up to a power of two with ``ue8m0``); G = H * D / its second dimension.
-    ``query_start_loc``, ``context_start_loc``: the fused empty-context mask, as in
-    merge_attn_states."""
-    tensors = (output, output_group_scales, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)
-    if query_start_loc is None and context_start_loc is None:
-        _call(GROUP, (bool(ue8m0), lse_layout), tensors, (prefill_tokens_with_context,))
-    else:
-        both_or_neither(query_start_loc, context_start_loc)
-        _call(GROUP_CTX, (bool(ue8m0), lse_layout), tensors + (query_start_loc, context_start_loc),
-              (prefill_tokens_with_context,))
-
-
-# ---- merge_states (K-way), merge_state_in_place, mask_empty_context_lse ----
-
-def merge_states(v, s, output=None, output_lse=None):
-    """Merge K attention states per token in one pass (FlashInfer's ``merge_states``).
-
-    v: [T, K, H, D] partial outputs (f32/f16/bf16; the D dimension contiguous, other strides
-    free), s: [T, K, H] float32 lse, contiguous. Returns ``(output [T, H, D], output_lse [T, H])``,
-    allocated when not given (``output_lse`` is None when the kernel has none). +inf lse means
-    "no keys" like -inf; a row with no keys in any state gets state 0's row and lse -inf. Uses
-    the compile-time-K kernel for this K when the folder has one, else the runtime-K kernel."""
-    T, K, H, D = _plan.dims(v, "v", 4)
-    if v.device.type != _DEVICE_TYPE:
-        raise ValueError(TEXTS["not_on_device"].format(name="v", device=v.device))
-    if output is None:
-        output = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
-    if output_lse is None and isinstance(s, torch.Tensor):
-        # Allocated where the kernel a call with one selects takes one.
-        wanted = torch.empty((T, H), dtype=torch.float32, device="meta")
-        tmap = {"output": output, "output_lse": wanted, "states": v, "states_lse": s}
-        if any(p["name"] == "output_lse" for p in _plan.select(STATES, _m.folder(), tmap, (), {})["params"]):
-            output_lse = torch.empty((T, H), dtype=torch.float32, device=v.device)
-    _call(STATES, (), (output, output_lse, v, s), ())
-    return output, output_lse
-
-
-def _lse_layout(lse_layout):
-    if lse_layout not in LSE_LAYOUTS:
-        raise ValueError(TEXTS["lse_layout"])
-
-
-def merge_state_in_place(v, s, v_other, s_other, mask=None, *, lse_layout: str = "token_major") -> None:
-    """``v, s := merge((v, s), (v_other, s_other))`` in place (FlashInfer's
-    ``merge_state_in_place``). v, v_other: [T, H, D]; s, s_other: float32 lse, [T, H] with
-    ``lse_layout="token_major"`` (FlashInfer's, the default) or [H, T] with ``"head_major"``
-    (vLLM's). ``mask``: [T] bool or uint8; tokens where it is 0 are left untouched (needs a
-    kernel generated with ``mask = true``)."""
-    _lse_layout(lse_layout)
-    _call(IN_PLACE, (lse_layout,), (v, s, v_other, s_other, mask), ())
-
-
-def mask_empty_context_lse(lse, query_start_loc, context_start_loc, *, lse_layout: str = "head_major") -> None:
-    """Set ``lse`` to -inf, in place, for every head of the tokens of requests whose context is
-    empty, before a merge. ``lse``: float32 [H, T] (``lse_layout="head_major"``, vLLM's) or
-    [T, H] (``"token_major"``). ``query_start_loc``, ``context_start_loc``: int32 [B + 1] on
-    the device; request b holds tokens ``query_start_loc[b]:query_start_loc[b+1]`` and has an
-    empty context when ``context_start_loc[b+1] == context_start_loc[b]``. Their contents are
-    not read on the host (no sync): whatever they hold, only lse is written, inside its bounds."""
-    _lse_layout(lse_layout)
-    _call(MASK, (lse_layout,), (lse, query_start_loc, context_start_loc), ())
 
 
 def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None:
@@ -352,5 +188,3 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_plans_after_fork)
 
 
-__all__ = ["merge_attn_states", "merge_attn_states_fp8_group", "merge_states", "merge_state_in_place",
-           "mask_empty_context_lse", "launch_kernel", "ArgumentError"]

@@ -41,7 +41,7 @@ import math
 import torch
 
 from . import _plan, _torch
-from ._binding import IN_PLACE, PAIR, STATES, TEXTS
+from ._binding import KINDS, TEXTS
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states"]
 
@@ -49,9 +49,9 @@ _OPTIONS = ("token_major", "2")  # (lse_layout, lse_base)
 
 
 # mla-gen's kinds with the select blocks' lse_base: the same parameters, the base-2 kernels.
-_PAIR = PAIR.with_options(("lse_layout", "lse_base"), ", lse_base = 2")
-_IN_PLACE = IN_PLACE.with_options(("lse_layout", "lse_base"), ", lse_base = 2")
-_STATES = STATES.with_options(("lse_base",), ", lse_base = 2")
+_PAIR = KINDS["pair"].with_options(("lse_layout", "lse_base"), ", lse_base = 2")
+_IN_PLACE = KINDS["in_place"].with_options(("lse_layout", "lse_base"), ", lse_base = 2")
+_STATES = KINDS["states"].with_options(("lse_base",), ", lse_base = 2")
 
 
 def _f32(s):

@@ -17,7 +17,7 @@ import threading
 from importlib import resources
 from pathlib import Path
 
-from . import _select
+from . import _binding, _select
 from . import contract as _contract
 from ._version import __version__
 from .errors import ImageError, ManifestError, MissingImageError
@@ -327,8 +327,9 @@ def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output
     context_start_loc will be given (the empty-context mask fused into the merge). Layout defaults: head-major lse for
     merge_attn_states and mask_empty_context_lse, token-major for merge_state_in_place.
     ``select_options``: any other key of the kernels' ``select`` blocks, its value as the manifest
-    writes it, e.g. ``lse_base="2"`` (FlashInfer's and SGLang's base): a new spec option that
-    selects is asked for here with no change to this function.
+    writes it, e.g. ``lse_base="2"`` (FlashInfer's and SGLang's base), or the name of any tensor
+    of the family's calls (mla_gen/binding.json) with True, e.g. ``query_start_loc=True``: a new
+    spec option that selects or adds a tensor is asked for here with no change to this function.
     A True answer means a kernel exists; the argument check still judges strides, alignment and
     overlap at the call."""
     hit = select(folder(), family, *call(family, dtype, head_size, output_lse=output_lse, threshold=threshold,
@@ -378,6 +379,12 @@ def call(family, dtype, head_size, *, output_lse=False, threshold=False, output=
                          "mask_empty_context_lse)")
     if output_lse and family in ("merge_attn_states", "merge_states"):
         args["output_lse"] = ("f32", (1, 1))
+    # Any other tensor of the family's calls (mla_gen/binding.json), asked for by its name (e.g.
+    # query_start_loc=True): the kernel must take it; its size and element type are the check's.
+    tensors = {n for k in _binding.KINDS.values() if k.family == family for n in k.names}
+    for name in [k for k in select_options if k in tensors and isinstance(select_options[k], bool)]:
+        if select_options.pop(name):
+            args.setdefault(name, (None, None))
     return args, {**options, **{k: str(v) for k, v in select_options.items()}}
 
 

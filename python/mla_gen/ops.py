@@ -8,7 +8,7 @@ The routes, in one place: where the package has its compiled op (mla_gen._ext: C
 LibTorch stable ABI, or its native build for the running torch release, a platform wheel), it
 implements every op here for CUDA, from the table
 the Python path reads too (mla_gen._binding); the plain functions (mla_gen.merge_attn_states
-...) and the FlashInfer, SGLang and vLLM APIs keep the Python path (_torch -> _plan), whose
+...) and the FlashInfer, SGLang and vLLM APIs keep the Python path (functions -> _torch -> _plan), whose
 per-layout fast path costs less per call than a dispatch. Without the compiled op (a
 pure-Python wheel, ``$MLA_GEN_PURE_PYTHON``, ``$MLA_GEN_KERNELS`` set at import, torch < 2.10)
 the ops are these Python functions over the same path. ``compiled`` says which serves.
@@ -25,18 +25,18 @@ from __future__ import annotations
 
 import torch
 
-from . import _torch as _t
+from . import functions as _f
 from ._binding import OPS, SCHEMAS, TEXTS, schema_args
 
 NAMESPACE = "mla_gen"
 
 # The op's own entry (the op's argument order): the dispatcher calls it directly, no wrapper frame
 # here; it runs the function's fast path with the operator's last-plan slot.
-_merge_attn_states = _t.merge_attn_states_op
+_merge_attn_states = _f.merge_attn_states_op
 
 
 def _merge_states(v, s):
-    out, lse = _t.merge_states(v, s)
+    out, lse = _f.merge_states(v, s)
     if lse is None:
         raise ValueError(TEXTS["no_states_lse"])
     return out, lse
@@ -51,7 +51,7 @@ def _by_name(name):
     """Op `name`'s Python implementation: its schema's arguments, by name, to the function of the
     same name (each argument of an op is the function's parameter of that name; arguments the
     dispatcher passes by keyword, or leaves out because they hold their defaults, follow)."""
-    fn, names = getattr(_t, name), _schema_names(name)
+    fn, names = getattr(_f, name), _schema_names(name)
 
     def impl(*args, **kwargs):
         return fn(**dict(zip(names, args)), **kwargs)
@@ -79,7 +79,7 @@ def _fake_checked(name):
         given = {**dict(zip(names, args)), **kwargs}
         q, c = given.get("query_start_loc"), given.get("context_start_loc")
         if (q is None) != (c is None):
-            _t.both_or_neither(q, c)
+            _f.both_or_neither(q, c)
         return None
 
     return fake

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from . import _plan, _torch
+from ._binding import KINDS
 
 __all__ = ["merge_state_v2"]
 
@@ -33,6 +34,6 @@ def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
         v_merged = torch.empty((T, H, D), dtype=v_a.dtype, device=v_a.device)
     if s_merged is None:
         s_merged = torch.empty((T, H), dtype=torch.float32, device=v_a.device)
-    _torch._call(_plan.PAIR, ("token_major",), (v_merged, s_merged, v_a, s_a.to(torch.float32), v_b,
+    _torch._call(KINDS["pair"], ("token_major",), (v_merged, s_merged, v_a, s_a.to(torch.float32), v_b,
                                                 s_b.to(torch.float32), None), (None,))
     return v_merged, s_merged

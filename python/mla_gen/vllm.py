@@ -56,8 +56,8 @@ def _on_cuda(t) -> bool:
 
 
 def _merge(*args, **kwargs):
-    from . import _torch  # torch only once vLLM calls
-    return _torch.merge_attn_states(*args, **kwargs)
+    from . import functions  # torch only once vLLM calls
+    return functions.merge_attn_states(*args, **kwargs)
 
 
 def route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
@@ -161,7 +161,7 @@ def mask_empty_context(lse, query_start_loc, context_start_loc):
 
 
 def _make_wrapper(original, strict: bool):
-    from ._torch import both_or_neither
+    from .functions import both_or_neither
     from .contract import ArgumentError
 
     def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU (run python/gpu_checks.sh on a GPU machine)", allow_module_level=True)
 
 import mla_gen  # noqa: E402
-from mla_gen import _ext, _torch, ops  # noqa: E402
+from mla_gen import _ext, functions, ops  # noqa: E402
 from test_merge import check, lse_check, make, reference  # noqa: E402
 
 if not ops.compiled:
@@ -29,7 +29,7 @@ OP = torch.ops.mla_gen.merge_attn_states
 
 def _python_op(*args):
     """The pure-Python implementation of the op (what serves it without the compiled op)."""
-    _torch.merge_attn_states_op(*args)
+    functions.merge_attn_states_op(*args)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

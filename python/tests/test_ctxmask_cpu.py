@@ -109,6 +109,19 @@ def test_supports_knows_the_fused_mask(contract_kernels):
     assert not mla_gen.supports(BF16, 128, output="fp8_e4m3", mask_empty_context=True)
 
 
+def test_supports_asks_for_any_tensor_by_its_name(contract_kernels):
+    """A tensor of the family's calls (binding.json), named with True, is asked for as the
+    keyword that names it: the next option's tensor needs no keyword of supports()."""
+    for dtype in (BF16, torch.float16):
+        for d in (64, 128):
+            assert (mla_gen.supports(dtype, d, query_start_loc=True, context_start_loc=True, output_lse=True)
+                    == mla_gen.supports(dtype, d, mask_empty_context=True, output_lse=True)), (dtype, d)
+    assert mla_gen.supports(BF16, 128, query_start_loc=True, context_start_loc=True)
+    assert not mla_gen.supports(BF16, 128, query_start_loc=True)  # the kernels take both or neither
+    assert mla_gen.supports(BF16, 128, query_start_loc=False)  # not given: the plain kernel
+    assert not mla_gen.supports(BF16, 128, no_such_tensor=True)  # an unknown name stays a select key
+
+
 def test_the_default_kernels_have_the_fused_mask():
     """The default kernels (generated/) carry a _ctxmask kernel of every default dtype and head
     size, with the inputs' dtype and with per-tensor FP8 output, as they carry the plain ones."""

@@ -84,7 +84,7 @@ def test_an_exhausted_gpu_fails_the_first_load_cleanly_and_the_next_call_is_corr
 
 _STICKY = """
 import torch, mla_gen
-from mla_gen import _cuda, _plan, _torch, manifest
+from mla_gen import _binding, _cuda, _plan, _torch, manifest
 from test_ops import inputs
 T, H, D = 64, 4, 128
 p, pl, s, sl = inputs(T, H, D)
@@ -93,7 +93,7 @@ p16, pl16, s16, sl16 = (t.half() if t.dtype == torch.bfloat16 else t.clone() for
 out16 = torch.empty_like(p16)
 torch.cuda.synchronize()
 # The bf16 kernel launched with its output at an unmapped address: an illegal address, sticky.
-prep, values = _plan.prepare(_plan.PAIR, ("head_major",), (out, None, p, pl, s, sl, None), (None,), "cuda",
+prep, values = _plan.prepare(_binding.KINDS["pair"], ("head_major",), (out, None, p, pl, s, sl, None), (None,), "cuda",
                              _torch._stream)
 params = [q["name"] for q in manifest.folder().kernel(prep.name)["params"]]
 values = list(values)

@@ -130,6 +130,26 @@ def test_ops_are_registered_with_their_schemas():
                        "merge_states": [], "merge_state_in_place": ["v", "s"], "mask_empty_context_lse": ["lse"]}
 
 
+def test_the_binding_names_what_the_kernels_take():
+    """binding.json against the manifest: every tensor and free integer of a kind is a parameter of
+    some kernel of its family, every option a select key of one, and every op argument binds a
+    tensor, free integer or option of the op's widest kind (a typo there would bind nothing)."""
+    from mla_gen import _binding
+    kernels = manifest.load()["kernels"]
+    for name, kind in _binding.KINDS.items():
+        fam = [k for k in kernels if k["family"] == kind.family]
+        params = {p["name"] for k in fam for p in k["params"]}
+        keys = {key for k in fam for key in k.get("select", {})}
+        assert set(kind.names) <= params, (name, set(kind.names) - params)
+        assert set(kind.free) <= params and set(kind.options) <= keys, name
+        assert set(kind.typed) <= set(kind.names), name
+    for name, op in _binding.OPS.items():
+        widest = op.kinds[-1]
+        for role, what in op.args:
+            assert what in {"tensor": widest.names, "free": widest.free, "option": widest.options}[role], (name, what)
+        assert len(op.args) == len(_binding.schema_args(name)), name
+
+
 def test_registering_twice_is_harmless():
     from mla_gen import ops
     ops._register()

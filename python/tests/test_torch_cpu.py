@@ -104,7 +104,7 @@ def test_a_layout_keeps_a_plan_per_kernel_its_threshold_launches(cpu_launch):
     # Another entry point of the same kind and layouts (no slot of its own here): found by key.
     before = mla_gen.stats()["plans"]
     for n in (T, 1, T):
-        mla_gen._torch._call(mla_gen._plan.PAIR, ("head_major",), (out, None, p, pl, s, sl, None), (n,))
+        mla_gen._torch._call(mla_gen._binding.KINDS["pair"], ("head_major",), (out, None, p, pl, s, sl, None), (n,))
     assert mla_gen.stats()["plans"] == before
 
 
@@ -352,19 +352,19 @@ def test_the_plain_call_keeps_torchs_guard(cpu_launch):
 def test_the_function_and_the_operator_share_one_fast_path(cpu_launch):
     """The op's implementation runs the function's fast path with its own slot: the same plan
     (from the cache), the same launch, each slot kept while the other changes layouts."""
-    from mla_gen import _torch
+    from mla_gen import _torch, functions
     out, p, pl, s, sl = pair()
     mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2)
     mla_gen.merge_attn_states(out, p, pl, s, sl, None, 2)
     via_function = cpu_launch.last()
-    _torch.merge_attn_states_op(out, None, p, pl, s, sl, 2)
+    functions.merge_attn_states_op(out, None, p, pl, s, sl, 2)
     assert cpu_launch.last() == via_function
-    _torch.merge_attn_states_op(out, None, p, pl, s, sl, 2)
+    functions.merge_attn_states_op(out, None, p, pl, s, sl, 2)
     assert _torch._last_pair_op[2] is _torch._last_pair[2]
     plans = mla_gen.stats()["plans"]
     mla_gen.merge_attn_states(out, p, pl, s, sl, torch.empty(H, T), 2)  # another layout, the function's slot
     mla_gen.merge_attn_states(out, p, pl, s, sl, torch.empty(H, T), 2)
-    _torch.merge_attn_states_op(out, None, p, pl, s, sl, 4)
+    functions.merge_attn_states_op(out, None, p, pl, s, sl, 4)
     assert _torch._last_pair_op[2] is not _torch._last_pair[2] and cpu_launch.last()[1]["output_lse"] == 0
     assert mla_gen.stats()["plans"] == plans + 1
 
