@@ -73,6 +73,16 @@ class Kind:
         return Kind(self.family, self.names, self.free, options, self.typed, self.what + what_suffix, self.fields,
                     self.checks)
 
+    def taking(self, names):
+        """The same call with only the tensors `names`, in that order: an engine API that passes
+        a fixed few is not moved by a tensor an option adds to the kind."""
+        used = set(self.typed) | {c[1] for c in self.checks} | {c[2] for c in self.checks if c[0] == "groups"}
+        used |= {r[1] for _, r in self.fields if r[0] in ("dtype", "size", "group_size")}
+        missing = (used | {r[2] for _, r in self.fields if r[0] == "group_size"}) - set(names)
+        if missing or not set(names) <= set(self.names):
+            raise ValueError(f"{names} for a {self.family} kind of {self.names}: needs {sorted(missing)}")
+        return Kind(self.family, names, self.free, self.options, self.typed, self.what, self.fields, self.checks)
+
     def describe(self, tmap: dict, options: tuple) -> str:
         """The call as its error names it; raises TypeError/ValueError for what no kernel could
         mean (the checks)."""
