@@ -76,9 +76,12 @@ class Kind:
     def taking(self, names):
         """The same call with only the tensors `names`, in that order: an engine API that passes
         a fixed few is not moved by a tensor an option adds to the kind."""
-        used = set(self.typed) | {c[1] for c in self.checks} | {c[2] for c in self.checks if c[0] == "groups"}
-        used |= {r[1] for _, r in self.fields if r[0] in ("dtype", "size", "group_size")}
-        missing = (used | {r[2] for _, r in self.fields if r[0] == "group_size"}) - set(names)
+        read = set(self.typed)  # the tensors the checks and the error's fields read (a "given" may be absent)
+        for check in self.checks:
+            read.update(check[1:2] if check[0] == "rank" else check[1:3])
+        for _, rule in self.fields:
+            read.update(rule[1:2] if rule[0] in ("dtype", "size") else rule[1:3] if rule[0] == "group_size" else ())
+        missing = read - set(names)
         if missing or not set(names) <= set(self.names):
             raise ValueError(f"{names} for a {self.family} kind of {self.names}: needs {sorted(missing)}")
         return Kind(self.family, names, self.free, self.options, self.typed, self.what, self.fields, self.checks)

@@ -154,6 +154,19 @@ def test_the_binding_names_what_the_kernels_take():
         assert len(op.args) == len(_binding.schema_args(name)), name
 
 
+def test_an_engine_api_kind_takes_the_tensors_it_names():
+    """Kind.taking: the tensors named, in that order (FlashInfer's and SGLang's modules pass
+    those); refused where it drops one the kind's checks or error text read."""
+    from mla_gen import _binding
+    pair = _binding.KINDS["pair"]
+    names = ("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse")
+    assert pair.taking(names).names == names and pair.taking(names).fields == pair.fields
+    with pytest.raises(ValueError, match="needs \\['prefix_output'\\]"):
+        pair.taking(("output", "prefix_lse", "suffix_output", "suffix_lse"))
+    with pytest.raises(ValueError, match="needs \\['output_scales'\\]"):
+        _binding.KINDS["group"].taking(("output", "prefix_output"))
+
+
 def test_registering_twice_is_harmless():
     from mla_gen import ops
     ops._register()
