@@ -283,6 +283,8 @@ def _ops_header(launcher_dir: Path, dest: Path):
     def strings(values):
         return "{" + ", ".join(_c(v) for v in values) + "}" if values else "{nullptr}"
 
+    for fam in families:  # every field 8 bytes, counted above: the limits below hold them
+        out.append(f"static_assert(sizeof(mla_{fam}_args) <= kMaxSlots * 8, \"mla_{fam}_args outgrows kMaxSlots\");")
     out.append("static const Family kFamilies[] = {")
     for fam in families:
         out.append(f"    {{{_c(fam)}, []() {{ static const mla_{fam}_args a = MLA_{fam.upper()}_ARGS_INIT; return (const void*)&a; }}(), "
@@ -419,6 +421,14 @@ def _ops_header(launcher_dir: Path, dest: Path):
     out += rows or ['    {"", -1, nullptr, 0},']  # no kernel: every call is refused
     out.append("};")
     (dest / "mla_gen_ops.h").write_text("\n".join(out) + "\n")
+    # The arrays' sizes, from the table: a kind with one more tensor, or an op with one more
+    # argument, needs no edit of python/csrc.
+    limits = {"kMaxTensors": max(len(k.names) for k in kinds), "kMaxFree": max(len(k.free) for k in kinds),
+              "kMaxOptions": max(len(k.options) for k in kinds), "kMaxOpArgs": max(len(o.args) for o in binding.OPS.values()),
+              "kMaxSlots": max(len(f) for f in fields.values())}
+    (dest / "mla_gen_ops_limits.h").write_text(
+        "/* Written by python/setup.py from mla_gen/binding.json and the C launcher's argument structs. */\n"
+        + "".join(f"constexpr int {name} = {max(n, 1)};\n" for name, n in limits.items()))
 
 
 def extension_plan():

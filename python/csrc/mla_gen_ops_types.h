@@ -53,7 +53,7 @@ struct OpArg {
 struct OpRow {
     const char* name;
     int n_args;
-    OpArg args[12];
+    OpArg args[kMaxOpArgs];
     int kinds[2];  // without, with the start locations
     struct {
         int index;

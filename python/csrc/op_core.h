@@ -58,14 +58,14 @@ __attribute__((visibility("default"))) std::atomic<uint64_t> mla_gen_ext_plans{0
 
 namespace {
 
+#include "mla_gen_ops_limits.h"  // the table's sizes: the most tensors, free integers, options of a kind...
+
 #include "mla_gen_ops_types.h"
 
 #include "mla_gen_ops.h"
 
 constexpr int kNumOps = sizeof(kOps) / sizeof(kOps[0]);
-constexpr int kMaxTensors = 10;
 constexpr int kMaxArgs = sizeof(OpRow::args) / sizeof(OpArg);  // of an op's schema
-constexpr int kMaxSlots = 64;
 constexpr int kKeyDims = 4;  // tensors of more dims (refused anyway) are not kept
 constexpr uint64_t kEmptyAddress = 1 << 12;  // an empty tensor's address (mla_gen/_plan.py's)
 
@@ -83,7 +83,7 @@ struct Plan {
     int free_given = 0, codes = 0;  // bit masks
     bool cpu = false;
     int32_t device = 0;
-    int slot[kMaxTensors], free_slot[4];
+    int slot[kMaxTensors], free_slot[kMaxFree];
     // merge_states: the outputs' shapes, allocated per call like the states (dtype, device)
     int64_t out_sizes[2][3] = {}, out_strides[2][3] = {}, out_dims[2] = {};
     int n_out = 0;
@@ -160,7 +160,7 @@ std::string describe(const KindRow& k, const Call& c) {
 // choose it (mla_gen/_select.py: such a size binds its integer; only disagreement counts, and a
 // call whose tensors disagree is never cached).
 struct Selection {
-    int64_t key[kMaxTensors * (2 + kKeyDims) + 8];
+    int64_t key[1 + kMaxOptions + kMaxFree + kMaxTensors * (2 + kKeyDims)];
     int n = -1;
     const KernelRow* kernel = nullptr;
 };
@@ -174,7 +174,8 @@ bool selection_key(int kind, const Call& c, const mla_given* given, int n, Selec
     bool has[kMaxSlots] = {};
     int m = 0;
     s.key[m++] = kind;
-    for (int i = 0; i < 4; ++i) s.key[m++] = c.code[i] | (int64_t)c.free_given[i] << 8;
+    for (int i = 0; i < kMaxOptions; ++i) s.key[m++] = c.code[i];
+    for (int i = 0; i < kMaxFree; ++i) s.key[m++] = c.free_given[i];
     for (int g = 0; g < n; ++g) {  // the tensors given, the allocated outputs too, in the kind's order
         int i = 0;
         while (i < k.n_names && std::strcmp(k.names[i], given[g].name)) ++i;
@@ -273,8 +274,8 @@ void prepare(int o, Call& c, Plan& plan) {
     }
     // The kernel: the launcher's selection over the call's tensors (element type of the typed
     // one, shapes), its free integers given (values left to each call) and options.
-    mla_given given[kMaxTensors + 4];
-    mla_option options[4];
+    mla_given given[kMaxTensors + kMaxFree];
+    mla_option options[kMaxOptions];
     int n = 0;
     const int64_t* out_shape[2] = {plan.out_sizes[0], plan.out_sizes[1]};
     for (int i = 0; i < k.n_names; ++i) {

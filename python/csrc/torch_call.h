@@ -119,11 +119,11 @@ struct View {
 // into kLseLayouts, or a bool), option texts for selection and for messages.
 struct Call {
     View t[kMaxTensors];
-    int64_t free[4] = {};
-    bool free_given[4] = {};
-    int code[4] = {};
-    const char* select_value[4] = {};
-    const char* shown[4] = {};
+    int64_t free[kMaxFree] = {};
+    bool free_given[kMaxFree] = {};
+    int code[kMaxOptions] = {};
+    const char* select_value[kMaxOptions] = {};
+    const char* shown[kMaxOptions] = {};
 };
 
 int64_t eval(const Expr& e, const uint64_t* a) {

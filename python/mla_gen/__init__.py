@@ -37,7 +37,7 @@ except ImportError:  # the checker, supports() and the manifest work without tor
 
 if _torch_module is not None:
     from .functions import (launch_kernel, mask_empty_context_lse, merge_attn_states, merge_attn_states_fp8_group,
-                         merge_state_in_place, merge_states)
+                            merge_state_in_place, merge_states)
     from . import ops  # noqa: F401  registers torch.ops.mla_gen.*
 
 

@@ -73,6 +73,19 @@ class Kind:
         return Kind(self.family, self.names, self.free, options, self.typed, self.what + what_suffix, self.fields,
                     self.checks)
 
+    def taking(self, names):
+        """The same call with only the tensors `names`, in that order: an engine API that passes
+        a fixed few is not moved by a tensor an option adds to the kind."""
+        read = set(self.typed)  # the tensors the checks and the error's fields read (a "given" may be absent)
+        for check in self.checks:
+            read.update(check[1:2] if check[0] == "rank" else check[1:3])
+        for _, rule in self.fields:
+            read.update(rule[1:2] if rule[0] in ("dtype", "size") else rule[1:3] if rule[0] == "group_size" else ())
+        missing = read - set(names)
+        if missing or not set(names) <= set(self.names):
+            raise ValueError(f"{names} for a {self.family} kind of {self.names}: needs {sorted(missing)}")
+        return Kind(self.family, names, self.free, self.options, self.typed, self.what, self.fields, self.checks)
+
     def describe(self, tmap: dict, options: tuple) -> str:
         """The call as its error names it; raises TypeError/ValueError for what no kernel could
         mean (the checks)."""

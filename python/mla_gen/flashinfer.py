@@ -49,9 +49,13 @@ _OPTIONS = ("token_major", "2")  # (lse_layout, lse_base)
 
 
 # mla-gen's kinds with the select blocks' lse_base: the same parameters, the base-2 kernels.
-_PAIR = KINDS["pair"].with_options(("lse_layout", "lse_base"), ", lse_base = 2")
-_IN_PLACE = KINDS["in_place"].with_options(("lse_layout", "lse_base"), ", lse_base = 2")
-_STATES = KINDS["states"].with_options(("lse_base",), ", lse_base = 2")
+# (Each passes its tensors in the order named here: a tensor an option adds to a kind moves none.)
+_PAIR = KINDS["pair"].with_options(("lse_layout", "lse_base"), ", lse_base = 2").taking(
+    ("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse"))
+_IN_PLACE = KINDS["in_place"].with_options(("lse_layout", "lse_base"), ", lse_base = 2").taking(
+    ("state", "state_lse", "other", "other_lse", "mask"))
+_STATES = KINDS["states"].with_options(("lse_base",), ", lse_base = 2").taking(
+    ("output", "output_lse", "states", "states_lse"))
 
 
 def _f32(s):
@@ -65,7 +69,7 @@ def merge_state(v_a, s_a, v_b, s_b):
     T, H, D = _plan.dims(v_a, "v_a", 3)
     v_merged = torch.empty_like(v_a, memory_format=torch.contiguous_format)
     s_merged = torch.empty((T, H), dtype=torch.float32, device=v_a.device)
-    _torch._call(_PAIR, _OPTIONS, (v_merged, s_merged, v_a, _f32(s_a), v_b, _f32(s_b), None), (None,))
+    _torch._call(_PAIR, _OPTIONS, (v_merged, s_merged, v_a, _f32(s_a), v_b, _f32(s_b)), (None,))
     return v_merged, s_merged
 
 

@@ -6,12 +6,12 @@ and meta tensors run it.
 
 The routes, in one place: where the package has its compiled op (mla_gen._ext: C++ on the
 LibTorch stable ABI, or its native build for the running torch release, a platform wheel), it
-implements every op here for CUDA, from the table
-the Python path reads too (mla_gen._binding); the plain functions (mla_gen.merge_attn_states
-...) and the FlashInfer, SGLang and vLLM APIs keep the Python path (functions -> _torch -> _plan), whose
-per-layout fast path costs less per call than a dispatch. Without the compiled op (a
-pure-Python wheel, ``$MLA_GEN_PURE_PYTHON``, ``$MLA_GEN_KERNELS`` set at import, torch < 2.10)
-the ops are these Python functions over the same path. ``compiled`` says which serves.
+implements every op here for CUDA, from the table the Python path reads too (mla_gen/binding.json);
+the plain functions (mla_gen.merge_attn_states ...) and the FlashInfer, SGLang and vLLM APIs keep
+the Python path (functions -> _torch -> _plan), whose per-layout fast path costs less per call
+than a dispatch. Without the compiled op (a pure-Python wheel, ``$MLA_GEN_PURE_PYTHON``,
+``$MLA_GEN_KERNELS`` set at import, torch < 2.10) the ops are these Python functions over the
+same path. ``compiled`` says which serves.
 
 - ``merge_attn_states``: vLLM's schema, ``torch.ops._C.merge_attn_states``'s arguments, then
   ``query_start_loc``, ``context_start_loc`` (both or neither: the fused empty-context mask).

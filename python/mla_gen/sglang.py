@@ -24,6 +24,10 @@ from ._binding import KINDS
 
 __all__ = ["merge_state_v2"]
 
+# mla-gen's pairwise kind with the tensors this API passes, in its order (a tensor an option adds
+# to the kind moves nothing here)
+_PAIR = KINDS["pair"].taking(("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse"))
+
 
 def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
     """Merge two attention states: v_a, v_b [T, H, D] (f16/bf16/f32), s_a, s_b [T, H] lse in base
@@ -34,6 +38,6 @@ def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
         v_merged = torch.empty((T, H, D), dtype=v_a.dtype, device=v_a.device)
     if s_merged is None:
         s_merged = torch.empty((T, H), dtype=torch.float32, device=v_a.device)
-    _torch._call(KINDS["pair"], ("token_major",), (v_merged, s_merged, v_a, s_a.to(torch.float32), v_b,
-                                                s_b.to(torch.float32), None), (None,))
+    _torch._call(_PAIR, ("token_major",), (v_merged, s_merged, v_a, s_a.to(torch.float32), v_b,
+                                           s_b.to(torch.float32)), (None,))
     return v_merged, s_merged
