@@ -235,9 +235,9 @@ def _c_launcher():
 
 
 def _binding_modules():
-    """mla_gen._binding (the torch layer's table, from binding.json), mla_gen.contract and mla_gen._select, read from
-    this source tree as a package of their own (importing mla_gen would import torch where it is
-    installed)."""
+    """mla_gen._binding (the torch layer's table, from binding.json), mla_gen.contract and
+    mla_gen._select, read from this source tree as a package of their own (importing mla_gen would
+    import torch where it is installed)."""
     import importlib.util
     import types
     pkg = types.ModuleType("mla_gen_build")
@@ -423,12 +423,12 @@ def _ops_header(launcher_dir: Path, dest: Path):
     (dest / "mla_gen_ops.h").write_text("\n".join(out) + "\n")
     # The arrays' sizes, from the table: a kind with one more tensor, or an op with one more
     # argument, needs no edit of python/csrc.
-    limits = {"kMaxTensors": max(len(k.names) for k in kinds), "kMaxFree": max(len(k.free) for k in kinds),
-              "kMaxOptions": max(len(k.options) for k in kinds), "kMaxOpArgs": max(len(o.args) for o in binding.OPS.values()),
-              "kMaxSlots": max(len(f) for f in fields.values())}
+    limits = {"kMaxTensors": [len(k.names) for k in kinds], "kMaxFree": [len(k.free) for k in kinds],
+              "kMaxOptions": [len(k.options) for k in kinds], "kMaxOpArgs": [len(o.args) for o in binding.OPS.values()],
+              "kMaxSlots": [len(f) for f in fields.values()]}
     (dest / "mla_gen_ops_limits.h").write_text(
         "/* Written by python/setup.py from mla_gen/binding.json and the C launcher's argument structs. */\n"
-        + "".join(f"constexpr int {name} = {max(n, 1)};\n" for name, n in limits.items()))
+        + "".join(f"constexpr int {name} = {max(sizes, default=1) or 1};\n" for name, sizes in limits.items()))
 
 
 def extension_plan():

@@ -35,6 +35,13 @@
 #                                       (K:TxHxD, default the grid's worst: 5:256x16x128,
 #                                       2:2048x16x128, 3:2048x16x128, 8:32768x16x128):
 #                                       ncu.csv and ncu-summary.txt (bench/ncu_summary.py).
+#                                       KWAY_NCU=duration instead times each kernel alone, one
+#                                       metric (gpu__time_duration), so one pass: no replay
+#                                       restores memory between passes, and each kernel meets the
+#                                       L2 its producer left, as in the graph (the sections above
+#                                       replay, so their "hot" is not the graph's: session 22's
+#                                       suspect for runs 139-140's hot losses that ncu did not
+#                                       show). Default shapes: the repeated hot losses. ncu-duration.csv.
 #
 # What passes: check.log ends with "K-way cases pass" with equal counts and no "FAIL"; kway.log has
 # no "check failed" (each timed call also equals mla_gen.flashinfer.merge_states's own result bit
@@ -99,6 +106,21 @@ run)
             --profile "${KWAY_NCU_SHAPES:-5:256x16x128,2:2048x16x128,3:2048x16x128,8:32768x16x128}" \
             > "$OUT/ncu.csv" 2> "$OUT/ncu.err" || status=1
         python3 bench/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/ncu-summary.txt" || status=1
+    elif [[ "${KWAY_NCU:-0}" == duration ]]; then
+        ncu --clock-control none --cache-control none --kernel-name 'regex:merge_states|MergeStates' \
+            --metrics gpu__time_duration.sum --csv \
+            python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" \
+            --profile "${KWAY_NCU_SHAPES:-9:2048x8x128,16:2048x8x128,2:2048x16x64,9:2048x16x128,5:2048x16x64}" \
+            > "$OUT/ncu-duration.csv" 2> "$OUT/ncu.err" || status=1
+        python3 - "$OUT/ncu-duration.csv" <<'PY' || status=1
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if r]
+head = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
+cols = rows[head]
+for r in rows[head + 1:]:
+    if len(r) == len(cols) and r[cols.index("Metric Name")] == "gpu__time_duration.sum":
+        print(r[cols.index("Kernel Name")][:60], r[cols.index("Metric Value")], r[cols.index("Metric Unit")])
+PY
     fi
     exit $status
     ;;
