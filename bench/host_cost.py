@@ -118,15 +118,7 @@ def main():
     py_lib.impl("merge_attn_states", mla_gen.functions.merge_attn_states_op, "CUDA")
     py_op = torch.ops.mla_gen_host_cost_py.merge_attn_states
     py_slot = [None, None, None, None]
-    pair = mla_gen._binding.KINDS["pair"].taking(("output", "output_lse", "prefix_output", "prefix_lse",
-                                                  "suffix_output", "suffix_lse", "output_scale"))
-
-    def py_merge(slot, lse_layout, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
-                 output_scale, prefill_tokens_with_context):
-        """The plain function's Python path through a slot of its own (its body's call)."""
-        mla_gen._torch._slotted(slot, pair, (lse_layout,), (output, output_lse, prefix_output, prefix_lse,
-                                                           suffix_output, suffix_lse, output_scale),
-                                (prefill_tokens_with_context,))
+    py_merge = mla_gen.functions._merge
     suffix = " (compiled)" if compiled else " (Python: no compiled op)"
     impls = {
         FUNCTION: lambda: mla_gen.merge_attn_states(out, p, pl, s, sl, None, 1),

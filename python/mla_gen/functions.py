@@ -52,9 +52,9 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
     Raises TypeError/ValueError for what the kernel cannot take; ArgumentError (a ValueError)
     carries the argument check's text ``"<kernel>: <problem>"``."""
     if output_group_scales is None and query_start_loc is None and context_start_loc is None:
-        # The call engines make: _torch._slotted's test spelled out with the function's slot (no
-        # tuples, no *args, no frame: 0.3 us of the function's ~4 on the CPU machine,
-        # bench/host_cost_stub.py), the kind's tensors in its order.
+        # The call engines make: _merge's body with the function's slot, inlined (through the
+        # generic _torch._slotted, tuples and *args cost 0.3 us of the function's ~4 on the CPU
+        # machine, bench/host_cost_stub.py).
         last_layout, go, _, last_folder = _torch._last_pair
         if (lse_layout != last_layout or _env_get(_ENV_KEY) != last_folder
                 or not go(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
@@ -88,11 +88,19 @@ def merge_attn_states_op(output, output_lse, prefix_output, prefix_lse, suffix_o
         return merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
                                  prefill_tokens_with_context, output_scale, query_start_loc=query_start_loc,
                                  context_start_loc=context_start_loc)
-    last_layout, go, _, last_folder = _torch._last_pair_op  # as in merge_attn_states, with the operator's slot
-    if ("head_major" != last_layout or _env_get(_ENV_KEY) != last_folder
+    _merge(_torch._last_pair_op, "head_major", output, output_lse, prefix_output, prefix_lse, suffix_output,
+           suffix_lse, output_scale, prefill_tokens_with_context)
+
+
+def _merge(slot, lse_layout, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
+           prefill_tokens_with_context):
+    """The plain call's path through `slot`: merge_attn_states's body (which has it inlined, one
+    frame less) for the operator and bench/host_cost.py's own slot."""
+    last_layout, go, _, last_folder = slot
+    if (lse_layout != last_layout or _env_get(_ENV_KEY) != last_folder
             or not go(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
                       prefill_tokens_with_context)):
-        _miss(_torch._last_pair_op, "head_major", _PAIR, ("head_major",),
+        _miss(slot, lse_layout, _PAIR, (lse_layout,),
               (output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale),
               (prefill_tokens_with_context,))
 
