@@ -83,6 +83,15 @@ elif [ -z "$spec" ]; then
         echo "build-wheel: the default spec generated here differs from generated/manifest.json, so its images are not the ones" \
             "the manifest hashes: another NVRTC than the pinned one (scripts/install-nvrtc.sh), or a stale manifest" \
             "(run scripts/generate.sh and commit generated/manifest.json; \`mla-gen check\` lists what differs)" >&2
+        # Which header field differs says which cause: templates or spec -> the binary or the manifest is stale
+        # (a target/ shared with another checkout keeps that checkout's binary: \`touch src/lib.rs\`); nvrtc -> NVRTC.
+        "$PY" - "$tmp/kernels/manifest.json" generated/manifest.json <<'PY' >&2 || true
+import json, sys
+new, old = (json.load(open(p)) for p in sys.argv[1:])
+for key in ("nvrtc", "spec", "templates_sha256"):
+    if new.get(key) != old.get(key):
+        print(f"build-wheel: {key}: generated here {json.dumps(new.get(key))}, committed {json.dumps(old.get(key))}")
+PY
         exit 1
     fi
     if ! "$MLA_GEN_BIN" verify --quiet 2>/dev/null; then
