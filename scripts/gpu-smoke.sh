@@ -5,7 +5,9 @@
 #   scripts/gpu-smoke.sh build   (here: Rust, NVRTC, the torch env of .ci/python.sh)
 #       builds into .device/smoke/ the example engine, the quick GPU suite's binary, the C
 #       examples' launchers and the platform wheel (scripts/build-wheel.sh)
-#   scripts/gpu-smoke.sh run [engine|wheel|cost]   (there, with .device carried: carry [".device"])
+#   scripts/gpu-smoke.sh run [engine|wheel|cost]   (there, with .device/smoke carried; where it and the
+#       tracked tree pass the 64 MiB a device call carries, carry .device/smoke/wheel and commit.txt for
+#       `run wheel`, then bin, c-example, c-families and commit.txt: the wheel stays on a warm machine)
 #       1. the example engine (build.rs bindings, select, every family step)             engine
 #       2. the C examples (merge.c, families.c, devices.c) against their launchers       engine
 #       3. the wheel installed into a temporary folder (both parts), then
