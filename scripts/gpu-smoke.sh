@@ -121,5 +121,5 @@ print("ran", sys.argv[1], "without error")' "$ex"
     # The comment at the top of this file.
     sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0" ;;
 *)
-    echo "usage: scripts/gpu-smoke.sh build | run [engine|wheel]   (run alone: both parts; --help: what each does)" >&2; exit 2 ;;
+    echo "usage: scripts/gpu-smoke.sh build | run [engine|wheel|cost]   (run alone: every part; --help: what each does)" >&2; exit 2 ;;
 esac
