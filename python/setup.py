@@ -28,9 +28,10 @@ is found and says why not otherwise; ``1`` requires it; ``0`` never builds it) n
   torch's ``lib/``;
 - the C launcher of the same kernels (``mla_kernels.{h,c}``): ``$MLA_GEN_C_LAUNCHER``, else
   ``mla_gen_c/`` in the source tree (an sdist), else generated with the mla-gen binary
-  (``$MLA_GEN_BIN``, ``../target/{release,debug}/mla-gen``, or ``mla-gen`` on PATH; it needs
-  NVRTC) and used only if the kernels it was generated with are byte for byte the packaged ones
-  (it checks each image it reads against the sizes and hashes it was generated with);
+  (``$MLA_GEN_BIN``, the newer of ``../target/{release,debug}/mla-gen``, or ``mla-gen`` on
+  PATH; it needs NVRTC) and used only if the kernels it was generated with are byte for byte the
+  packaged ones (it checks each image it reads against the sizes and hashes it was generated
+  with);
 - a C and C++ compiler, on Linux.
 
 Native builds beside it (``$MLA_GEN_TORCH_NATIVE``: torch folders separated by ``:``, each with
@@ -143,6 +144,7 @@ def _generated_default() -> Path:
     if (out / "manifest.json").read_bytes() != (repo / "manifest.json").read_bytes():
         raise RuntimeError(f"the default spec generated here differs from {repo}/manifest.json, so its images are not "
                            "the ones the manifest hashes: another NVRTC than the pinned one (scripts/install-nvrtc.sh), "
+                           f"a stale mla-gen binary ({binary}: run `cargo build --release`, or set MLA_GEN_BIN), "
                            "or a stale manifest (run scripts/generate.sh and commit it)")
     _GENERATED.append(out)
     return out
@@ -196,12 +198,22 @@ def _torch_version(include: Path):
 
 
 def _mla_gen_binary():
+    """$MLA_GEN_BIN, else the newer of the repository's target/{release,debug}/mla-gen (with a
+    warning when it is older than src/ or templates/: a stale binary generates another manifest),
+    else mla-gen on PATH."""
     env = os.environ.get("MLA_GEN_BIN")
     if env:
         return env
-    for c in (ROOT.parent / "target" / "release" / "mla-gen", ROOT.parent / "target" / "debug" / "mla-gen"):
-        if c.is_file():
-            return str(c)
+    built = [c for c in (ROOT.parent / "target" / "release" / "mla-gen", ROOT.parent / "target" / "debug" / "mla-gen")
+             if c.is_file()]
+    if built:
+        binary = max(built, key=lambda c: c.stat().st_mtime)
+        sources = [f for d in ("src", "templates") for f in (ROOT.parent / d).rglob("*") if f.is_file()]
+        newest = max(sources, key=lambda f: f.stat().st_mtime, default=None)
+        if newest is not None and newest.stat().st_mtime > binary.stat().st_mtime:
+            _say(f"warning: {binary} is older than {newest}: it may be stale (run `cargo build --release`, "
+                 "or set MLA_GEN_BIN)")
+        return str(binary)
     return shutil.which("mla-gen")
 
 

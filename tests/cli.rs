@@ -334,8 +334,9 @@ fn list_render_inspect_doctor() {
     assert!(src.contains("extern \"C\" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) merge_attn_states_f32_d80_thr_lse("));
     assert!(!src.contains("#include"));
 
+    // An unknown kernel is a usage error (exit 2, as the help says).
     let o = mla_gen(&["render", "--kernel", "merge_attn_states_bf16_d100"], &[]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("no kernel named `merge_attn_states_bf16_d100`"));
     assert!(stderr(&o).contains("did you mean"), "{}", stderr(&o));
 
@@ -374,7 +375,11 @@ fn usage_errors_exit_2() {
     );
     let o = mla_gen(&["--help"], &[]);
     assert!(o.status.success());
-    assert!(stdout(&o).contains("Examples:"));
+    let h = stdout(&o);
+    assert!(h.contains("Examples:"));
+    // The spec keys' reference, and every exit code of check and verify.
+    assert!(h.contains("docs/SPEC.md"), "{h}");
+    assert!(h.contains("for verify, no manifest to read"), "{h}");
 }
 
 #[test]

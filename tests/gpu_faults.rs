@@ -210,7 +210,7 @@ fn an_illegal_address_left_by_another_kernel_is_reported_by_the_next_call() {
 
 fn sticky_child() {
     let ctx = gpu().unwrap();
-    let rt = Runtime::load(ctx.clone(), &dir_of(None).unwrap()).unwrap();
+    let rt = Runtime::load(ctx.clone(), dir_of(None).unwrap()).unwrap();
     merges_correctly(&ctx, &rt);
     let stream = ctx.default_stream();
     let prepared = prepare(&stream);
@@ -241,7 +241,7 @@ fn sticky_child() {
     if text.contains("CUDA_ERROR_ILLEGAL_ADDRESS") && text.contains(KERNEL) {
         assert!(text.contains("sticky"), "{text}");
     }
-    let e = Runtime::load(ctx.clone(), &dir_of(None).unwrap())
+    let e = Runtime::load(ctx.clone(), dir_of(None).unwrap())
         .err()
         .expect("a load in a faulted context fails");
     println!("the load after it: {e}");
@@ -252,7 +252,7 @@ fn sticky_child() {
 #[test]
 fn fork_after_the_first_call_neither_hangs_the_child_nor_breaks_the_parent() {
     let Some(ctx) = gpu() else { return };
-    let rt = Runtime::load(ctx.clone(), &dir_of(None).unwrap()).unwrap();
+    let rt = Runtime::load(ctx.clone(), dir_of(None).unwrap()).unwrap();
     merges_correctly(&ctx, &rt);
     // Buffers and arguments made before the fork: the child only launches.
     let stream = ctx.default_stream();

@@ -64,7 +64,7 @@ fn gpu() -> Option<Gpu> {
         return None;
     }
     let dir = dir();
-    let rt = Runtime::load(ctx.clone(), &dir.join("gen")).unwrap_or_else(|e| {
+    let rt = Runtime::load(ctx.clone(), dir.join("gen")).unwrap_or_else(|e| {
         panic!(
             "{}: {e} (build it with bench/gpu/pdl.sh build)",
             dir.display()

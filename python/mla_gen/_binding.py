@@ -29,8 +29,9 @@ TEXTS = {
     "param_rank": "{name} must have {rank} dimensions [{labels}], got shape {shape}",
     "layout": ("{name} has shape {shape} and strides {strides}; the kernel addresses it as [{want}] with strides "
                "{want_strides} (strides of size-1 dims do not matter)"),
-    "no_kernel": ("no generated {family} kernel for {what} in {label}; add it to the spec ([[{family}]]) and "
-                  "regenerate, or set MLA_GEN_KERNELS"),
+    "no_kernel": ("no generated {family} kernel for {what} in {label}; add it to a spec as a [[{family}]] table, "
+                  "with `include_default = true` to keep every default kernel (docs/SPEC.md), generate it "
+                  "(`mla-gen generate SPEC --out DIR`) and set MLA_GEN_KERNELS=DIR"),
     "groups": "{name} must be [T, H * D / G] for a group size G, got {shape} for H * D = {hd}",
     "both_or_neither": ("{given} given without {missing}: the empty-context mask needs both start locations "
                         "(int32 [B + 1] each), or neither"),

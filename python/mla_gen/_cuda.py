@@ -70,12 +70,15 @@ def lib():
         with _lock:
             if _lib is None:
                 # $MLA_GEN_LIBCUDA: another library (tests: a stand-in driver), as the compiled op reads it
-                name = (os.environ.get("MLA_GEN_LIBCUDA")
-                        or ("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"))
+                default = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+                name = os.environ.get("MLA_GEN_LIBCUDA") or default
                 try:
                     cuda = ctypes.CDLL(name)
                 except OSError as e:
-                    raise RuntimeError(f"cannot open the CUDA driver ({name}): {e}") from e
+                    # No CUresult without a driver: NOT_INITIALIZED, as for a forked child's.
+                    raise CudaError(f"opening the CUDA driver ({name})", CUDA_ERROR_NOT_INITIALIZED,
+                                    f"{e}; install the NVIDIA driver (it provides {default}; the kernels need a GPU "
+                                    "and its driver), or set $MLA_GEN_LIBCUDA to the driver library's path") from e
                 _install(cuda)
                 _check(cuda, cuda.cuInit(0), "cuInit")
                 _lib = cuda

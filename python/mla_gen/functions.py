@@ -59,10 +59,12 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
         if (lse_layout != last_layout or _env_get(_ENV_KEY) != last_folder
                 or not go(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
                           prefill_tokens_with_context)):
+            _lse_layout(lse_layout)  # off the slot's path: a layout it took is a valid one
             _miss(_torch._last_pair, lse_layout, _PAIR, (lse_layout,),
                   (output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale),
                   (prefill_tokens_with_context,))
         return
+    _lse_layout(lse_layout)
     if query_start_loc is not None or context_start_loc is not None:
         both_or_neither(query_start_loc, context_start_loc)
     if output_group_scales is not None:
@@ -123,6 +125,7 @@ def merge_attn_states_fp8_group(output, output_group_scales, prefix_output, pref
     float32(1/448), as vLLM writes it (rounded up to a power of two with ``ue8m0``); G = H * D / its second dimension.
     ``query_start_loc``, ``context_start_loc``: the fused empty-context mask, as in
     merge_attn_states."""
+    _lse_layout(lse_layout)
     tensors = (output, output_group_scales, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)
     if query_start_loc is None and context_start_loc is None:
         _torch._call(_GROUP, (bool(ue8m0), lse_layout), tensors, (prefill_tokens_with_context,))

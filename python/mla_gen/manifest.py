@@ -85,6 +85,8 @@ class KernelFolder:
         return f"KernelFolder({self.label})"
 
     def read_bytes(self, rel: str) -> bytes:
+        """The bytes of the folder's file ``rel`` (a manifest path, ``/``-separated), unchecked:
+        :meth:`image` checks an image against the manifest. OSError where it cannot be read."""
         node = self.root
         for part in _parts(rel):
             node = node.joinpath(part)
@@ -133,6 +135,8 @@ class KernelFolder:
 
     @property
     def manifest(self) -> dict:
+        """The folder's manifest.json as a dict, read and checked once (on first use, thread-safe):
+        ManifestError names what is wrong with it and the fix."""
         m = self._manifest
         if m is None:
             with self._lock:
@@ -173,6 +177,7 @@ class KernelFolder:
         return data
 
     def kernel(self, name: str) -> dict:
+        """The manifest's entry of the kernel called ``name``; KeyError where the folder has none."""
         try:
             return self.manifest["_by_name"][name]
         except KeyError:

@@ -136,6 +136,9 @@ class Patch:
         self.original, self.wrapper, self.places = original, wrapper, places
 
     def undo(self):
+        """Put vLLM's own ``merge_attn_states`` back where ``patch()`` installed the wrapper (where
+        the wrapper is still there: a later patch by someone else is left alone). Calling it again
+        does nothing."""
         for module in self.places:
             if getattr(module, "merge_attn_states", None) is self.wrapper:
                 module.merge_attn_states = self.original

@@ -231,8 +231,10 @@ def test_no_ctxmask_kernel_for_the_call(cpu_launch, contract_kernels):
     out, p, pl, s, sl = pair(dtype=torch.float16)
     with pytest.raises(ValueError, match=r"^no generated merge_attn_states kernel for dtype=torch.float16, "
                                          r"head_size=128, output=same, lse_layout=head_major with the "
-                                         r"empty-context mask \(mask_empty_context = true\) in .*; add it to the "
-                                         r"spec \(\[\[merge_attn_states\]\]\) and regenerate"):
+                                         r"empty-context mask \(mask_empty_context = true\) in .*; add it to a spec "
+                                         r"as a \[\[merge_attn_states\]\] table, with `include_default = true` to "
+                                         r"keep every default kernel \(docs/SPEC.md\), generate it \(`mla-gen "
+                                         r"generate SPEC --out DIR`\) and set MLA_GEN_KERNELS=DIR$"):
         mla_gen.merge_attn_states(out, p, pl, s, sl, query_start_loc=q, context_start_loc=c)
     out, p, pl, s, sl = pair(d=64)
     with pytest.raises(ValueError, match="head_size=64, .* with the empty-context mask"):

@@ -3,9 +3,10 @@ mla_gen._cuda opens the stand-in driver (ext/stub_driver.c, through $MLA_GEN_LIB
 kernel folder, the image check, the load and the launch are the package's own. Each case ends in
 an exception that names the fault and its fix, and the next good call launches (the process stays
 usable): corrupt, truncated, empty and missing images (CUBIN and PTX), manifests truncated, from a
-newer schema, naming files outside the folder or without hashes; the driver failing the load (out
-of memory, a sticky context error) or the launch; KeyboardInterrupt anywhere in a first call's
-load; 32 threads making their first calls at once; os.fork() after the first call."""
+newer schema, naming files outside the folder or without hashes; no driver library; the driver
+failing the load (out of memory, a sticky context error) or the launch; KeyboardInterrupt anywhere
+in a first call's load; 32 threads making their first calls at once; os.fork() after the first
+call."""
 
 from __future__ import annotations
 
@@ -54,6 +55,17 @@ def driver(monkeypatch, stub_path):
     if c_launch_was_on:  # _launch keeps the stub's addresses: give it the real driver's again (test_launch_cpu.py)
         monkeypatch.undo()
         assert _cuda.use_c_launch(True)
+
+
+def test_no_driver_library_is_a_cuda_error_naming_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setattr(_cuda, "_lib", None)
+    monkeypatch.setattr(_cuda, "_forked", False)
+    monkeypatch.setenv("MLA_GEN_LIBCUDA", str(tmp_path / "libcuda.so.1"))
+    with pytest.raises(mla_gen.CudaError, match=r"^opening the CUDA driver \(.*libcuda\.so\.1\) failed: .*; install "
+                                                r"the NVIDIA driver .*, or set \$MLA_GEN_LIBCUDA to the driver "
+                                                r"library's path$") as e:
+        _cuda.lib()
+    assert e.value.code == _cuda.CUDA_ERROR_NOT_INITIALIZED and _cuda._lib is None
 
 
 @pytest.fixture

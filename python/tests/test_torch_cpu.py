@@ -296,6 +296,27 @@ def test_fp8_outputs(cpu_launch, contract_kernels):
         mla_gen.merge_attn_states(fp8, p, pl, s, sl, output_group_scales=torch.empty(T, H * D // 16))
 
 
+def test_a_misspelt_lse_layout_is_named_not_looked_up(cpu_launch, contract_kernels):
+    """merge_attn_states and merge_attn_states_fp8_group refuse a layout that is neither, as the
+    other functions do, instead of reporting a kernel the spec lacks."""
+    out, p, pl, s, sl = pair()
+    fp8 = torch.empty(T, H, D, dtype=torch.float8_e4m3fn)
+    scales = torch.empty(T, H * D // 64)
+    q, c = torch.tensor([0, T], dtype=torch.int32), torch.tensor([0, 0], dtype=torch.int32)
+    mla_gen.merge_attn_states(out, p, pl, s, sl)  # the fast path's slot holds a plan
+    bad = 'lse_layout must be "token_major" or "head_major"'
+    for call in (lambda: mla_gen.merge_attn_states(out, p, pl, s, sl, lse_layout="tokenmajor"),
+                 lambda: mla_gen.merge_attn_states(out, p, pl, s, sl, lse_layout="tokenmajor", query_start_loc=q,
+                                                   context_start_loc=c),
+                 lambda: mla_gen.merge_attn_states(fp8, p, pl, s, sl, output_group_scales=scales,
+                                                   lse_layout="tokenmajor"),
+                 lambda: mla_gen.merge_attn_states_fp8_group(fp8, scales, p, pl, s, sl, lse_layout="tokenmajor")):
+        launches = len(cpu_launch.launches)
+        with pytest.raises(ValueError, match=f"^{re.escape(bad)}$"):
+            call()
+        assert len(cpu_launch.launches) == launches
+
+
 def test_other_families(cpu_launch, contract_kernels):
     K = 4
     v = torch.randn(T, K, H, D).to(BF16)

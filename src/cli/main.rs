@@ -30,8 +30,8 @@ writes the files with a manifest that describes each kernel's parameters and lau
 
 Spec tables: [[merge_attn_states]] (pairwise, with threshold; output same, fp8_e4m3 or
 fp8_e4m3_group), [[merge_states]] (K states in one pass), [[merge_state_in_place]] (optional
-per-token mask) and [[mask_empty_context_lse]]. Every key is documented in the README's spec
-reference; `mla-gen list SPEC` shows what a spec expands to.
+per-token mask) and [[mask_empty_context_lse]]. Every key is documented in docs/SPEC.md;
+`mla-gen list SPEC` shows what a spec expands to.
 
 Without a SPEC argument, the embedded default spec is used: the merges vLLM, SGLang and FlashInfer
 call through the mla_gen package (vLLM's merge_attn_states with FP8 per tensor and per token group
@@ -50,8 +50,9 @@ const AFTER_HELP: &str = "Examples:
   mla-gen doctor                        # where NVRTC is, which PTX it emits
   mla-gen completions bash > ~/.local/share/bash-completion/completions/mla-gen
 
-Exit codes: 0 success; 1 failure (check: the folder is stale); 2 usage errors, and for check,
-anything that kept it from comparing.
+Exit codes: 0 success; 1 failure (check: the folder is stale; verify: an image is missing or
+differs); 2 usage errors (an unknown `render --kernel` included), for check, anything that kept
+it from comparing, and for verify, no manifest to read.
 
 Environment:
   MLA_GEN_NVRTC   libnvrtc.so file or folder to use (nothing else is tried)
@@ -393,9 +394,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
                             .join(", ")
                     )
                 };
+                // A name the spec does not have is a usage error, as an unknown flag is.
                 return Err(Failure(
                     format!("no kernel named `{kernel}` in {} ({hint})", s.origin),
-                    1,
+                    2,
                 ));
             };
             print!("{}", templates.render(&s.source_name(), v)?);

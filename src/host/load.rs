@@ -30,6 +30,8 @@ pub struct Runtime {
     kernels: Vec<Arc<Kernel>>,
     by_name: HashMap<String, usize>,
     selector: Selector,
+    /// The manifest loaded (`DIR/manifest.json`, or `<embedded manifest.json>`), for errors.
+    origin: PathBuf,
 }
 
 // Shared across threads: an engine loads once and launches from any thread.
@@ -43,7 +45,8 @@ impl Runtime {
     /// Load every kernel of `dir/manifest.json` into `ctx`. Each image is read once and checked
     /// against the manifest's size and sha256 before the driver sees it (a truncated file makes
     /// drivers crash, not fail): a damaged, missing or foreign file is an error naming it.
-    pub fn load(ctx: Arc<CudaContext>, dir: &Path) -> Result<Runtime, RuntimeError> {
+    pub fn load(ctx: Arc<CudaContext>, dir: impl AsRef<Path>) -> Result<Runtime, RuntimeError> {
+        let dir = dir.as_ref();
         let path = dir.join(crate::contract::MANIFEST);
         let text = std::fs::read(&path).map_err(|e| RuntimeError::Manifest {
             path: path.clone(),
@@ -192,6 +195,7 @@ impl Runtime {
             kernels,
             by_name,
             selector,
+            origin: path.to_path_buf(),
         })
     }
 
@@ -228,7 +232,7 @@ impl Runtime {
     pub fn require(&self, name: &str) -> Result<Arc<Kernel>, RuntimeError> {
         self.kernel(name)
             .cloned()
-            .ok_or_else(|| RuntimeError::NoKernel(name.to_string()))
+            .ok_or_else(|| RuntimeError::NoKernel(format!("{name} (in {})", self.origin.display())))
     }
 }
 

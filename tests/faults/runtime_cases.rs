@@ -144,6 +144,20 @@ fn every_fault_in_one_process() {
     assert_eq!((stub.loads(), stub.live()), (KERNELS, KERNELS));
     launch(&ctx, &rt).unwrap();
     assert_eq!(stub.count("stub_launches"), 1);
+    // A kernel the folder lacks: named with the folder's manifest and how to add it.
+    let text = rt
+        .require("merge_attn_states_bf16_d96")
+        .err()
+        .unwrap()
+        .to_string();
+    for n in [
+        "merge_attn_states_bf16_d96",
+        &good.join("manifest.json").display().to_string(),
+        "include_default = true",
+        "mla-gen generate SPEC --out DIR",
+    ] {
+        assert!(text.contains(n), "{n:?} missing from: {text}");
+    }
     drop(rt);
     still_works(&ctx, &stub, &good);
 

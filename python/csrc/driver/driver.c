@@ -31,7 +31,9 @@ static int mla_gen_driver_try(void) {
     if (!path || !*path) path = "libcuda.so.1";
     void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-        snprintf(mla_gen_driver_message, sizeof mla_gen_driver_message, "cannot open the CUDA driver (%s): %s",
+        snprintf(mla_gen_driver_message, sizeof mla_gen_driver_message,
+                 "cannot open the CUDA driver (%s): %s; install the NVIDIA driver (it provides libcuda.so.1; the "
+                 "kernels need a GPU and its driver), or set $MLA_GEN_LIBCUDA to the driver library's path",
                  path, dlerror());
         return -1;
     }

@@ -127,7 +127,7 @@ cases = {
                               out=lambda T, H, D: torch.empty(T * H * D + 1, dtype=torch.bfloat16)[1:].view(T, H, D)),
 }
 
-NO_KERNEL = re.compile(r"(no generated \w+ kernel for .*) in .*; add it to the spec")
+NO_KERNEL = re.compile(r"(no generated \w+ kernel for .*) in .*; add it to a spec")
 failures = []
 
 
