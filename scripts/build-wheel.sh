@@ -81,8 +81,9 @@ elif [ -z "$spec" ]; then
     "$MLA_GEN_BIN" generate --out "$tmp/kernels" "${emit[@]}" --quiet
     if ! cmp -s "$tmp/kernels/manifest.json" generated/manifest.json; then
         echo "build-wheel: the default spec generated here differs from generated/manifest.json, so its images are not the ones" \
-            "the manifest hashes: another NVRTC than the pinned one (scripts/install-nvrtc.sh), or a stale manifest" \
-            "(run scripts/generate.sh and commit generated/manifest.json; \`mla-gen check\` lists what differs)" >&2
+            "the manifest hashes: another NVRTC than the pinned one (scripts/install-nvrtc.sh), a stale $MLA_GEN_BIN (a target/ shared" \
+            "with another checkout: touch src/lib.rs), or a stale manifest (run scripts/generate.sh and commit generated/manifest.json;" \
+            "\`mla-gen check\` lists what differs)" >&2
         # Which header field differs says which cause: templates or spec -> the binary or the manifest is stale
         # (a target/ shared with another checkout keeps that checkout's binary: \`touch src/lib.rs\`); nvrtc -> NVRTC.
         "$PY" - "$tmp/kernels/manifest.json" generated/manifest.json <<'PY' >&2 || true
