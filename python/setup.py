@@ -198,23 +198,15 @@ def _torch_version(include: Path):
 
 
 def _mla_gen_binary():
-    """$MLA_GEN_BIN, else the newer of the repository's target/{release,debug}/mla-gen (with a
-    warning when it is older than src/ or templates/: a stale binary generates another manifest),
-    else mla-gen on PATH."""
+    """$MLA_GEN_BIN, else the newer of the repository's target/{release,debug}/mla-gen, else
+    mla-gen on PATH. A stale binary is caught where it matters: its manifest differs from the
+    committed one (_generated_default names the binary among the causes)."""
     env = os.environ.get("MLA_GEN_BIN")
     if env:
         return env
     built = [c for c in (ROOT.parent / "target" / "release" / "mla-gen", ROOT.parent / "target" / "debug" / "mla-gen")
              if c.is_file()]
-    if built:
-        binary = max(built, key=lambda c: c.stat().st_mtime)
-        sources = [f for d in ("src", "templates") for f in (ROOT.parent / d).rglob("*") if f.is_file()]
-        newest = max(sources, key=lambda f: f.stat().st_mtime, default=None)
-        if newest is not None and newest.stat().st_mtime > binary.stat().st_mtime:
-            _say(f"warning: {binary} is older than {newest}: it may be stale (run `cargo build --release`, "
-                 "or set MLA_GEN_BIN)")
-        return str(binary)
-    return shutil.which("mla-gen")
+    return str(max(built, key=lambda c: c.stat().st_mtime)) if built else shutil.which("mla-gen")
 
 
 def _c_launcher():

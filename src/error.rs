@@ -112,7 +112,7 @@ pub enum RuntimeError {
     },
     /// No kernel of the manifest is the one asked for (its name, or what was looked for, and
     /// where it was looked for).
-    #[error("no kernel in the manifest matches {0}: add it to a spec with `include_default = true` (which keeps the default kernels; docs/SPEC.md) and regenerate the folder: `mla-gen generate SPEC --out DIR`")]
+    #[error("no kernel in the manifest matches {0}: add it to a spec with `include_default = true` (which keeps the default kernels; docs/SPEC.md) and {REGENERATE}")]
     NoKernel(String),
     /// The arguments break the kernel's contract: `<kernel>: <problem>` (docs/MANIFEST.md).
     #[error(transparent)]
