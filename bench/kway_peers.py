@@ -298,8 +298,8 @@ class KwayShape:
 def implementations(sh, folders, fi, fixed_too, loop=True):
     """name -> (call, producer, base-2 [T, H] lse of its result)."""
     impls = {}
-    for i, f in enumerate(folders):
-        for label, call in f.impls(sh, fixed_too and i < 2).items():
+    for f in folders:
+        for label, call in f.impls(sh, fixed_too).items():
             impls[label] = (call, sh.inputs.producer, lambda: sh.out_lse)
     impls["flashinfer"] = (lambda: fi.merge_states(sh.v, sh.s2, sh.out, sh.out_lse), sh.inputs.producer,
                            lambda: sh.out_lse)
