@@ -579,3 +579,33 @@ fn list_decisions_says_each_familys_dispatch_order() {
         "--json and --decisions are refused together"
     );
 }
+
+/// A reader that leaves early (`mla-gen list | head -1`) ends the listing quietly, by SIGPIPE as
+/// Unix tools do, not with a panic about a broken pipe. The read end is closed at once, before
+/// the listing's first line (a line a write: the first write meets the closed pipe).
+#[cfg(unix)]
+#[test]
+fn list_into_a_closed_pipe_ends_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mla-gen"))
+        .arg("list")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked"),
+        "list panicked on the closed pipe: {stderr}"
+    );
+    const SIGPIPE: i32 = 13; // Linux and macOS
+    assert_eq!(
+        out.status.signal(),
+        Some(SIGPIPE),
+        "status {:?}, stderr {stderr}",
+        out.status
+    );
+}

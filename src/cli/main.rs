@@ -442,6 +442,13 @@ fn run(cli: Cli) -> Result<(), Failure> {
 }
 
 fn main() -> ExitCode {
+    // `mla-gen list | head` ends quietly, as Unix tools do: Rust starts with SIGPIPE ignored, so
+    // the first write after the reader left panicked. Restored before any thread starts.
+    #[cfg(unix)]
+    // SAFETY: sets one signal's action to its default, with no handler and no other thread yet.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
