@@ -81,6 +81,9 @@ GRID_T = (256, 2048, 8192, 32768)
 GRID_HD = ((16, 128), (8, 64), (32, 256), (16, 64), (32, 128), (8, 256), (16, 256), (8, 128), (32, 64))
 CANDIDATE_SHAPES = ([(K, T, 16, 128) for T in (2048, 32768) for K in (2, 3, 5, 9, 16)]
                     + [(K, T, H, D) for H, D in ((8, 64), (32, 256)) for T in (2048, 32768) for K in (2, 5, 16)])
+# The grid's small merges (states of at most 20 MiB, the kernel's last-first bound): where the
+# session-25 hot losses were, 2-5 us merges whose prologue and first wave decide their time.
+SMALL_SHAPES = [(K, T, H, D) for H, D in GRID_HD for K in GRID_K for T in GRID_T if K * T * H * (2 * D + 4) <= 20 << 20]
 STATES_SHAPES = [(K, T, 16, 128) for T in (2048, 32768) for K in range(1, 17)]
 INPLACE_SHAPES = [(T, H, D) for D in (64, 128, 256) for H in (8, 32) for T in (256, 2048, 8192, 32768)]
 # The family peer table (issue #34 item 5, bench/gpu/families.sh): MergeStates at 1-16 states beside
@@ -538,7 +541,7 @@ def main():
     ap.add_argument("--no-loop", dest="loop", action="store_false", help="no chunk loop in the grid")
     ap.add_argument("--out", default=".")
     ap.add_argument("--candidate-shapes", metavar="K:TxHxD,...", help="the candidates table at these shapes "
-                    "instead of its own")
+                    "instead of its own; `small`: the grid's merges of at most 20 MiB of states")
     ap.add_argument("--profile", metavar="K:TxHxD,...", help="no timing: launch the default and FlashInfer at "
                     "these shapes, for ncu")
     args = ap.parse_args()
@@ -588,7 +591,8 @@ def main():
         print(f"# semantic checks: {len(bad)} failures", flush=True)
         save()
     if "candidates" in tables:
-        shapes = parse_shapes(args.candidate_shapes) if args.candidate_shapes else CANDIDATE_SHAPES
+        shapes = {None: CANDIDATE_SHAPES, "small": SMALL_SHAPES}.get(args.candidate_shapes) or parse_shapes(
+            args.candidate_shapes)
         run("candidates (every folder, x fi per label)", shapes,
             lambda K, T, H, D: print_kway(r := bench_kway("candidates", K, T, H, D, folders, fi, args),
                                           folders[0].label) or r)

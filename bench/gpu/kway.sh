@@ -17,6 +17,11 @@
 #                                     REV's templates, runtime and fixed K launched by name
 #                                     (KWAY_OLD=1 at run time times it beside). The rows_per_thread
 #                                     candidates of runs 122-127 (not adopted) are in git history.
+#                                     KWAY_VARIANTS="noplace noplace+i32 ..." also builds var-cur
+#                                     (templates/) and var-NAME ('+' as '_'; the templates of
+#                                     bench/kway_variants.py NAME: the K-way kernel stripped or
+#                                     changed, one idea each), each from
+#                                     specs/kway-candidates-3.toml; `run` then times them first.
 #   bench/gpu/kway.sh run     (there) compiles bench/peers/peers.cu (bench/gpu/peers_libs.sh) while
 #                                       bench/kway_check.py checks every K-way kernel of `shipped`
 #                                       against float64 (docs/SEMANTICS.md's rules), then
@@ -27,6 +32,12 @@
 #                                       states, inplace, family), no chunk loop unless KWAY_LOOP=1,
 #                                       no new shape after KWAY_CAP seconds (default 170: the run
 #                                       takes at most about 4 minutes). Logs, table and JSON in $OUT/kway/.
+#                                       Built variants run first: the candidates table at
+#                                       $KWAY_VARIANT_SHAPES (default `small`: the grid's merges of
+#                                       at most 20 MiB of states), each folder's runtime-K kernel
+#                                       (NAME) and fixed-K one (NAME-k) beside the shipped call and
+#                                       FlashInfer, for at most $KWAY_VARIANT_CAP s (default 180);
+#                                       variants.log and variants/kway.json.
 #                                       KWAY_FI_CHECK=1 then runs bench/flashinfer_check.py on the
 #                                       shipped default (KWAY_FI_KERNELS=.device/kway/flashinfer-api:
 #                                       the f32 kernels of tests/gpu-flashinfer.toml too).
@@ -73,8 +84,21 @@ build)
         gen specs/kway-candidates-3.toml "$K/templates-old" old
         rm -rf "$K/templates-old"
     fi
+    if [[ -n "${KWAY_VARIANTS:-}" ]]; then
+        : > "$K/variants.txt"
+        for name in cur $KWAY_VARIANTS; do
+            templates=templates
+            if [[ "$name" != cur ]]; then
+                templates="$K/templates-$name"
+                python3 bench/kway_variants.py "$name" templates "$templates"
+            fi
+            gen specs/kway-candidates-3.toml "$templates" "var-${name//+/_}"  # '+': '_' in paths
+            rm -rf "$K/templates-$name" "$K/var-${name//+/_}"/kernels/*.ptx
+            echo "$name" >> "$K/variants.txt"
+        done
+    fi
     find "$K" -name '*.cu' -delete
-    bench/gpu/built.sh kway "$K" 45 "${BASE:+; old: $BASE}"
+    bench/gpu/built.sh kway "$K" 45 "${BASE:+; old: $BASE}${KWAY_VARIANTS:+; variants: $KWAY_VARIANTS}"
     ;;
 run)
     OUT="${OUT:-.device/out}/kway"
@@ -88,6 +112,13 @@ run)
     status=0
     python3 bench/kway_check.py "$K/shipped" 2>&1 | tee "$OUT/check.log" || status=1
     wait "$nvcc" || { echo "kway.sh: building bench/peers/peers.cu failed (nvcc.log)" >&2; exit 1; }
+    if [[ -f "$K/variants.txt" ]]; then
+        variants=()
+        while read -r name; do variants+=(--kernels "$name=$K/var-${name//+/_}"); done < "$K/variants.txt"
+        python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" "${variants[@]}" --tables candidates \
+            --candidate-shapes "${KWAY_VARIANT_SHAPES:-small}" --cap "${KWAY_VARIANT_CAP:-180}" \
+            --out "$OUT/variants" 2>&1 | tee "$OUT/variants.log" || status=1
+    fi
     extra=()
     [[ "${KWAY_LOOP:-0}" == 1 ]] || extra+=(--no-loop)
     [[ "${KWAY_OLD:-0}" == 1 ]] && extra+=(--kernels "old=$K/old")

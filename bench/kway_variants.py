@@ -1,0 +1,97 @@
+"""Copies of templates/ with the K-way kernel stripped or changed, one idea each, for timing
+beside the shipped kernels (bench/gpu/kway.sh build with KWAY_VARIANTS; issue #34 item 4, the
+hot losses at 2-5 us merges). Measurement only: `i32` is wrong past 2^31 elements, `noplace`
+drops the last-first order of large merges.
+
+  noplace  no block placement: launch order (place_merge_block's size tests gone)
+  i32      32-bit index and offset arithmetic (FlashInfer's), not 64-bit
+  plain    row loads with ld.global, not ld.global.nc (FlashInfer's plain loads)
+  ftz      weights from ex2.approx.ftz (FlashInfer's fast math), without the subnormal fix-up
+  seq      runtime K one state at a time, each state's loads after the last one's use
+           (FlashInfer's loop); compare its runtime-K kernel, not the fixed-K ones
+
+A name joins ideas with `+` (`noplace+i32`), applied left to right.
+
+  python3 bench/kway_variants.py NAME SRC DST     # SRC: templates/, DST: the new folder
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+KWAY = "merge_states.cu.tera"
+PRELUDE = "prelude.cu.tera"
+
+
+def replace(text: str, old: str, new: str, what: str) -> str:
+    """`old` -> `new`, which must occur: a template that changed says so instead of going unedited."""
+    if old not in text:
+        sys.exit(f"kway_variants.py: {what}: {old[:60]!r} is no longer in the template; update this edit")
+    return text.replace(old, new)
+
+
+def noplace(files):
+    s = files[KWAY]
+    start = s.find("    const unsigned int blocks = gridDim.x * gridDim.y;")
+    end = s.rfind("}", 0, s.find('extern "C" __global__'))
+    if start < 0 or end < start:
+        sys.exit("kway_variants.py: noplace: place_merge_block's body is no longer where this edit looks")
+    files[KWAY] = s[:start] + s[end:]
+
+
+def i32(files):
+    head, sep, body = files[KWAY].partition('extern "C" __global__')
+    head = head.replace("long long", "int")
+    head = replace(head, "constexpr unsigned int LAST_FIRST_ABOVE_BYTES", "constexpr unsigned long long "
+                   "LAST_FIRST_ABOVE_BYTES", "i32")
+    head = replace(head, "LAST_FIRST_ABOVE_BLOCK_STATES = LAST_FIRST", "LAST_FIRST_ABOVE_BLOCK_STATES = "
+                   "(unsigned int)LAST_FIRST", "i32")
+    body = body.replace("long long", "int")
+    for name in ("states_token_stride", "states_head_stride", "output_token_stride", "output_head_stride",
+                 "num_heads"):
+        body = re.sub(r"\* " + name + r"\b", f"* static_cast<int>({name})", body)
+    body = replace(body, "(num_tokens - t + TOKENS_PER_BLOCK - 1) / TOKENS_PER_BLOCK)",
+                   "static_cast<int>((num_tokens - t + TOKENS_PER_BLOCK - 1) / TOKENS_PER_BLOCK))", "i32")
+    body = re.sub(r"(merge_rows<[^>]+>\(row_of, valid, )num_heads, states_state_stride",
+                  r"\1static_cast<int>(num_heads), static_cast<int>(states_state_stride)", body)
+    files[KWAY] = head + sep + body
+
+
+def plain(files):
+    files[PRELUDE] = replace(files[PRELUDE], 'asm("ld.global.nc.', 'asm("ld.global.', "plain")
+
+
+def ftz(files):
+    files[KWAY] = replace(files[KWAY], 'asm("ex2.approx.f32 %0, %1;"', 'asm("ex2.approx.ftz.f32 %0, %1;"', "ftz")
+
+
+def seq(files):
+    s = replace(files[KWAY], "{%- set kway_unrolled = 8 -%}", "{%- set kway_unrolled = 1 -%}", "seq")
+    files[KWAY] = replace(s, "{%- set kway_chunk = 4 -%}", "{%- set kway_chunk = 1 -%}", "seq")
+
+
+IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "seq": seq}
+
+
+def main():
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    name, src, dst = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    unknown = [i for i in name.split("+") if i not in IDEAS]
+    if unknown:
+        sys.exit(f"kway_variants.py: unknown idea {unknown[0]!r}; known: {', '.join(IDEAS)}")
+    files = {f: (src / f).read_text() for f in (KWAY, PRELUDE)}
+    for idea in name.split("+"):
+        IDEAS[idea](files)
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    for f, text in files.items():
+        (dst / f).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
