@@ -5,10 +5,12 @@ drops the last-first order of large merges.
 
   noplace  no block placement: launch order (place_merge_block's size tests gone)
   i32      32-bit index and offset arithmetic (FlashInfer's), not 64-bit
-  plain    row loads with ld.global, not ld.global.nc (FlashInfer's plain loads)
+  plain    row loads with ld.global, not ld.global.nc (FlashInfer's compile has .nc loads too:
+           LDG.E.128.CONSTANT; a control for the load path)
   ftz      weights from ex2.approx.ftz (FlashInfer's fast math), without the subnormal fix-up
   seq      runtime K one state at a time, each state's loads after the last one's use
-           (FlashInfer's loop); compare its runtime-K kernel, not the fixed-K ones
+           (FlashInfer's loop: at K = 2 two dependent round trips, fewer loads in
+           flight); compare its runtime-K kernel, not the fixed-K ones
 
 A name joins ideas with `+` (`noplace+i32`), applied left to right.
 
