@@ -71,27 +71,11 @@ from mla_gen import _torch  # noqa: E402
 from bench_table import iterations  # noqa: E402
 from hot_l2 import Arena, hot_us  # noqa: E402
 from kway_check import check_folder  # noqa: E402
+from kway_tables import (CANDIDATE_SHAPES, FAMILY_INPLACE, FAMILY_SHAPES, GRID_HD, GRID_K, GRID_T,  # noqa: E402
+                         INPLACE_SHAPES, SMALL_SHAPES, STATES_SHAPES, k_tag, parse_shapes, summary)
 
 LOG2E = 1.4426950408889634
 BF16 = torch.bfloat16
-GRID_K = (2, 3, 4, 5, 8, 9, 16)
-GRID_T = (256, 2048, 8192, 32768)
-# (H, D) pairs in the order the grid runs them: the first three cover every H and every D, so
-# that a run stopped by --cap still has each; then the rest of the 3 x 3.
-GRID_HD = ((16, 128), (8, 64), (32, 256), (16, 64), (32, 128), (8, 256), (16, 256), (8, 128), (32, 64))
-CANDIDATE_SHAPES = ([(K, T, 16, 128) for T in (2048, 32768) for K in (2, 3, 5, 9, 16)]
-                    + [(K, T, H, D) for H, D in ((8, 64), (32, 256)) for T in (2048, 32768) for K in (2, 5, 16)])
-# The grid's small merges (states of at most 20 MiB, the kernel's last-first bound): where the
-# session-25 hot losses were, 2-5 us merges whose prologue and first wave decide their time.
-SMALL_SHAPES = [(K, T, H, D) for H, D in GRID_HD for K in GRID_K for T in GRID_T if K * T * H * (2 * D + 4) <= 20 << 20]
-STATES_SHAPES = [(K, T, 16, 128) for T in (2048, 32768) for K in range(1, 17)]
-INPLACE_SHAPES = [(T, H, D) for D in (64, 128, 256) for H in (8, 32) for T in (256, 2048, 8192, 32768)]
-# The family peer table (issue #34 item 5, bench/gpu/families.sh): MergeStates at 1-16 states beside
-# the chunk loop, and MergeStateInPlace with and without a mask, at decode and prefill shapes.
-FAMILY_STATES = (1, 2, 3, 4, 8, 16)
-FAMILY_THD = ((256, 16, 128), (2048, 16, 128), (8192, 32, 128), (32768, 8, 128), (2048, 32, 256), (8192, 8, 64))
-FAMILY_SHAPES = [(K, T, H, D) for T, H, D in FAMILY_THD for K in FAMILY_STATES]
-FAMILY_INPLACE = [(T, H, D, mask) for T, H, D in FAMILY_THD for mask in (False, True)]
 
 
 class Folder:
@@ -375,11 +359,6 @@ def ratios(row, default):
             row.setdefault("pct_copy", {})[mode] = 100 * us["copy"][mode] / us[default][mode]
 
 
-def k_tag(kernel):
-    """merge_states_bf16_d128_k4_lse_base2 -> k4 (kvar: the runtime-K kernel)."""
-    return kernel.split("_")[4]
-
-
 def print_kway(row, default):
     head = f"K={row['K']:>2} T={row['T']:>5} H={row['H']:>2} D={row['D']:>3} {row['bytes'] / 1e6:>8.1f}MB"
     if "kernel" in row:
@@ -446,63 +425,6 @@ def bench_inplace(T, H, D, folder, fi, args, table="inplace", mask=False):
         f"{row.get('x_fi', {}).get(mode, float('nan')):.3f}" for mode in ("cold", "hot"))
         + ("  " + "; ".join(row["errors"]) if row["errors"] else ""), flush=True)
     return row
-
-
-def summary(rows, default):
-    lines = []
-    for table in ("candidates", "states", "family", "grid"):
-        kway = [r for r in rows if r["table"] == table and "x_fi" in r]
-        labels = list(dict.fromkeys(n for r in kway for n in r["x_fi"]))
-        for mode in ("cold", "hot"):
-            for label in labels:
-                xs = [(r["x_fi"][label][mode], r) for r in kway if label in r["x_fi"]]
-                worst = min(xs, key=lambda p: p[0])
-                slower = sum(x < 0.98 for x, _ in xs)
-                lines.append(f"{table} {mode} {label}: x fi median {statistics.median(x for x, _ in xs):.3f}, min "
-                             f"{worst[0]:.3f} (K={worst[1]['K']} T={worst[1]['T']} H={worst[1]['H']} "
-                             f"D={worst[1]['D']}), {slower} of {len(xs)} below 0.98")
-    grid = [r for r in rows if r["table"] == "grid" and default in r.get("x_fi", {})]
-    for K in sorted({r["K"] for r in grid}):  # the target grid per number of states, the default
-        rs = [r for r in grid if r["K"] == K]
-        kernels = ",".join(sorted({k_tag(r["kernel"]) for r in rs if "kernel" in r}))
-        per_mode = "; ".join(
-            f"{m} median {statistics.median(r['x_fi'][default][m] for r in rs):.3f} min "
-            f"{min(r['x_fi'][default][m] for r in rs):.3f}, {sum(r['x_fi'][default][m] < 0.98 for r in rs)} below 0.98"
-            for m in ("cold", "hot"))
-        lines.append(f"grid K={K} {default}{f' [{kernels}]' if kernels else ''} ({len(rs)} shapes): x fi {per_mode}")
-    family = [r for r in rows if r["table"] == "family" and default in r.get("x_fi", {})]
-    for K in sorted({r["K"] for r in family}):  # the family table per number of states
-        rs = [r for r in family if r["K"] == K]
-        fi = " ".join(f"{m} median {statistics.median(r['x_fi'][default][m] for r in rs):.3f} min "
-                      f"{min(r['x_fi'][default][m] for r in rs):.3f}" for m in ("cold", "hot"))
-        loop = " ".join(f"{m} min {min(r['x_loop'][m] for r in rs):.2f}" for m in ("cold", "hot")
-                        if all(m in r["x_loop"] for r in rs))
-        lines.append(f"family K={K} ({len(rs)} shapes): x fi {fi}" + (f"; x loop {loop}" if loop else ""))
-    for table, mask in (("inplace", False), ("family-inplace", False), ("family-inplace", True)):
-        inplace = [r for r in rows if r["table"] == table and r.get("mask", False) == mask and "x_fi" in r]
-        for mode in ("cold", "hot") if inplace else ():
-            xs = [r["x_fi"][mode] for r in inplace]
-            lines.append(f"{table}{' mask' if mask else ''} {mode}: x fi median {statistics.median(xs):.3f}, min "
-                         f"{min(xs):.3f}, {sum(x < 0.98 for x in xs)} of {len(xs)} below 0.98")
-    for table in ("family", "grid"):
-        kway = [r for r in rows if r["table"] == table and "x_loop" in r]
-        for mode in ("cold", "hot"):
-            loops = [(r["x_loop"][mode], r) for r in kway if mode in r["x_loop"] and r["K"] >= 4]
-            if loops:
-                worst = min(loops, key=lambda p: p[0])
-                lines.append(f"{table} {mode} {default} x loop (K >= 4): min {worst[0]:.2f} (K={worst[1]['K']} "
-                             f"T={worst[1]['T']} H={worst[1]['H']} D={worst[1]['D']}), "
-                             f"{sum(x < 2 for x, _ in loops)} of {len(loops)} below 2")
-    return lines
-
-
-def parse_shapes(text: str):
-    """"K:TxHxD,..." -> [(K, T, H, D), ...]."""
-    shapes = []
-    for item in text.split(","):
-        K, dims = item.split(":")
-        shapes.append((int(K), *(int(x) for x in dims.split("x"))))
-    return shapes
 
 
 def profile(shapes: str, default, fi):

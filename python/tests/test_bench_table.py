@@ -7,6 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from bench_table import header, iterations, line, parse_shapes, ratios, summary  # noqa: E402
+import kway_tables  # noqa: E402
 
 
 def test_shapes_parse_or_name_the_bad_item():
@@ -62,3 +63,26 @@ def test_summary_counts_shapes_from_8_mb_and_reports_hot_copy_share():
                         "thr=none), median 98.0; 1 of 1 >= 95%")
     assert lines[1].startswith("hot (3 shapes): % of hot copy min 86.8") and lines[1].endswith("max 99.0")
     assert summary([{"bytes": 1}]) == []
+
+
+def test_kway_small_shapes_are_the_grid_merges_up_to_20_mib_of_states():
+    grid = {(K, T, H, D) for H, D in kway_tables.GRID_HD for K in kway_tables.GRID_K for T in kway_tables.GRID_T}
+    small = set(kway_tables.SMALL_SHAPES)
+    assert len(grid) == 252 and len(small) == len(kway_tables.SMALL_SHAPES) == 73
+    states = {s: s[0] * s[1] * s[2] * (2 * s[3] + 4) for s in grid}
+    assert small == {s for s in grid if states[s] <= 20 << 20}
+    assert (2, 2048, 16, 64) in small and (2, 8192, 16, 64) not in small
+    assert kway_tables.parse_shapes("2:2048x16x64,16:256x8x128") == [(2, 2048, 16, 64), (16, 256, 8, 128)]
+
+
+def test_kway_summary_counts_each_label_below_0_98_and_the_grid_per_k():
+    def row(K, T, shipped, fi_k):
+        return {"table": "grid", "K": K, "T": T, "H": 16, "D": 64, "kernel": f"merge_states_bf16_d64_k{K}_lse_base2",
+                "x_fi": {"shipped": {"cold": shipped[0], "hot": shipped[1]}, "cur-k": {"cold": fi_k, "hot": fi_k}},
+                "x_loop": {}}
+    rows = [row(2, 256, (1.00, 0.95), 1.1), row(2, 2048, (1.02, 0.97), 1.1), row(2, 8192, (0.99, 1.05), 0.9)]
+    lines = kway_tables.summary(rows, "shipped")
+    assert "grid hot shipped: x fi median 0.970, min 0.950 (K=2 T=256 H=16 D=64), 2 of 3 below 0.98" in lines
+    assert "grid cold cur-k: x fi median 1.100, min 0.900 (K=2 T=8192 H=16 D=64), 1 of 3 below 0.98" in lines
+    assert ("grid K=2 shipped [k2] (3 shapes): x fi cold median 1.000 min 0.990, 0 below 0.98; "
+            "hot median 0.970 min 0.950, 2 below 0.98") in lines
