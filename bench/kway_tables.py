@@ -1,9 +1,16 @@
 """The K-way tables of bench/kway_peers.py without torch: the shapes each table runs and the
 summary lines of its rows (a row: {"table", "K", "T", "H", "D", "x_fi": {label: {mode: ratio}},
-"x_loop": {mode: ratio}, "kernel"?}); python/tests/test_bench_table.py reads them on a CPU."""
+"x_loop": {mode: ratio}, "kernel"?}); python/tests/test_bench_table.py reads them on a CPU.
+
+  python3 bench/kway_tables.py --repeated A/kway.json B/kway.json [--label shipped]
+      the grid's losses (x fi < 0.98) that both runs show, per mode: the ones that count
+      (issue #34: a loss counts when a second run repeats it)
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 
 GRID_K = (2, 3, 4, 5, 8, 9, 16)
@@ -89,3 +96,32 @@ def parse_shapes(text: str):
         K, dims = item.split(":")
         shapes.append((int(K), *(int(x) for x in dims.split("x"))))
     return shapes
+
+
+def repeated_losses(first, second, label, mode, below=0.98):
+    """[(K, T, H, D), x in the first run, x in the second)]: the grid shapes where `label`'s x fi
+    is below `below` in both runs' rows, in the first run's order."""
+    def xs(rows):
+        return {(r["K"], r["T"], r["H"], r["D"]): r["x_fi"][label][mode] for r in rows
+                if r["table"] == "grid" and label in r.get("x_fi", {})}
+    a, b = xs(first), xs(second)
+    return [(shape, a[shape], b[shape]) for shape in a if shape in b and a[shape] < below and b[shape] < below]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeated", nargs=2, required=True, metavar="KWAY_JSON", help="two runs' kway.json")
+    ap.add_argument("--label", help="the implementation (default: the first run's default)")
+    args = ap.parse_args()
+    first, second = (json.loads(open(path).read()) for path in args.repeated)
+    label = args.label or first["default"]
+    shapes = sum(1 for r in first["rows"] if r["table"] == "grid" and label in r.get("x_fi", {}))
+    for mode in ("cold", "hot"):
+        losses = repeated_losses(first["rows"], second["rows"], label, mode)
+        listed = ", ".join(f"{K}:{T}x{H}x{D} {x1:.3f}/{x2:.3f}" for (K, T, H, D), x1, x2 in losses)
+        print(f"# grid {mode} {label}: {len(losses)} of {shapes} shapes below 0.98 in both runs"
+              + (f": {listed}" if listed else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -38,6 +38,9 @@
 #                                       (NAME) and fixed-K one (NAME-k) beside the shipped call and
 #                                       FlashInfer, for at most $KWAY_VARIANT_CAP s (default 180);
 #                                       variants.log and variants/kway.json.
+#                                       KWAY_REPEAT=1 runs those tables a second time (repeat/)
+#                                       and lists the grid's losses both runs show (repeated.txt:
+#                                       the ones that count, 2% noise rule).
 #                                       KWAY_FI_CHECK=1 then runs bench/flashinfer_check.py on the
 #                                       shipped default (KWAY_FI_KERNELS=.device/kway/flashinfer-api:
 #                                       the f32 kernels of tests/gpu-flashinfer.toml too).
@@ -124,6 +127,13 @@ run)
     [[ "${KWAY_OLD:-0}" == 1 ]] && extra+=(--kernels "old=$K/old")
     python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" --inplace "$K/inplace" "${extra[@]}" \
         --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --out "$OUT" 2>&1 | tee "$OUT/kway.log" || status=1
+    if [[ "${KWAY_REPEAT:-0}" == 1 ]]; then  # the same tables again: the losses both runs show count
+        python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" --inplace "$K/inplace" "${extra[@]}" \
+            --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --out "$OUT/repeat" 2>&1 \
+            | tee "$OUT/kway-repeat.log" || status=1
+        python3 bench/kway_tables.py --repeated "$OUT/kway.json" "$OUT/repeat/kway.json" | tee "$OUT/repeated.txt" \
+            || status=1
+    fi
     if [[ "${KWAY_FI_CHECK:-0}" == 1 ]]; then
         MLA_GEN_KERNELS="${KWAY_FI_KERNELS:-$K/shipped}" PYTHONPATH=python python3 bench/flashinfer_check.py \
             --peers "$lib" --out "$OUT" 2>&1 | tail -40 | tee "$OUT/flashinfer_check.log"

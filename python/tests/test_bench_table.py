@@ -86,3 +86,12 @@ def test_kway_summary_counts_each_label_below_0_98_and_the_grid_per_k():
     assert "grid cold cur-k: x fi median 1.100, min 0.900 (K=2 T=8192 H=16 D=64), 1 of 3 below 0.98" in lines
     assert ("grid K=2 shipped [k2] (3 shapes): x fi cold median 1.000 min 0.990, 0 below 0.98; "
             "hot median 0.970 min 0.950, 2 below 0.98") in lines
+
+
+def test_kway_losses_count_only_where_the_second_run_repeats_them():
+    def run(xs):
+        return [{"table": "grid", "K": 2, "T": T, "H": 8, "D": 64, "x_fi": {"shipped": {"hot": x, "cold": 1.0}}}
+                for T, x in zip((256, 2048, 8192), xs)]
+    first, second = run((0.95, 0.97, 1.01)), run((0.99, 0.96, 0.90))
+    assert kway_tables.repeated_losses(first, second, "shipped", "hot") == [((2, 2048, 8, 64), 0.97, 0.96)]
+    assert kway_tables.repeated_losses(first, second, "shipped", "cold") == []
