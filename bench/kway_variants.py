@@ -8,6 +8,10 @@ drops the last-first order of large merges.
   plain    row loads with ld.global, not ld.global.nc (FlashInfer's compile has .nc loads too:
            LDG.E.128.CONSTANT; a control for the load path)
   ftz      weights from ex2.approx.ftz (FlashInfer's fast math), without the subnormal fix-up
+  tilefirst  a grid the GPU holds at once renumbered too, the head blocks of a token tile
+           together (FlashInfer's blocks take whole tokens in order; the shipped kernel keeps
+           launch order there, head block 0 of every tile first: place_block's rule, measured on
+           the pairwise merge cold)
   seq      runtime K one state at a time, each state's loads after the last one's use
            (FlashInfer's loop: at K = 2 two dependent round trips, fewer loads in
            flight); compare its runtime-K kernel, not the fixed-K ones
@@ -70,12 +74,25 @@ def ftz(files):
     files[KWAY] = replace(files[KWAY], 'asm("ex2.approx.f32 %0, %1;"', 'asm("ex2.approx.ftz.f32 %0, %1;"', "ftz")
 
 
+def tilefirst(files):
+    files[KWAY] = replace(files[KWAY], """        if (blocks > sm_ids * (2048 / BLOCK_THREADS)) place_block<BLOCK_THREADS>(tile, head_block);
+        return;""", """        const unsigned int launch_index = blockIdx.y * gridDim.x + blockIdx.x, head_blocks = gridDim.y;
+        if ((head_blocks & (head_blocks - 1)) == 0) {
+            tile = launch_index >> (__ffs(head_blocks) - 1);
+            head_block = launch_index & (head_blocks - 1);
+        } else {
+            tile = launch_index / head_blocks;
+            head_block = launch_index % head_blocks;
+        }
+        return;""", "tilefirst")
+
+
 def seq(files):
     s = replace(files[KWAY], "{%- set kway_unrolled = 8 -%}", "{%- set kway_unrolled = 1 -%}", "seq")
     files[KWAY] = replace(s, "{%- set kway_chunk = 4 -%}", "{%- set kway_chunk = 1 -%}", "seq")
 
 
-IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "seq": seq}
+IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "tilefirst": tilefirst, "seq": seq}
 
 
 def main():
