@@ -31,7 +31,8 @@
 #                                       the same bytes; tables $KWAY_TABLES (default grid; also
 #                                       states, inplace, family), no chunk loop unless KWAY_LOOP=1,
 #                                       no new shape after KWAY_CAP seconds (default 170: the run
-#                                       takes at most about 4 minutes). Logs, table and JSON in $OUT/kway/.
+#                                       takes at most about 4 minutes). JSON in $OUT/kway/, the
+#                                       logs (the tables as printed) in $OUT/kway/logs.tar.gz.
 #                                       Built variants run first: the candidates table at
 #                                       $KWAY_VARIANT_SHAPES (default `small`: the grid's merges of
 #                                       at most 20 MiB of states), each folder's runtime-K kernel
@@ -57,10 +58,11 @@
 #                                       suspect for runs 139-140's hot losses that ncu did not
 #                                       show). Default shapes: the repeated hot losses. ncu-duration.csv.
 #
-# What passes: check.log ends with "K-way cases pass" with equal counts and no "FAIL"; kway.log has
-# no "check failed" (each timed call also equals mla_gen.flashinfer.merge_states's own result bit
-# for bit) and its "# grid K=.. shipped [k2] (36 shapes): x fi cold median .. min .., N below 0.98"
-# lines (one per K) show the target: min >= 0.98 cold and hot; exit 0.
+# What passes (the logs in logs.tar.gz): check.log ends with "K-way cases pass" with equal counts
+# and no "FAIL"; kway.log has no "check failed" (each timed call also equals
+# mla_gen.flashinfer.merge_states's own result bit for bit) and its "# grid K=.. shipped [k2] (36
+# shapes): x fi cold median .. min .., N below 0.98" lines (one per K) show the target: min >= 0.98
+# cold and hot, or with KWAY_REPEAT=1 repeated.txt's "0 of 252" in both modes; exit 0.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 K=.device/kway
@@ -163,6 +165,8 @@ for r in rows[head + 1:]:
         print(r[cols.index("Kernel Name")][:60], r[cols.index("Metric Value")], r[cols.index("Metric Unit")])
 PY
     fi
+    # The device tool returns at most 8 files: the logs go back as one archive beside the JSON.
+    (cd "$OUT" && find . -name '*.log' -print0 | tar czf logs.tar.gz --null -T - --remove-files)
     exit $status
     ;;
 *)
