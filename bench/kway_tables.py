@@ -99,7 +99,7 @@ def parse_shapes(text: str):
 
 
 def repeated_losses(first, second, label, mode, below=0.98):
-    """[(K, T, H, D), x in the first run, x in the second)]: the grid shapes where `label`'s x fi
+    """[((K, T, H, D), x in the first run, x in the second)]: the grid shapes where `label`'s x fi
     is below `below` in both runs' rows, in the first run's order."""
     def xs(rows):
         return {(r["K"], r["T"], r["H"], r["D"]): r["x_fi"][label][mode] for r in rows
