@@ -1,17 +1,16 @@
 """Copies of templates/ with the K-way kernel stripped or changed, one idea each, for timing
 beside the shipped kernels (bench/gpu/kway.sh build with KWAY_VARIANTS; issue #34 item 4, the
 hot losses at 2-5 us merges). Measurement only: `i32` is wrong past 2^31 elements, `noplace`
-drops the last-first order of large merges.
+drops the last-first order of large merges. (`tilefirst`, session 26's renumbering of grids the
+GPU holds at once, is in the template since; the edit is in git history.)
 
-  noplace  no block placement: launch order (place_merge_block's size tests gone)
+  noplace  no block placement: launch order (place_merge_block's renumbering and tests gone)
   i32      32-bit index and offset arithmetic (FlashInfer's), not 64-bit
   plain    row loads with ld.global, not ld.global.nc (FlashInfer's compile has .nc loads too:
            LDG.E.128.CONSTANT; a control for the load path)
   ftz      weights from ex2.approx.ftz (FlashInfer's fast math), without the subnormal fix-up
-  tilefirst  a grid the GPU holds at once renumbered too, the head blocks of a token tile
-           together (FlashInfer's blocks take whole tokens in order; the shipped kernel keeps
-           launch order there, head block 0 of every tile first: place_block's rule, measured on
-           the pairwise merge cold)
+  onehead  a grid of one head block skips the renumbering and its guard (launch order is
+           tile-first there), two instructions of test instead of about ten
   seq      runtime K one state at a time, each state's loads after the last one's use
            (FlashInfer's loop: at K = 2 two dependent round trips, fewer loads in
            flight); compare its runtime-K kernel, not the fixed-K ones
@@ -41,7 +40,7 @@ def replace(text: str, old: str, new: str, what: str) -> str:
 
 def noplace(files):
     s = files[KWAY]
-    start = s.find("    const unsigned int blocks = gridDim.x * gridDim.y;")
+    start = s.find("    if (__umulhi(tiles, head_blocks) != 0) return;")
     end = s.rfind("}", 0, s.find('extern "C" __global__'))
     if start < 0 or end < start:
         sys.exit("kway_variants.py: noplace: place_merge_block's body is no longer where this edit looks")
@@ -74,17 +73,14 @@ def ftz(files):
     files[KWAY] = replace(files[KWAY], 'asm("ex2.approx.f32 %0, %1;"', 'asm("ex2.approx.ftz.f32 %0, %1;"', "ftz")
 
 
-def tilefirst(files):
-    files[KWAY] = replace(files[KWAY], """        if (blocks > sm_ids * (2048 / BLOCK_THREADS)) place_block<BLOCK_THREADS>(tile, head_block);
-        return;""", """        const unsigned int launch_index = blockIdx.y * gridDim.x + blockIdx.x, head_blocks = gridDim.y;
-        if ((head_blocks & (head_blocks - 1)) == 0) {
-            tile = launch_index >> (__ffs(head_blocks) - 1);
-            head_block = launch_index & (head_blocks - 1);
-        } else {
-            tile = launch_index / head_blocks;
-            head_block = launch_index % head_blocks;
-        }
-        return;""", "tilefirst")
+def onehead(files):
+    files[KWAY] = replace(files[KWAY], """    if (__umulhi(tiles, head_blocks) != 0) return;  // 2^32 blocks or more: launch order
+    tile_first(tiles, head_blocks, tile, head_block);
+""", """    if (head_blocks > 1) {
+        if (__umulhi(tiles, head_blocks) != 0) return;  // 2^32 blocks or more: launch order
+        tile_first(tiles, head_blocks, tile, head_block);
+    }
+""", "onehead")
 
 
 def seq(files):
@@ -92,7 +88,7 @@ def seq(files):
     files[KWAY] = replace(s, "{%- set kway_chunk = 4 -%}", "{%- set kway_chunk = 1 -%}", "seq")
 
 
-IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "tilefirst": tilefirst, "seq": seq}
+IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "onehead": onehead, "seq": seq}
 
 
 def main():
