@@ -127,12 +127,13 @@ run)
     extra=()
     [[ "${KWAY_LOOP:-0}" == 1 ]] || extra+=(--no-loop)
     [[ "${KWAY_OLD:-0}" == 1 ]] && extra+=(--kernels "old=$K/old")
-    python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" --inplace "$K/inplace" "${extra[@]}" \
-        --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --out "$OUT" 2>&1 | tee "$OUT/kway.log" || status=1
-    if [[ "${KWAY_REPEAT:-0}" == 1 ]]; then  # the same tables again: the losses both runs show count
+    tables() {  # the tables into folder $1, the log as $2
         python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" --inplace "$K/inplace" "${extra[@]}" \
-            --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --out "$OUT/repeat" 2>&1 \
-            | tee "$OUT/kway-repeat.log" || status=1
+            --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --out "$1" 2>&1 | tee "$2" || status=1
+    }
+    tables "$OUT" "$OUT/kway.log"
+    if [[ "${KWAY_REPEAT:-0}" == 1 ]]; then  # the same tables again: the losses both runs show count
+        tables "$OUT/repeat" "$OUT/kway-repeat.log"
         python3 bench/kway_tables.py --repeated "$OUT/kway.json" "$OUT/repeat/kway.json" | tee "$OUT/repeated.txt" \
             || status=1
     fi
