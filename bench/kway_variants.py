@@ -14,10 +14,15 @@ GPU holds at once, is in the template since; the edit is in git history.)
   seq      runtime K one state at a time, each state's loads after the last one's use
            (FlashInfer's loop: at K = 2 two dependent round trips, fewer loads in
            flight); compare its runtime-K kernel, not the fixed-K ones
+  nolast   tile-first for every grid, never last-first (the large merges' order)
+  b256h8   schedule keys, not a template: 256-thread blocks of 8 heads (D = 256: one token's
+           8 heads a block, not 4; the spec's other head sizes change too)
+  b1024h32 1024-thread blocks of 32 heads (D = 256: FlashInfer's block, one token's 32 heads)
 
 A name joins ideas with `+` (`noplace+i32`), applied left to right.
 
-  python3 bench/kway_variants.py NAME SRC DST     # SRC: templates/, DST: the new folder
+  python3 bench/kway_variants.py NAME SRC DST SPEC   # SRC: templates/, DST: the new folder,
+                                                     # SPEC: the spec, written as DST/spec.toml
 """
 
 from __future__ import annotations
@@ -88,24 +93,40 @@ def seq(files):
     files[KWAY] = replace(s, "{%- set kway_chunk = 4 -%}", "{%- set kway_chunk = 1 -%}", "seq")
 
 
-IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "onehead": onehead, "seq": seq}
+def nolast(files):
+    files[KWAY] = re.sub(r"\n\{%- if runtime_k %\}\n    if \(blocks \* K > LAST_FIRST_ABOVE_BLOCK_STATES\).*?\{%- endif %\}",
+                         "", files[KWAY], count=1, flags=re.S)
+    if "tiles - 1 - tile" in files[KWAY]:
+        sys.exit("kway_variants.py: nolast: the last-first lines are no longer where this edit looks")
+
+
+IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "onehead": onehead, "seq": seq,
+         "nolast": nolast}
+# Schedule keys appended to the spec (docs/SPEC.md, "Schedule"): the kernels' shape, not their code.
+SCHEDULES = {"b256h8": "block_threads = 256\nheads_per_block = 8\n",
+             "b1024h32": "block_threads = 1024\nheads_per_block = 32\n"}
 
 
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) != 5:
         sys.exit(__doc__)
-    name, src, dst = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-    unknown = [i for i in name.split("+") if i not in IDEAS]
+    name, src, dst, spec = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+    unknown = [i for i in name.split("+") if i not in IDEAS and i not in SCHEDULES]
     if unknown:
-        sys.exit(f"kway_variants.py: unknown idea {unknown[0]!r}; known: {', '.join(IDEAS)}")
+        sys.exit(f"kway_variants.py: unknown idea {unknown[0]!r}; known: {', '.join([*IDEAS, *SCHEDULES])}")
     files = {f: (src / f).read_text() for f in (KWAY, PRELUDE)}
+    spec_text = spec.read_text()
     for idea in name.split("+"):
-        IDEAS[idea](files)
+        if idea in SCHEDULES:
+            spec_text += SCHEDULES[idea]  # the spec's one table takes them
+        else:
+            IDEAS[idea](files)
     if dst.exists():
         shutil.rmtree(dst)
     shutil.copytree(src, dst)
     for f, text in files.items():
         (dst / f).write_text(text)
+    (dst / "spec.toml").write_text(spec_text)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@
 #                                     KWAY_VARIANTS="noplace noplace+i32 ..." also builds var-cur
 #                                     (templates/) and var-NAME ('+' as '_'; the templates of
 #                                     bench/kway_variants.py NAME: the K-way kernel stripped or
-#                                     changed, one idea each), each from
+#                                     changed, or schedule keys, one idea each), each from
 #                                     specs/kway-candidates-3.toml; `run` then times them first.
 #   bench/gpu/kway.sh run     (there) compiles bench/peers/peers.cu (bench/gpu/peers_libs.sh) while
 #                                       bench/kway_check.py checks every K-way kernel of `shipped`
@@ -92,12 +92,12 @@ build)
     if [[ -n "${KWAY_VARIANTS:-}" ]]; then
         : > "$K/variants.txt"
         for name in cur $KWAY_VARIANTS; do
-            templates=templates
+            templates=templates spec=specs/kway-candidates-3.toml
             if [[ "$name" != cur ]]; then
-                templates="$K/templates-$name"
-                python3 bench/kway_variants.py "$name" templates "$templates"
+                templates="$K/templates-$name" spec="$K/templates-$name/spec.toml"
+                python3 bench/kway_variants.py "$name" templates "$templates" specs/kway-candidates-3.toml
             fi
-            gen specs/kway-candidates-3.toml "$templates" "var-${name//+/_}"  # '+': '_' in paths
+            gen "$spec" "$templates" "var-${name//+/_}"  # '+': '_' in paths
             rm -rf "$K/templates-$name" "$K/var-${name//+/_}"/kernels/*.ptx
             echo "$name" >> "$K/variants.txt"
         done
