@@ -19,6 +19,8 @@ GPU holds at once, is in the template since; the edit is in git history.)
            renumbering (the block's indices straight from blockIdx, last-first a select);
            the folder's manifest says so (its grid axes swapped after `generate`, `--post`),
            so only launches of at most 65535 token tiles run
+  cheapfirst  tile-first with no branch: a power of two head blocks (shift and mask of a 64-bit
+           launch index, no 2^32 guard), other counts launch order (no division)
   b256h8   schedule keys, not a template: 256-thread blocks of 8 heads (D = 256: one token's
            8 heads a block, not 4; the spec's other head sizes change too)
   b1024h32 1024-thread blocks of 32 heads (D = 256: FlashInfer's block, one token's 32 heads)
@@ -118,6 +120,17 @@ def swapgrid(files):
 """ + s[end:]
 
 
+def cheapfirst(files):
+    files[KWAY] = replace(files[KWAY], """    if (__umulhi(tiles, head_blocks) != 0) return;  // 2^32 blocks or more: launch order
+    tile_first(tiles, head_blocks, tile, head_block);
+""", """    if ((head_blocks & (head_blocks - 1)) == 0) {
+        const unsigned long long launch_index = static_cast<unsigned long long>(blockIdx.y) * tiles + blockIdx.x;
+        tile = static_cast<unsigned int>(launch_index >> (31 - __clz(head_blocks)));
+        head_block = static_cast<unsigned int>(launch_index) & (head_blocks - 1);
+    }
+""", "cheapfirst")
+
+
 def swapgrid_manifest(path: Path):
     """The manifest of a swapgrid folder: grid x counts head blocks, y token tiles (<= 65535)."""
     m = json.loads(path.read_text())
@@ -131,7 +144,8 @@ def swapgrid_manifest(path: Path):
 
 
 IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "onehead": onehead, "seq": seq,
-         "nolast": nolast, "swapgrid": swapgrid}
+         "nolast": nolast, "swapgrid": swapgrid,
+         "cheapfirst": cheapfirst}
 # Edits of the generated folder's manifest.json (kway.sh build: `--post NAME MANIFEST`).
 POST = {"swapgrid": swapgrid_manifest}
 # Schedule keys appended to the spec (docs/SPEC.md, "Schedule"): the kernels' shape, not their code.
