@@ -2,15 +2,14 @@
 beside the shipped kernels (bench/gpu/kway.sh build with KWAY_VARIANTS; issue #34 item 4, the
 hot losses at 2-5 us merges). Measurement only: `i32` is wrong past 2^31 elements, `noplace`
 drops the last-first order of large merges. (`tilefirst`, session 26's renumbering of grids the
-GPU holds at once, is in the template since; the edit is in git history.)
+GPU holds at once, and `cheapfirst`, session 27's branch-free form of it, are in the template
+since; `onehead` went with the guard it skipped; their edits are in git history.)
 
   noplace  no block placement: launch order (place_merge_block's renumbering and tests gone)
   i32      32-bit index and offset arithmetic (FlashInfer's), not 64-bit
   plain    row loads with ld.global, not ld.global.nc (FlashInfer's compile has .nc loads too:
            LDG.E.128.CONSTANT; a control for the load path)
   ftz      weights from ex2.approx.ftz (FlashInfer's fast math), without the subnormal fix-up
-  onehead  a grid of one head block skips the renumbering and its guard (launch order is
-           tile-first there), two instructions of test instead of about ten
   seq      runtime K one state at a time, each state's loads after the last one's use
            (FlashInfer's loop: at K = 2 two dependent round trips, fewer loads in
            flight); compare its runtime-K kernel, not the fixed-K ones
@@ -19,8 +18,6 @@ GPU holds at once, is in the template since; the edit is in git history.)
            renumbering (the block's indices straight from blockIdx, last-first a select);
            the folder's manifest says so (its grid axes swapped after `generate`, `--post`),
            so only launches of at most 65535 token tiles run
-  cheapfirst  tile-first with no branch: a power of two head blocks (shift and mask of a 64-bit
-           launch index, no 2^32 guard), other counts launch order (no division)
   b256h8   schedule keys, not a template: 256-thread blocks of 8 heads (D = 256: one token's
            8 heads a block, not 4; the spec's other head sizes change too)
   b1024h32 1024-thread blocks of 32 heads (D = 256: FlashInfer's block, one token's 32 heads)
@@ -53,7 +50,7 @@ def replace(text: str, old: str, new: str, what: str) -> str:
 
 def noplace(files):
     s = files[KWAY]
-    start = s.find("    if (__umulhi(tiles, head_blocks) != 0) return;")
+    start = s.find("    if ((head_blocks & (head_blocks - 1)) == 0) {")
     end = s.rfind("}", 0, s.find('extern "C" __global__'))
     if start < 0 or end < start:
         sys.exit("kway_variants.py: noplace: place_merge_block's body is no longer where this edit looks")
@@ -86,16 +83,6 @@ def ftz(files):
     files[KWAY] = replace(files[KWAY], 'asm("ex2.approx.f32 %0, %1;"', 'asm("ex2.approx.ftz.f32 %0, %1;"', "ftz")
 
 
-def onehead(files):
-    files[KWAY] = replace(files[KWAY], """    if (__umulhi(tiles, head_blocks) != 0) return;  // 2^32 blocks or more: launch order
-    tile_first(tiles, head_blocks, tile, head_block);
-""", """    if (head_blocks > 1) {
-        if (__umulhi(tiles, head_blocks) != 0) return;  // 2^32 blocks or more: launch order
-        tile_first(tiles, head_blocks, tile, head_block);
-    }
-""", "onehead")
-
-
 def seq(files):
     s = replace(files[KWAY], "{%- set kway_unrolled = 8 -%}", "{%- set kway_unrolled = 1 -%}", "seq")
     files[KWAY] = replace(s, "{%- set kway_chunk = 4 -%}", "{%- set kway_chunk = 1 -%}", "seq")
@@ -120,17 +107,6 @@ def swapgrid(files):
 """ + s[end:]
 
 
-def cheapfirst(files):
-    files[KWAY] = replace(files[KWAY], """    if (__umulhi(tiles, head_blocks) != 0) return;  // 2^32 blocks or more: launch order
-    tile_first(tiles, head_blocks, tile, head_block);
-""", """    if ((head_blocks & (head_blocks - 1)) == 0) {
-        const unsigned long long launch_index = static_cast<unsigned long long>(blockIdx.y) * tiles + blockIdx.x;
-        tile = static_cast<unsigned int>(launch_index >> (31 - __clz(head_blocks)));
-        head_block = static_cast<unsigned int>(launch_index) & (head_blocks - 1);
-    }
-""", "cheapfirst")
-
-
 def swapgrid_manifest(path: Path):
     """The manifest of a swapgrid folder: grid x counts head blocks, y token tiles (<= 65535)."""
     m = json.loads(path.read_text())
@@ -143,9 +119,8 @@ def swapgrid_manifest(path: Path):
     path.write_text(json.dumps(m, indent=2))
 
 
-IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "onehead": onehead, "seq": seq,
-         "nolast": nolast, "swapgrid": swapgrid,
-         "cheapfirst": cheapfirst}
+IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "seq": seq, "nolast": nolast,
+         "swapgrid": swapgrid}
 # Edits of the generated folder's manifest.json (kway.sh build: `--post NAME MANIFEST`).
 POST = {"swapgrid": swapgrid_manifest}
 # Schedule keys appended to the spec (docs/SPEC.md, "Schedule"): the kernels' shape, not their code.
