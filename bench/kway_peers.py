@@ -46,7 +46,7 @@ each right after its producer (as hot), for Nsight Compute (bench/gpu/kway.sh, K
   python3 bench/kway_peers.py --peers DIR [--shipped DIR] [--kernels new=DIR ...] [--no-loop]
       [--inplace DIR] [--check-kernels DIR] [--unchecked LABEL]
       [--tables check,candidates,states,inplace,family,grid] [--candidate-shapes K:TxHxD,...]
-      [--cap SECONDS] [--out DIR]      (bench/gpu/kway.sh run: the lead's one command)
+      [--cap SECONDS] [--placements N] [--out DIR]   (bench/gpu/kway.sh run: the lead's one command)
   python3 bench/kway_peers.py --peers DIR --shipped DIR --profile 5:256x16x128,2:2048x16x128
 """
 
@@ -326,22 +326,41 @@ def time_beside_copy(impls, nbytes, args):
     return time_all(impls, (lambda: dst.copy_(src.views[0]), src.producer), nbytes, args)
 
 
+# --placements: placement p (p >= 1) allocates this many bytes x p before the shape's buffers,
+# from an emptied cache, so that they lie on other pages (session 27: at 256 x 32 x 256 the same
+# kernel took 8.45 us in one table and 10.7 us in another, FlashInfer 9.44 us in both).
+PLACEMENT_PAD_BYTES = 6 << 20
+
+
 def bench_kway(tag, K, T, H, D, folders, fi, args, fixed_too=True, loop=True):
-    sh = KwayShape(T, K, H, D, seed=T * 7 + K * 5 + H * 3 + D, loop=loop)
-    row = {"table": tag, "K": K, "T": T, "H": H, "D": D, "bytes": sh.nbytes, "errors": []}
-    impls = implementations(sh, folders, fi, fixed_too, loop)
-    for name, (call, _, lse2) in list(impls.items()):
-        problem = sh.check(name, call, lse2, roundings=K - 1 if name == "loop" else 1)
-        if name == Shipped.label and not problem:
-            row["kernel"] = folders[0].kernel(sh)
-            problem = folders[0].differs_from_the_function(sh)
-        if problem:
-            row["errors"].append(problem)
-            del impls[name]
-    copy = (lambda: sh.copy_dst.copy_(sh.copy_src.views[0]), sh.copy_src.producer)
-    row["us"] = time_all(impls, copy, sh.nbytes, args)
+    """One shape's row: checks, then times (us) per implementation and mode, the median over
+    --placements placements of the buffers (each placement's own in row["placements"])."""
+    row = {"table": tag, "K": K, "T": T, "H": H, "D": D, "errors": []}
+    per_placement = []
+    for p in range(args.placements):
+        if args.placements > 1:
+            torch.cuda.empty_cache()
+        pad = torch.empty(p * PLACEMENT_PAD_BYTES, dtype=torch.uint8, device="cuda")
+        sh = KwayShape(T, K, H, D, seed=T * 7 + K * 5 + H * 3 + D, loop=loop)
+        row["bytes"] = sh.nbytes
+        impls = implementations(sh, folders, fi, fixed_too, loop)
+        for name, (call, _, lse2) in list(impls.items()):
+            problem = sh.check(name, call, lse2, roundings=K - 1 if name == "loop" else 1)
+            if name == Shipped.label and not problem:
+                row["kernel"] = folders[0].kernel(sh)
+                problem = folders[0].differs_from_the_function(sh)
+            if problem:
+                if p == 0:
+                    row["errors"].append(problem)
+                del impls[name]
+        copy = (lambda: sh.copy_dst.copy_(sh.copy_src.views[0]), sh.copy_src.producer)
+        per_placement.append(time_all(impls, copy, sh.nbytes, args))
+        del sh, pad
+    row["us"] = {name: {mode: statistics.median(us[name][mode] for us in per_placement if name in us)
+                        for mode in ("cold", "hot")} for name in per_placement[0]}
+    if args.placements > 1:
+        row["placements"] = per_placement
     ratios(row, folders[0].label)
-    del sh
     return row
 
 
@@ -459,6 +478,8 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--graph-reps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--placements", type=int, default=1, help="time each K-way shape with its buffers in this "
+                    "many places (PLACEMENT_PAD_BYTES apart), the median of them (default 1)")
     ap.add_argument("--cap", type=float, default=1e9, help="seconds: stop starting shapes after this")
     ap.add_argument("--no-loop", dest="loop", action="store_false", help="no chunk loop in the grid")
     ap.add_argument("--out", default=".")

@@ -39,6 +39,9 @@
 #                                       (NAME) and fixed-K one (NAME-k) beside the shipped call and
 #                                       FlashInfer, for at most $KWAY_VARIANT_CAP s (default 180);
 #                                       variants.log and variants/kway.json.
+#                                       KWAY_PLACEMENTS=N times each grid shape with its buffers
+#                                       in N places (6 MiB apart), the median of them (session 27:
+#                                       a placement moved one kernel's time 8.45 -> 10.7 us).
 #                                       KWAY_REPEAT=1 runs those tables a second time (repeat/)
 #                                       and lists the grid's losses both runs show (repeated.txt:
 #                                       the ones that count, 2% noise rule).
@@ -130,7 +133,8 @@ run)
     [[ "${KWAY_OLD:-0}" == 1 ]] && extra+=(--kernels "old=$K/old")
     tables() {  # the tables into folder $1, the log as $2
         python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" --inplace "$K/inplace" "${extra[@]}" \
-            --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --out "$1" 2>&1 | tee "$2" || status=1
+            --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --placements "${KWAY_PLACEMENTS:-1}" \
+            --out "$1" 2>&1 | tee "$2" || status=1
     }
     tables "$OUT" "$OUT/kway.log"
     if [[ "${KWAY_REPEAT:-0}" == 1 ]]; then  # the same tables again: the losses both runs show count
