@@ -112,7 +112,8 @@ def swapgrid_manifest(path: Path):
     m = json.loads(path.read_text())
     for k in m["kernels"]:
         launch = k["launch"]
-        if "merge_states" in json.dumps(k["variant"]["family"]):
+        family = k["variant"]["family"]
+        if isinstance(family, dict) and "merge_states" in family:
             x, y = launch["grid_x"], launch["grid_y"]
             launch["grid_x"], launch["grid_y"] = dict(y, limit=x["limit"]), dict(x, limit=y["limit"])
             launch["grid_rule"] = "swapped: x = head blocks, y = token tiles (at most 65535)"
