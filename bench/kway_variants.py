@@ -14,6 +14,8 @@ since; `onehead` went with the guard it skipped; their edits are in git history.
            (FlashInfer's loop: at K = 2 two dependent round trips, fewer loads in
            flight); compare its runtime-K kernel, not the fixed-K ones
   nolast   tile-first for every grid, never last-first (the large merges' order)
+  lastcap  last-first only up to 1 GiB of states, launch order above (session 28: cold, in two
+           of three buffer placements, the shipped order was 6% slower above ~1.5 GiB)
   swapgrid head blocks in grid x, token tiles in grid y: launch order is tile-first with no
            renumbering (the block's indices straight from blockIdx, last-first a select);
            the folder's manifest says so (its grid axes swapped after `generate`, `--post`),
@@ -95,6 +97,21 @@ def nolast(files):
         sys.exit("kway_variants.py: nolast: the last-first lines are no longer where this edit looks")
 
 
+def lastcap(files):
+    """Last-first only for states of at most LASTCAP_BYTES (1 GiB): above, launch order again."""
+    s = files[KWAY]
+    s = replace(s, "constexpr unsigned int LAST_FIRST_ABOVE_BLOCK_STATES = LAST_FIRST_ABOVE_BYTES / BLOCK_STATE_BYTES;\n",
+                "constexpr unsigned int LAST_FIRST_ABOVE_BLOCK_STATES = LAST_FIRST_ABOVE_BYTES / BLOCK_STATE_BYTES;\n"
+                "constexpr unsigned int LAST_FIRST_SPAN = (1ull << 30) / BLOCK_STATE_BYTES - LAST_FIRST_ABOVE_BLOCK_STATES;\n",
+                "lastcap")
+    s = replace(s, "if (blocks * K > LAST_FIRST_ABOVE_BLOCK_STATES) tile",
+                "if (blocks * K - (LAST_FIRST_ABOVE_BLOCK_STATES + 1) < LAST_FIRST_SPAN) tile", "lastcap")
+    s = replace(s, "if (blocks > LAST_FIRST_ABOVE_BLOCK_STATES / NUM_STATES) tile",
+                "if (blocks - (LAST_FIRST_ABOVE_BLOCK_STATES / NUM_STATES + 1) < LAST_FIRST_SPAN / NUM_STATES) tile",
+                "lastcap")
+    files[KWAY] = s
+
+
 def swapgrid(files):
     s = files[KWAY]
     start = s.find("    const unsigned int tiles = gridDim.x, head_blocks = gridDim.y;\n    tile = blockIdx.x;")
@@ -121,7 +138,7 @@ def swapgrid_manifest(path: Path):
 
 
 IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "seq": seq, "nolast": nolast,
-         "swapgrid": swapgrid}
+         "swapgrid": swapgrid, "lastcap": lastcap}
 # Edits of the generated folder's manifest.json (kway.sh build: `--post NAME MANIFEST`).
 POST = {"swapgrid": swapgrid_manifest}
 # Schedule keys appended to the spec (docs/SPEC.md, "Schedule"): the kernels' shape, not their code.

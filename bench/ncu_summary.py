@@ -14,7 +14,8 @@ import sys
 
 WANT = ["Duration", "Executed Instructions", "Registers Per Thread", "Grid Size", "Block Size",
         "Achieved Occupancy", "Issue Slots Busy", "No Eligible", "Memory Throughput", "L2 Hit Rate",
-        "Warp Cycles Per Issued Instruction", "Waves Per SM"]
+        "Warp Cycles Per Issued Instruction", "Waves Per SM", "DRAM Throughput", "Mem Busy", "Max Bandwidth",
+        "L1/TEX Hit Rate"]
 
 
 def main(path: str) -> None:

@@ -49,7 +49,8 @@
 #                                       shipped default (KWAY_FI_KERNELS=.device/kway/flashinfer-api:
 #                                       the f32 kernels of tests/gpu-flashinfer.toml too).
 #                                       KWAY_NCU=1 then profiles the default and FlashInfer's
-#                                       MergeStates with Nsight Compute, hot, at $KWAY_NCU_SHAPES
+#                                       MergeStates with Nsight Compute, hot (KWAY_NCU_CACHE=all:
+#                                       cold), at $KWAY_NCU_SHAPES
 #                                       (K:TxHxD, default the grid's worst: 5:256x16x128,
 #                                       2:2048x16x128, 3:2048x16x128, 8:32768x16x128):
 #                                       ncu.csv and ncu-summary.txt (bench/ncu_summary.py).
@@ -147,8 +148,9 @@ run)
             --peers "$lib" --out "$OUT" 2>&1 | tail -40 | tee "$OUT/flashinfer_check.log"
     fi
     if [[ "${KWAY_NCU:-0}" == 1 ]]; then
-        # Hot: no cache flush between kernels (--cache-control none), each kernel right after its producer.
-        ncu --clock-control none --cache-control none --kernel-name 'regex:merge_states|MergeStates' \
+        # Hot: no cache flush between kernels (--cache-control none), each kernel right after its
+        # producer; KWAY_NCU_CACHE=all: cold, every cache flushed before each pass.
+        ncu --clock-control none --cache-control "${KWAY_NCU_CACHE:-none}" --kernel-name 'regex:merge_states|MergeStates' \
             --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
             --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis --csv --page details \
             python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" \
