@@ -126,7 +126,7 @@ run)
         variants=()
         while read -r name; do variants+=(--kernels "$name=$K/var-${name//+/_}"); done < "$K/variants.txt"
         python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" "${variants[@]}" --tables candidates \
-            --candidate-shapes "${KWAY_VARIANT_SHAPES:-small}" --cap "${KWAY_VARIANT_CAP:-180}" \
+            --candidate-shapes "${KWAY_VARIANT_SHAPES:-small}" --cap "${KWAY_VARIANT_CAP:-180}" --placements "${KWAY_PLACEMENTS:-1}" \
             --out "$OUT/variants" 2>&1 | tee "$OUT/variants.log" || status=1
     fi
     extra=()
