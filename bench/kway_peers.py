@@ -7,6 +7,8 @@ MergeStateInPlace:
                launch path (the kernel fixed at the call's K where the folder has one, else the
                runtime-K kernel; the row names it), checked bit for bit against the function's
                result; with --shipped it is the default the ratios and the summary use
+  shipped-name with --by-name: the kernel `shipped` selects, launched by name into the same
+               buffers (the kernel's time apart from the call path's)
   <label>      mla-gen's runtime-K kernel (`num_states = "runtime"`) of each kernel folder given
                with --kernels LABEL=DIR (candidates: other templates or schedules; without
                --shipped the first is the default), FlashInfer's lse (base 2,
@@ -25,8 +27,8 @@ flushed (512 MB memset) before each replay, median of --reps replays timed with 
 Hot: hot_l2.hot_us, graphs of R x [producer, X] minus R x [producer], the producer rewriting every
 input just before X. Rounds interleaved in rotating order, median per implementation.
 
-Each implementation's output is checked once per shape against a float64 reference on the first
-tokens before it is timed (a wrongly wired peer shows as `check failed`, not as a time; the loop's
+Each implementation's output is checked in every placement against a float64 reference on the
+first tokens before it is timed (a wrongly wired peer shows as `check failed`, not as a time; the loop's
 bound allows its K - 1 roundings to bf16, as a timing baseline). The
 `check` table first runs the semantic cases of kway_check.py (docs/SEMANTICS.md: +inf, NaN, empty
 rows, K = 1, padded strides, every element written, no output lse) on every kernel of the
@@ -78,6 +80,21 @@ LOG2E = 1.4426950408889634
 BF16 = torch.bfloat16
 
 
+def by_name(path, name, out, out_lse, v, s, runtime_k):
+    """A call that launches kernel `name` of folder `path` by name (mla_gen.launch_kernel)."""
+    values = {"output": out, "output_lse": out_lse, "states": v, "states_lse": s, "num_tokens": v.shape[0],
+              "num_heads": v.shape[2], "output_token_stride": out.stride(0), "output_head_stride": out.stride(1),
+              "states_token_stride": v.stride(0), "states_state_stride": v.stride(1),
+              "states_head_stride": v.stride(2)}
+    if runtime_k:
+        values["num_states"] = v.shape[1]
+
+    def call():
+        os.environ["MLA_GEN_KERNELS"] = path
+        mla_gen.launch_kernel(name, values)
+    return call
+
+
 class Folder:
     """A kernel folder: its bf16, base-2 merge_states kernels by (head size, K; None = runtime)."""
 
@@ -95,19 +112,7 @@ class Folder:
 
     def launcher(self, D, K, out, out_lse, v, s, fixed):
         name = self.kway.get((D, K if fixed else None))
-        if name is None:
-            return None
-        values = {"output": out, "output_lse": out_lse, "states": v, "states_lse": s, "num_tokens": v.shape[0],
-                  "num_heads": v.shape[2], "output_token_stride": out.stride(0), "output_head_stride": out.stride(1),
-                  "states_token_stride": v.stride(0), "states_state_stride": v.stride(1),
-                  "states_head_stride": v.stride(2)}
-        if not fixed:
-            values["num_states"] = K
-
-        def call():
-            os.environ["MLA_GEN_KERNELS"] = self.path
-            mla_gen.launch_kernel(name, values)
-        return call
+        return None if name is None else by_name(self.path, name, out, out_lse, v, s, runtime_k=not fixed)
 
     def impls(self, sh, fixed_too):
         """label -> call: the runtime-K kernel, and with `fixed_too` the kernel fixed at K."""
@@ -123,8 +128,11 @@ class Shipped:
 
     label = "shipped"
 
-    def __init__(self, path):
+    def __init__(self, path, by_name=False):
         self.path = str(Path(path).resolve())
+        self.by_name = by_name
+        manifest = json.loads(Path(path, "manifest.json").read_text())
+        self.runtime_k = {k["name"]: any(p["name"] == "num_states" for p in k["params"]) for k in manifest["kernels"]}
 
     def _args(self, sh):
         os.environ["MLA_GEN_KERNELS"] = self.path
@@ -135,7 +143,14 @@ class Shipped:
         return _torch._prepare(*self._args(sh))[0].name
 
     def impls(self, sh, fixed_too):
-        return {self.label: lambda: _torch._call(*self._args(sh))}
+        """The call path; with by_name also the kernel it selects launched by name (shipped-name:
+        the kernel's own time, apart from the path's)."""
+        calls = {self.label: lambda: _torch._call(*self._args(sh))}
+        if self.by_name:
+            name = self.kernel(sh)
+            calls[self.label + "-name"] = by_name(self.path, name, sh.out, sh.out_lse, sh.v, sh.s2,
+                                                  runtime_k=self.runtime_k[name])
+        return calls
 
     def differs_from_the_function(self, sh):
         """None, or how mla_gen.flashinfer.merge_states's own result differs from the one the
@@ -344,15 +359,19 @@ def bench_kway(tag, K, T, H, D, folders, fi, args, fixed_too=True, loop=True):
         sh = KwayShape(T, K, H, D, seed=T * 7 + K * 5 + H * 3 + D, loop=loop)
         row["bytes"] = sh.nbytes
         impls = implementations(sh, folders, fi, fixed_too, loop)
+        # Every placement runs the same steps before its timing (session 28: with the checks in
+        # placement 0 only, the call path alone was 5% slower cold in the others); a failure is
+        # recorded once and that implementation left out of every placement.
         for name, (call, _, lse2) in list(impls.items()):
-            if p == 0:  # the same inputs in every placement: checked once, the failures left out
-                problem = sh.check(name, call, lse2, roundings=K - 1 if name == "loop" else 1)
-                if name == Shipped.label and not problem:
-                    row["kernel"] = folders[0].kernel(sh)
-                    problem = folders[0].differs_from_the_function(sh)
-                if problem:
-                    row["errors"].append(problem)
-                    failed.add(name)
+            problem = sh.check(name, call, lse2, roundings=K - 1 if name == "loop" else 1)
+            if name == Shipped.label and not problem:
+                kernel = folders[0].kernel(sh)
+                if row.setdefault("kernel", kernel) != kernel:  # selection does not look at addresses
+                    problem = f"check failed: shipped: placement {p} selects {kernel}, not {row['kernel']}"
+                problem = problem or folders[0].differs_from_the_function(sh)
+            if problem and name not in failed:
+                row["errors"].append(problem)
+                failed.add(name)
             if name in failed:
                 del impls[name]
         copy = (lambda: sh.copy_dst.copy_(sh.copy_src.views[0]), sh.copy_src.producer)
@@ -482,6 +501,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--placements", type=int, default=1, help="time each K-way shape with its buffers in this "
                     "many places (PLACEMENT_PAD_BYTES apart), the median of them (default 1)")
+    ap.add_argument("--by-name", action="store_true", help="time the kernel --shipped's call selects launched "
+                    "by name too (shipped-name): the kernel apart from the call path")
     ap.add_argument("--cap", type=float, default=1e9, help="seconds: stop starting shapes after this")
     ap.add_argument("--no-loop", dest="loop", action="store_false", help="no chunk loop in the grid")
     ap.add_argument("--out", default=".")
@@ -490,7 +511,7 @@ def main():
     ap.add_argument("--profile", metavar="K:TxHxD,...", help="no timing: launch the default and FlashInfer at "
                     "these shapes, for ncu")
     args = ap.parse_args()
-    folders = ([Shipped(args.shipped)] if args.shipped else []) + [Folder(*item.split("=", 1)) for item in args.kernels]
+    folders = ([Shipped(args.shipped, args.by_name)] if args.shipped else []) + [Folder(*item.split("=", 1)) for item in args.kernels]
     if not folders:
         sys.exit("kway_peers.py: give --shipped DIR or at least one --kernels LABEL=DIR")
     fi = FlashInfer(args.peers)

@@ -42,6 +42,8 @@
 #                                       KWAY_PLACEMENTS=N times each grid shape with its buffers
 #                                       in N places (6 MiB apart), the median of them (session 27:
 #                                       a placement moved one kernel's time 8.45 -> 10.7 us).
+#                                       KWAY_BY_NAME=1 times the kernel the call selects launched
+#                                       by name too (shipped-name), the kernel apart from the path.
 #                                       KWAY_REPEAT=1 runs those tables a second time (repeat/)
 #                                       and lists the grid's losses both runs show (repeated.txt:
 #                                       the ones that count, 2% noise rule).
@@ -132,6 +134,7 @@ run)
     extra=()
     [[ "${KWAY_LOOP:-0}" == 1 ]] || extra+=(--no-loop)
     [[ "${KWAY_OLD:-0}" == 1 ]] && extra+=(--kernels "old=$K/old")
+    [[ "${KWAY_BY_NAME:-0}" == 1 ]] && extra+=(--by-name)
     tables() {  # the tables into folder $1, the log as $2
         python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" --inplace "$K/inplace" "${extra[@]}" \
             --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --placements "${KWAY_PLACEMENTS:-1}" \
