@@ -145,6 +145,10 @@ run)
         tables "$OUT/repeat" "$OUT/kway-repeat.log"
         python3 bench/kway_tables.py --repeated "$OUT/kway.json" "$OUT/repeat/kway.json" | tee "$OUT/repeated.txt" \
             || status=1
+        if [[ "${KWAY_BY_NAME:-0}" == 1 ]]; then  # the selected kernels by name, the same rule
+            python3 bench/kway_tables.py --repeated "$OUT/kway.json" "$OUT/repeat/kway.json" --label shipped-name \
+                | tee -a "$OUT/repeated.txt" || status=1
+        fi
     fi
     if [[ "${KWAY_FI_CHECK:-0}" == 1 ]]; then
         MLA_GEN_KERNELS="${KWAY_FI_KERNELS:-$K/shipped}" PYTHONPATH=python python3 bench/flashinfer_check.py \
