@@ -3,7 +3,8 @@ beside the shipped kernels (bench/gpu/kway.sh build with KWAY_VARIANTS; issue #3
 hot losses at 2-5 us merges). Measurement only: `i32` is wrong past 2^31 elements, `noplace`
 drops the last-first order of large merges. (`tilefirst`, session 26's renumbering of grids the
 GPU holds at once, and `cheapfirst`, session 27's branch-free form of it, are in the template
-since; `onehead` went with the guard it skipped; their edits are in git history.)
+since; `onehead` went with the guard it skipped; `swapgrid`, head blocks in grid x, was noise
+once buffers were timed in several placements, session 28; their edits are in git history.)
 
   noplace  no block placement: launch order (place_merge_block's renumbering and tests gone)
   i32      32-bit index and offset arithmetic (FlashInfer's), not 64-bit
@@ -14,12 +15,8 @@ since; `onehead` went with the guard it skipped; their edits are in git history.
            (FlashInfer's loop: at K = 2 two dependent round trips, fewer loads in
            flight); compare its runtime-K kernel, not the fixed-K ones
   nolast   tile-first for every grid, never last-first (the large merges' order)
-  lastcap  last-first only up to 1 GiB of states, launch order above (session 28: cold, in two
-           of three buffer placements, the shipped order was 6% slower above ~1.5 GiB)
-  swapgrid head blocks in grid x, token tiles in grid y: launch order is tile-first with no
-           renumbering (the block's indices straight from blockIdx, last-first a select);
-           the folder's manifest says so (its grid axes swapped after `generate`, `--post`),
-           so only launches of at most 65535 token tiles run
+  lastcap  last-first only up to 1 GiB of states, launch order above (session 28: equal to the
+           shipped order by name; the large cold losses were the call path's timing)
   b256h8   schedule keys, not a template: 256-thread blocks of 8 heads (D = 256: one token's
            8 heads a block, not 4; the spec's other head sizes change too)
   b1024h32 1024-thread blocks of 32 heads (D = 256: FlashInfer's block, one token's 32 heads)
@@ -28,12 +25,10 @@ A name joins ideas with `+` (`noplace+i32`), applied left to right.
 
   python3 bench/kway_variants.py NAME SRC DST SPEC   # SRC: templates/, DST: the new folder,
                                                      # SPEC: the spec, written as DST/spec.toml
-  python3 bench/kway_variants.py --post NAME MANIFEST # after generate: NAME's manifest edits
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import sys
@@ -112,46 +107,14 @@ def lastcap(files):
     files[KWAY] = s
 
 
-def swapgrid(files):
-    s = files[KWAY]
-    start = s.find("    const unsigned int tiles = gridDim.x, head_blocks = gridDim.y;\n    tile = blockIdx.x;")
-    end = s.find("    const unsigned int blocks = tiles * head_blocks;", start)
-    if start < 0 or end < start:
-        sys.exit("kway_variants.py: swapgrid: place_merge_block's body is no longer where this edit looks")
-    files[KWAY] = s[:start] + """    const unsigned int tiles = gridDim.y, head_blocks = gridDim.x;
-    tile = blockIdx.y;
-    head_block = blockIdx.x;
-""" + s[end:]
-
-
-def swapgrid_manifest(path: Path):
-    """The manifest of a swapgrid folder: grid x counts head blocks, y token tiles (<= 65535)."""
-    m = json.loads(path.read_text())
-    for k in m["kernels"]:
-        launch = k["launch"]
-        family = k["variant"]["family"]
-        if isinstance(family, dict) and "merge_states" in family:
-            x, y = launch["grid_x"], launch["grid_y"]
-            launch["grid_x"], launch["grid_y"] = dict(y, limit=x["limit"]), dict(x, limit=y["limit"])
-            launch["grid_rule"] = "swapped: x = head blocks, y = token tiles (at most 65535)"
-    path.write_text(json.dumps(m, indent=2))
-
-
 IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "seq": seq, "nolast": nolast,
-         "swapgrid": swapgrid, "lastcap": lastcap}
-# Edits of the generated folder's manifest.json (kway.sh build: `--post NAME MANIFEST`).
-POST = {"swapgrid": swapgrid_manifest}
+         "lastcap": lastcap}
 # Schedule keys appended to the spec (docs/SPEC.md, "Schedule"): the kernels' shape, not their code.
 SCHEDULES = {"b256h8": "block_threads = 256\nheads_per_block = 8\n",
              "b1024h32": "block_threads = 1024\nheads_per_block = 32\n"}
 
 
 def main():
-    if len(sys.argv) == 4 and sys.argv[1] == "--post":
-        for idea in sys.argv[2].split("+"):
-            if idea in POST:
-                POST[idea](Path(sys.argv[3]))
-        return
     if len(sys.argv) != 5:
         sys.exit(__doc__)
     name, src, dst, spec = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])

@@ -104,7 +104,6 @@ build)
                 python3 bench/kway_variants.py "$name" templates "$templates" specs/kway-candidates-3.toml
             fi
             gen "$spec" "$templates" "var-${name//+/_}"  # '+': '_' in paths
-            python3 bench/kway_variants.py --post "$name" "$K/var-${name//+/_}/manifest.json"
             rm -rf "$K/templates-$name" "$K/var-${name//+/_}"/kernels/*.ptx
             echo "$name" >> "$K/variants.txt"
         done
