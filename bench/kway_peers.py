@@ -128,9 +128,9 @@ class Shipped:
 
     label = "shipped"
 
-    def __init__(self, path, by_name=False):
+    def __init__(self, path, also_by_name=False):
         self.path = str(Path(path).resolve())
-        self.by_name = by_name
+        self.also_by_name = also_by_name
         manifest = json.loads(Path(path, "manifest.json").read_text())
         self.runtime_k = {k["name"]: any(p["name"] == "num_states" for p in k["params"]) for k in manifest["kernels"]}
 
@@ -146,7 +146,7 @@ class Shipped:
         """The call path; with by_name also the kernel it selects launched by name (shipped-name:
         the kernel's own time, apart from the path's)."""
         calls = {self.label: lambda: _torch._call(*self._args(sh))}
-        if self.by_name:
+        if self.also_by_name:
             name = self.kernel(sh)
             calls[self.label + "-name"] = by_name(self.path, name, sh.out, sh.out_lse, sh.v, sh.s2,
                                                   runtime_k=self.runtime_k[name])
@@ -511,7 +511,8 @@ def main():
     ap.add_argument("--profile", metavar="K:TxHxD,...", help="no timing: launch the default and FlashInfer at "
                     "these shapes, for ncu")
     args = ap.parse_args()
-    folders = ([Shipped(args.shipped, args.by_name)] if args.shipped else []) + [Folder(*item.split("=", 1)) for item in args.kernels]
+    folders = ([Shipped(args.shipped, args.by_name)] if args.shipped else []) + [
+        Folder(*item.split("=", 1)) for item in args.kernels]
     if not folders:
         sys.exit("kway_peers.py: give --shipped DIR or at least one --kernels LABEL=DIR")
     fi = FlashInfer(args.peers)
