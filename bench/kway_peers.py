@@ -147,7 +147,10 @@ class Shipped:
         the kernel's own time, apart from the path's)."""
         calls = {self.label: lambda: _torch._call(*self._args(sh))}
         if self.also_by_name:
-            name = self.kernel(sh)
+            try:
+                name = self.kernel(sh)
+            except (LookupError, ValueError):  # no kernel serves the call: its check says so
+                return calls
             calls[self.label + "-name"] = by_name(self.path, name, sh.out, sh.out_lse, sh.v, sh.s2,
                                                   runtime_k=self.runtime_k[name])
         return calls
