@@ -93,7 +93,7 @@ def nolast(files):
 
 
 def lastcap(files):
-    """Last-first only for states of at most LASTCAP_BYTES (1 GiB): above, launch order again."""
+    """Last-first only for states of at most 1 GiB (LAST_FIRST_SPAN above the 20 MiB bound): above, launch order."""
     s = files[KWAY]
     s = replace(s, "constexpr unsigned int LAST_FIRST_ABOVE_BLOCK_STATES = LAST_FIRST_ABOVE_BYTES / BLOCK_STATE_BYTES;\n",
                 "constexpr unsigned int LAST_FIRST_ABOVE_BLOCK_STATES = LAST_FIRST_ABOVE_BYTES / BLOCK_STATE_BYTES;\n"
