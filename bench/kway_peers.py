@@ -46,8 +46,8 @@ With ``--profile K:TxHxD,...`` nothing is timed: each shape's default and FlashI
 each right after its producer (as hot), for Nsight Compute (bench/gpu/kway.sh, KWAY_NCU=1).
 
   python3 bench/kway_peers.py --peers DIR [--shipped DIR] [--kernels new=DIR ...] [--no-loop]
-      [--inplace DIR] [--check-kernels DIR] [--unchecked LABEL]
-      [--tables check,candidates,states,inplace,family,grid] [--candidate-shapes K:TxHxD,...]
+      [--inplace [LABEL=]DIR ...] [--check-kernels DIR] [--unchecked LABEL]
+      [--tables check,candidates,states,inplace,family,family-inplace,grid] [--candidate-shapes K:TxHxD,...]
       [--cap SECONDS] [--placements N] [--out DIR]   (bench/gpu/kway.sh run: the lead's one command)
   python3 bench/kway_peers.py --peers DIR --shipped DIR --profile 5:256x16x128,2:2048x16x128
 """
@@ -417,9 +417,9 @@ def print_kway(row, default):
     print(" ".join(parts) + ("  " + "; ".join(row["errors"]) if row["errors"] else ""), flush=True)
 
 
-def bench_inplace(T, H, D, folder, fi, args, table="inplace", mask=False):
-    """The in-place merge beside MergeStateInPlace; with `mask`, a [T] uint8 mask (a quarter of
-    the tokens 0: left as they are) given to both."""
+def bench_inplace(T, H, D, folders, fi, args, table="inplace", mask=False):
+    """The in-place merge of each (label, folder) of `folders` beside MergeStateInPlace; with
+    `mask`, a [T] uint8 mask (a quarter of the tokens 0: left as they are) given to all."""
     g = torch.Generator(device="cuda").manual_seed(T + H + D)
     inputs = Arena([((T, H, D), BF16), ((T, H), torch.float32), ((T, H, D), BF16), ((T, H), torch.float32),
                     ((T,), torch.uint8)])
@@ -434,11 +434,13 @@ def bench_inplace(T, H, D, folder, fi, args, table="inplace", mask=False):
     row = {"table": table, "T": T, "H": H, "D": D, "mask": mask, "bytes": nbytes, "errors": []}
     mask_arg = keep if mask else None
 
-    def ours():
-        os.environ["MLA_GEN_KERNELS"] = folder
-        mfi.merge_state_in_place(v, s, vo, so, mask=mask_arg)
-    impls = {"mla-gen": (ours, inputs.producer, None),
-             "flashinfer": (lambda: fi.merge_state_in_place(v, s, vo, so, mask_arg), inputs.producer, None)}
+    def ours(folder):
+        def call():
+            os.environ["MLA_GEN_KERNELS"] = folder
+            mfi.merge_state_in_place(v, s, vo, so, mask=mask_arg)
+        return call
+    impls = {label: (ours(folder), inputs.producer, None) for label, folder in folders}
+    impls["flashinfer"] = (lambda: fi.merge_state_in_place(v, s, vo, so, mask_arg), inputs.producer, None)
     n = min(T, 48)
     x = torch.stack([s[:n], so[:n]], 1).double()
     m = x.max(1).values
@@ -460,12 +462,13 @@ def bench_inplace(T, H, D, folder, fi, args, table="inplace", mask=False):
             del impls[name]
     row["us"] = time_beside_copy(impls, nbytes, args)
     us = row["us"]
-    if "mla-gen" in us and "flashinfer" in us:
-        row["x_fi"] = {mode: us["flashinfer"][mode] / us["mla-gen"][mode] for mode in ("cold", "hot")}
+    row["x_fi"] = {label: {mode: us["flashinfer"][mode] / us[label][mode] for mode in ("cold", "hot")}
+                   for label, _ in folders if label in us and "flashinfer" in us}
+    nan = float("nan")
     print(f"in-place{' mask' if mask else ''} T={T:>5} H={H:>2} D={D:>3} {nbytes / 1e6:>7.1f}MB | " + " | ".join(
-        f"{mode} mla-gen {us.get('mla-gen', {}).get(mode, float('nan')):7.2f}us fi "
-        f"{us.get('flashinfer', {}).get(mode, float('nan')):7.2f}us copy {us['copy'][mode]:7.2f}us x fi "
-        f"{row.get('x_fi', {}).get(mode, float('nan')):.3f}" for mode in ("cold", "hot"))
+        f"{mode} {folders[0][0]} {us.get(folders[0][0], {}).get(mode, nan):7.2f}us fi "
+        f"{us.get('flashinfer', {}).get(mode, nan):7.2f}us copy {us['copy'][mode]:7.2f}us x fi "
+        + " ".join(f"{label}:{x[mode]:.3f}" for label, x in row["x_fi"].items()) for mode in ("cold", "hot"))
         + ("  " + "; ".join(row["errors"]) if row["errors"] else ""), flush=True)
     return row
 
@@ -492,13 +495,16 @@ def main():
     ap.add_argument("--kernels", action="append", default=[], metavar="LABEL=DIR",
                     help="kernel folder launched by name (specs/kway-candidates-3.toml); the first is the "
                     "default without --shipped")
-    ap.add_argument("--inplace", metavar="DIR", help="folder with base-2 token-major merge_state_in_place kernels "
-                    "(the family table: with and without the mask)")
+    ap.add_argument("--inplace", action="append", default=[], metavar="[LABEL=]DIR",
+                    help="folder with base-2 token-major merge_state_in_place kernels (the inplace table, "
+                    "the family table with and without the mask), run through mla_gen.flashinfer's call; "
+                    "repeat for candidates (the first is the default; label mla-gen when none is given)")
     ap.add_argument("--check-kernels", metavar="DIR", help="folder of bench/kway-check.toml for --tables check")
     ap.add_argument("--unchecked", action="append", default=[], metavar="LABEL",
                     help="a --kernels folder the semantic checks skip (the base templates' rules differ)")
     ap.add_argument("--tables", default="check,candidates,states,inplace,grid",
-                    help="any of check,candidates,states,inplace,family,grid")
+                    help="any of check,candidates,states,inplace,family,family-inplace,grid (family-inplace: "
+                    "the family table's in-place rows alone)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--graph-reps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2)
@@ -571,17 +577,18 @@ def main():
         run("states 1-16 (the default: --shipped's kernels, else the first folder's runtime K)", STATES_SHAPES,
             lambda K, T, H, D: print_kway(r := bench_kway("states", K, T, H, D, first, fi, args, fixed_too=False),
                                           folders[0].label) or r)
-    if "inplace" in tables and args.inplace:
+    inplace = [(item.split("=", 1) if "=" in item else ("mla-gen", item)) for item in args.inplace]
+    inplace = [(label, str(Path(path).resolve())) for label, path in inplace]
+    if "inplace" in tables and inplace:
         run("in-place beside MergeStateInPlace", INPLACE_SHAPES,
-            lambda T, H, D: bench_inplace(T, H, D, str(Path(args.inplace).resolve()), fi, args))
+            lambda T, H, D: bench_inplace(T, H, D, inplace, fi, args))
     if "family" in tables:
         run("family: MergeStates at 1-16 states beside the chunk loop (the default)",
             FAMILY_SHAPES, lambda K, T, H, D: print_kway(
                 r := bench_kway("family", K, T, H, D, first, fi, args, fixed_too=False), folders[0].label) or r)
-        if args.inplace:
-            run("family: MergeStateInPlace, without and with a mask", FAMILY_INPLACE,
-                lambda T, H, D, mask: bench_inplace(T, H, D, str(Path(args.inplace).resolve()), fi, args,
-                                                    table="family-inplace", mask=mask))
+    if ("family" in tables or "family-inplace" in tables) and inplace:
+        run("family: MergeStateInPlace, without and with a mask", FAMILY_INPLACE,
+            lambda T, H, D, mask: bench_inplace(T, H, D, inplace, fi, args, table="family-inplace", mask=mask))
     if "grid" in tables:
         shapes = [(K, T, H, D) for H, D in GRID_HD for K in GRID_K for T in GRID_T]
 

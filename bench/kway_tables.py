@@ -73,10 +73,13 @@ def summary(rows, default):
         lines.append(f"family K={K} ({len(rs)} shapes): x fi {fi}" + (f"; x loop {loop}" if loop else ""))
     for table, mask in (("inplace", False), ("family-inplace", False), ("family-inplace", True)):
         inplace = [r for r in rows if r["table"] == table and r.get("mask", False) == mask and "x_fi" in r]
-        for mode in ("cold", "hot") if inplace else ():
-            xs = [r["x_fi"][mode] for r in inplace]
-            lines.append(f"{table}{' mask' if mask else ''} {mode}: x fi median {statistics.median(xs):.3f}, min "
-                         f"{min(xs):.3f}, {sum(x < 0.98 for x in xs)} of {len(xs)} below 0.98")
+        labels = list(dict.fromkeys(n for r in inplace for n in r["x_fi"]))
+        for mode, label in ((m, n) for m in ("cold", "hot") for n in labels):
+            xs = [(r["x_fi"][label][mode], r) for r in inplace if label in r["x_fi"]]
+            worst = min(xs, key=lambda p: p[0])
+            lines.append(f"{table}{' mask' if mask else ''} {mode} {label}: x fi median "
+                         f"{statistics.median(x for x, _ in xs):.3f}, min {worst[0]:.3f} (T={worst[1]['T']} "
+                         f"H={worst[1]['H']} D={worst[1]['D']}), {sum(x < 0.98 for x, _ in xs)} of {len(xs)} below 0.98")
     for table in ("family", "grid"):
         kway = [r for r in rows if r["table"] == table and "x_loop" in r]
         for mode in ("cold", "hot"):

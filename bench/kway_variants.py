@@ -21,6 +21,18 @@ once buffers were timed in several placements, session 28; their edits are in gi
            8 heads a block, not 4; the spec's other head sizes change too)
   b1024h32 1024-thread blocks of 32 heads (D = 256: FlashInfer's block, one token's 32 heads)
 
+The in-place merge's ideas (KWAY_INPLACE_VARIANTS; its schedule keys are the ones above and these):
+
+  warpsync __syncwarp, not __syncthreads, between the lse reads and lane 0's lse write where a
+           row's threads lie in one warp (FlashInfer's MergeStateInPlace has no barrier there)
+  nosync   no barrier at all (FlashInfer's: measurement only, the lse read and write of a row
+           are then ordered by nothing but the warp's lockstep)
+  ncstate  the state's rows read with ld.global.nc like the other's (each element is read once,
+           then written by the same thread); not a template for the default without a proof
+  b256h16  256-thread blocks of 16 heads
+  b512h32  512-thread blocks of 32 heads (D = 128: FlashInfer's block at 32 heads, a token's heads)
+  r2       two rows per thread (tokens apart by the block's tokens)
+
 A name joins ideas with `+` (`noplace+i32`), applied left to right.
 
   python3 bench/kway_variants.py NAME SRC DST SPEC   # SRC: templates/, DST: the new folder,
@@ -36,6 +48,8 @@ from pathlib import Path
 
 KWAY = "merge_states.cu.tera"
 PRELUDE = "prelude.cu.tera"
+INPLACE = "merge_state_in_place.cu.tera"
+BARRIER = "    __syncthreads();\n\n    // Phase 2"
 
 
 def replace(text: str, old: str, new: str, what: str) -> str:
@@ -107,11 +121,28 @@ def lastcap(files):
     files[KWAY] = s
 
 
+def warpsync(files):
+    files[INPLACE] = replace(files[INPLACE], BARRIER, "{%- if launch.threads_per_row <= 32 and 32 % "
+                             "launch.threads_per_row == 0 %}\n    __syncwarp();\n{%- else %}\n"
+                             "    __syncthreads();\n{%- endif %}\n\n    // Phase 2", "warpsync")
+
+
+def nosync(files):
+    files[INPLACE] = replace(files[INPLACE], BARRIER, "\n    // Phase 2", "nosync")
+
+
+def ncstate(files):
+    files[INPLACE] = replace(files[INPLACE], "mine[r][k] = load_pack_rw(", "mine[r][k] = load_pack(", "ncstate")
+
+
 IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "seq": seq, "nolast": nolast,
-         "lastcap": lastcap}
+         "lastcap": lastcap, "warpsync": warpsync, "nosync": nosync, "ncstate": ncstate}
 # Schedule keys appended to the spec (docs/SPEC.md, "Schedule"): the kernels' shape, not their code.
 SCHEDULES = {"b256h8": "block_threads = 256\nheads_per_block = 8\n",
-             "b1024h32": "block_threads = 1024\nheads_per_block = 32\n"}
+             "b1024h32": "block_threads = 1024\nheads_per_block = 32\n",
+             "b256h16": "block_threads = 256\nheads_per_block = 16\n",
+             "b512h32": "block_threads = 512\nheads_per_block = 32\n",
+             "r2": "rows_per_thread = 2\n"}
 
 
 def main():
@@ -121,7 +152,7 @@ def main():
     unknown = [i for i in name.split("+") if i not in IDEAS and i not in SCHEDULES]
     if unknown:
         sys.exit(f"kway_variants.py: unknown idea {unknown[0]!r}; known: {', '.join([*IDEAS, *SCHEDULES])}")
-    files = {f: (src / f).read_text() for f in (KWAY, PRELUDE)}
+    files = {f: (src / f).read_text() for f in (KWAY, PRELUDE, INPLACE)}
     spec_text = spec.read_text()
     for idea in name.split("+"):
         if idea in SCHEDULES:

@@ -17,6 +17,11 @@
 #                                     REV's templates, runtime and fixed K launched by name
 #                                     (KWAY_OLD=1 at run time times it beside). The rows_per_thread
 #                                     candidates of runs 122-127 (not adopted) are in git history.
+#                                     KWAY_INPLACE_VARIANTS="warpsync b512h32 ..." builds
+#                                     inplace-NAME (bench/kway_variants.py's in-place ideas and
+#                                     schedule keys over spec-inplace.toml); `run` times each
+#                                     beside `inplace` in the inplace and family tables
+#                                     (KWAY_TABLES=inplace,family).
 #                                     KWAY_VARIANTS="noplace noplace+i32 ..." also builds var-cur
 #                                     (templates/) and var-NAME ('+' as '_'; the templates of
 #                                     bench/kway_variants.py NAME: the K-way kernel stripped or
@@ -108,8 +113,17 @@ build)
             echo "$name" >> "$K/variants.txt"
         done
     fi
+    if [[ -n "${KWAY_INPLACE_VARIANTS:-}" ]]; then  # in-place candidates beside `inplace`
+        : > "$K/inplace-variants.txt"
+        for name in $KWAY_INPLACE_VARIANTS; do
+            python3 bench/kway_variants.py "$name" templates "$K/templates-$name" "$K/spec-inplace.toml"
+            gen "$K/templates-$name/spec.toml" "$K/templates-$name" "inplace-${name//+/_}"
+            rm -rf "$K/templates-$name" "$K/inplace-${name//+/_}"/kernels/*.ptx
+            echo "$name" >> "$K/inplace-variants.txt"
+        done
+    fi
     find "$K" -name '*.cu' -delete
-    bench/gpu/built.sh kway "$K" 45 "${BASE:+; old: $BASE}${KWAY_VARIANTS:+; variants: $KWAY_VARIANTS}"
+    bench/gpu/built.sh kway "$K" 45 "${BASE:+; old: $BASE}${KWAY_VARIANTS:+; variants: $KWAY_VARIANTS}${KWAY_INPLACE_VARIANTS:+; in-place variants: $KWAY_INPLACE_VARIANTS}"
     ;;
 run)
     OUT="${OUT:-.device/out}/kway"
@@ -134,8 +148,12 @@ run)
     [[ "${KWAY_LOOP:-0}" == 1 ]] || extra+=(--no-loop)
     [[ "${KWAY_OLD:-0}" == 1 ]] && extra+=(--kernels "old=$K/old")
     [[ "${KWAY_BY_NAME:-0}" == 1 ]] && extra+=(--by-name)
+    inplace=(--inplace "mla-gen=$K/inplace")
+    if [[ -f "$K/inplace-variants.txt" ]]; then
+        while read -r name; do inplace+=(--inplace "$name=$K/inplace-${name//+/_}"); done < "$K/inplace-variants.txt"
+    fi
     tables() {  # the tables into folder $1, the log as $2
-        python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" --inplace "$K/inplace" "${extra[@]}" \
+        python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" "${inplace[@]}" "${extra[@]}" \
             --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --placements "${KWAY_PLACEMENTS:-1}" \
             --out "$1" 2>&1 | tee "$2" || status=1
     }

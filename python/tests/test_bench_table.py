@@ -88,6 +88,18 @@ def test_kway_summary_counts_each_label_below_0_98_and_the_grid_per_k():
             "hot median 0.970 min 0.950, 2 below 0.98") in lines
 
 
+def test_inplace_summary_counts_each_candidate_apart():
+    def row(T, xs, mask=False):
+        return {"table": "family-inplace", "T": T, "H": 8, "D": 128, "mask": mask,
+                "x_fi": {label: {"cold": x, "hot": x} for label, x in xs.items()}}
+    rows = [row(256, {"mla-gen": 0.95, "warpsync": 1.01}), row(2048, {"mla-gen": 0.99, "warpsync": 0.97}),
+            row(256, {"mla-gen": 1.2}, mask=True)]
+    lines = kway_tables.summary(rows, "shipped")
+    assert "family-inplace hot mla-gen: x fi median 0.970, min 0.950 (T=256 H=8 D=128), 1 of 2 below 0.98" in lines
+    assert "family-inplace cold warpsync: x fi median 0.990, min 0.970 (T=2048 H=8 D=128), 1 of 2 below 0.98" in lines
+    assert "family-inplace mask hot mla-gen: x fi median 1.200, min 1.200 (T=256 H=8 D=128), 0 of 1 below 0.98" in lines
+
+
 def test_kway_losses_count_only_where_the_second_run_repeats_them():
     def run(xs):
         return [{"table": "grid", "K": 2, "T": T, "H": 8, "D": 64, "x_fi": {"shipped": {"hot": x, "cold": 1.0}}}
