@@ -23,7 +23,8 @@ MergeStateInPlace:
   copy         a device-to-device copy of the K-way merge's bytes (read + written): the limit
 
 Cold: every implementation captured in a CUDA graph (the loop's K - 1 launches in one), L2
-flushed (512 MB memset) before each replay, median of --reps replays timed with CUDA events.
+flushed (512 MB memset) before each replay, median of --reps replays timed with CUDA events,
+after one series of the copy's thrown away (the first series timed ran slow: session 29).
 Hot: hot_l2.hot_us, graphs of R x [producer, X] minus R x [producer], the producer rewriting every
 input just before X. Rounds interleaved in rotating order, median per implementation.
 
@@ -321,6 +322,10 @@ def time_all(impls, copy, nbytes, args):
     calls = {name: c for name, (c, _, _) in impls.items()} | {"copy": copy[0]}
     R = iterations(nbytes)
     names = list(graphs)
+    # A series thrown away first: the first cold series after the checks and captures ran 13% slow
+    # at merges of 1-5 GB whichever graph it timed, the same graph's next series not (session 29,
+    # bench/kway_graphs.py); with two rounds that series was half of the first graph's median.
+    cold_us(graphs["copy"], args.reps)
     times = {}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
@@ -487,6 +492,29 @@ def profile(shapes: str, default, fi):
         del sh
 
 
+def profile_inplace(shapes: str, inplace, fi):
+    """--profile-inplace: each T x H x D's in-place merges (every --inplace folder, then
+    MergeStateInPlace), twice, each right after its producer (as hot), for ncu."""
+    for T, H, D in (tuple(int(x) for x in item.split("x")) for item in shapes.split(",")):
+        inputs = Arena([((T, H, D), BF16), ((T, H), torch.float32), ((T, H, D), BF16), ((T, H), torch.float32)])
+        v, s, vo, so = inputs.views
+        for x in (v, vo, s, so):
+            x.uniform_(-4, 4)
+        inputs.seal()
+        calls = [(label, folder) for label, folder in inplace] + [("flashinfer", None)]
+        for label, folder in calls:
+            for _ in range(2):
+                inputs.producer()
+                if folder is None:
+                    fi.merge_state_in_place(v, s, vo, so)
+                else:
+                    os.environ["MLA_GEN_KERNELS"] = folder
+                    mfi.merge_state_in_place(v, s, vo, so)
+            torch.cuda.synchronize()
+            print(f"# profiled in-place {label} at T={T} H={H} D={D}", file=sys.stderr, flush=True)
+        del inputs
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", required=True, help="folder with libpeers_fi.so and libpeers_vllm.so")
@@ -519,7 +547,13 @@ def main():
                     "instead of its own; `small`: the grid's merges of at most 20 MiB of states")
     ap.add_argument("--profile", metavar="K:TxHxD,...", help="no timing: launch the default and FlashInfer at "
                     "these shapes, for ncu")
+    ap.add_argument("--profile-inplace", metavar="TxHxD,...", help="no timing: launch each --inplace folder's "
+                    "merge and MergeStateInPlace at these shapes, for ncu")
     args = ap.parse_args()
+    inplace = [(item.split("=", 1) if "=" in item else ("mla-gen", item)) for item in args.inplace]
+    inplace = [(label, str(Path(path).resolve())) for label, path in inplace]
+    if args.profile_inplace:
+        return profile_inplace(args.profile_inplace, inplace, FlashInfer(args.peers))
     folders = ([Shipped(args.shipped, args.by_name)] if args.shipped else []) + [
         Folder(*item.split("=", 1)) for item in args.kernels]
     if not folders:
@@ -577,8 +611,6 @@ def main():
         run("states 1-16 (the default: --shipped's kernels, else the first folder's runtime K)", STATES_SHAPES,
             lambda K, T, H, D: print_kway(r := bench_kway("states", K, T, H, D, first, fi, args, fixed_too=False),
                                           folders[0].label) or r)
-    inplace = [(item.split("=", 1) if "=" in item else ("mla-gen", item)) for item in args.inplace]
-    inplace = [(label, str(Path(path).resolve())) for label, path in inplace]
     if "inplace" in tables and inplace:
         run("in-place beside MergeStateInPlace", INPLACE_SHAPES,
             lambda T, H, D: bench_inplace(T, H, D, inplace, fi, args))

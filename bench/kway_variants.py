@@ -31,6 +31,7 @@ The in-place merge's ideas (KWAY_INPLACE_VARIANTS; its schedule keys are the one
            then written by the same thread); not a template for the default without a proof
   b256h16  256-thread blocks of 16 heads
   b512h32  512-thread blocks of 32 heads (D = 128: FlashInfer's block at 32 heads, a token's heads)
+  b512h16  512-thread blocks of 16 heads
   r2       two rows per thread (tokens apart by the block's tokens)
 
 A name joins ideas with `+` (`noplace+i32`), applied left to right.
@@ -142,6 +143,7 @@ SCHEDULES = {"b256h8": "block_threads = 256\nheads_per_block = 8\n",
              "b1024h32": "block_threads = 1024\nheads_per_block = 32\n",
              "b256h16": "block_threads = 256\nheads_per_block = 16\n",
              "b512h32": "block_threads = 512\nheads_per_block = 32\n",
+             "b512h16": "block_threads = 512\nheads_per_block = 16\n",
              "r2": "rows_per_thread = 2\n"}
 
 
