@@ -29,6 +29,9 @@ The in-place merge's ideas (KWAY_INPLACE_VARIANTS; its schedule keys are the one
            are then ordered by nothing but the warp's lockstep)
   ncstate  the state's rows read with ld.global.nc like the other's (each element is read once,
            then written by the same thread); not a template for the default without a proof
+  ipplain  launch order: no tile-first renumbering (place_block's S2R, compare and shifts gone;
+           measurement only, the large merges lose the order)
+  ip32     32-bit index and offset arithmetic (FlashInfer's; measurement only: wrong past 2^31)
   b256h16  256-thread blocks of 16 heads
   b512h32  512-thread blocks of 32 heads (D = 128: FlashInfer's block at 32 heads, a token's heads)
   b512h16  512-thread blocks of 16 heads
@@ -136,8 +139,23 @@ def ncstate(files):
     files[INPLACE] = replace(files[INPLACE], "mine[r][k] = load_pack_rw(", "mine[r][k] = load_pack(", "ncstate")
 
 
+def ipplain(files):
+    files[INPLACE] = replace(files[INPLACE], "place_block<BLOCK_THREADS>(tile, head_block);",
+                             "tile = blockIdx.x; head_block = blockIdx.y;", "ipplain")
+
+
+def ip32(files):
+    head, sep, body = files[INPLACE].partition('extern "C" __global__')
+    body = replace(body, "long long", "int", "ip32")
+    for name in ("state_token_stride", "state_head_stride", "other_token_stride", "other_head_stride",
+                 "num_heads", "num_tokens"):
+        body = re.sub(r"([*<,(] )" + name + r"\b", r"\1static_cast<int>(" + name + ")", body)
+    files[INPLACE] = head + sep + body
+
+
 IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "seq": seq, "nolast": nolast,
-         "lastcap": lastcap, "warpsync": warpsync, "nosync": nosync, "ncstate": ncstate}
+         "lastcap": lastcap, "warpsync": warpsync, "nosync": nosync, "ncstate": ncstate,
+         "ipplain": ipplain, "ip32": ip32}
 # Schedule keys appended to the spec (docs/SPEC.md, "Schedule"): the kernels' shape, not their code.
 SCHEDULES = {"b256h8": "block_threads = 256\nheads_per_block = 8\n",
              "b1024h32": "block_threads = 1024\nheads_per_block = 32\n",
