@@ -32,6 +32,10 @@ The in-place merge's ideas (KWAY_INPLACE_VARIANTS; its schedule keys are the one
   ipplain  launch order: no tile-first renumbering (place_block's S2R, compare and shifts gone;
            measurement only, the large merges lose the order)
   ip32     32-bit index and offset arithmetic (FlashInfer's; measurement only: wrong past 2^31)
+  iptile   the K-way kernel's placement: tile-first for every grid with a power of two head
+           blocks, as a shift and a mask with no branch and no check of what the GPU holds
+  iplast   iptile, and token tiles last-first where state and other pass 20 MiB (the K-way
+           kernel's rule: the last rows written are the ones L2 still holds)
   b256h16  256-thread blocks of 16 heads
   b512h32  512-thread blocks of 32 heads (D = 128: FlashInfer's block at 32 heads, a token's heads)
   b512h16  512-thread blocks of 16 heads
@@ -153,9 +157,43 @@ def ip32(files):
     files[INPLACE] = head + sep + body
 
 
+IN_PLACE_PLACEMENT = """
+constexpr unsigned long long LAST_FIRST_ABOVE_BYTES = 20ull << 20;
+// One block's rows of one input with their lse; state and other are two such inputs.
+constexpr unsigned int BLOCK_INPUT_BYTES = TOKENS_PER_BLOCK * ROWS_PER_THREAD * HEADS_PER_BLOCK * (HEAD_SIZE * sizeof(elem_t) + 4);
+constexpr unsigned int LAST_FIRST_ABOVE_BLOCKS = LAST_FIRST_ABOVE_BYTES / (2 * BLOCK_INPUT_BYTES);
+__device__ __forceinline__ void place_in_place_block(unsigned int& tile, unsigned int& head_block) {
+    const unsigned int tiles = gridDim.x, head_blocks = gridDim.y;
+    tile = blockIdx.x;
+    head_block = blockIdx.y;
+    if ((head_blocks & (head_blocks - 1)) == 0) {
+        const unsigned long long launch_index = static_cast<unsigned long long>(blockIdx.y) * tiles + blockIdx.x;
+        tile = static_cast<unsigned int>(launch_index >> (31 - __clz(head_blocks)));
+        head_block = static_cast<unsigned int>(launch_index) & (head_blocks - 1);
+    }
+@RULE@}
+
+"""
+
+
+def _in_place_placement(files, last_first, what):
+    head, sep, body = files[INPLACE].partition('extern "C" __global__')
+    rule = "    if (tiles * head_blocks > LAST_FIRST_ABOVE_BLOCKS) tile = tiles - 1 - tile;\n" if last_first else ""
+    body = replace(body, "place_block<BLOCK_THREADS>(tile, head_block);", "place_in_place_block(tile, head_block);", what)
+    files[INPLACE] = head + IN_PLACE_PLACEMENT.replace("@RULE@", rule) + sep + body
+
+
+def iptile(files):
+    _in_place_placement(files, False, "iptile")
+
+
+def iplast(files):
+    _in_place_placement(files, True, "iplast")
+
+
 IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "seq": seq, "nolast": nolast,
          "lastcap": lastcap, "warpsync": warpsync, "nosync": nosync, "ncstate": ncstate,
-         "ipplain": ipplain, "ip32": ip32}
+         "ipplain": ipplain, "ip32": ip32, "iptile": iptile, "iplast": iplast}
 # Schedule keys appended to the spec (docs/SPEC.md, "Schedule"): the kernels' shape, not their code.
 SCHEDULES = {"b256h8": "block_threads = 256\nheads_per_block = 8\n",
              "b1024h32": "block_threads = 1024\nheads_per_block = 32\n",
