@@ -556,22 +556,26 @@ def main():
         return profile_inplace(args.profile_inplace, inplace, FlashInfer(args.peers))
     folders = ([Shipped(args.shipped, args.by_name)] if args.shipped else []) + [
         Folder(*item.split("=", 1)) for item in args.kernels]
-    if not folders:
-        sys.exit("kway_peers.py: give --shipped DIR or at least one --kernels LABEL=DIR")
+    tables = args.tables.split(",")
+    if not folders and not (inplace and set(tables) <= {"inplace", "family-inplace"}):
+        sys.exit("kway_peers.py: give --shipped DIR or at least one --kernels LABEL=DIR (without them, only "
+                 "--tables inplace,family-inplace with --inplace)")
     fi = FlashInfer(args.peers)
     if args.profile:
+        if not folders:
+            sys.exit("kway_peers.py: --profile needs --shipped DIR or --kernels LABEL=DIR")
         return profile(args.profile, folders[0], fi)
-    tables = args.tables.split(",")
+    default = folders[0].label if folders else inplace[0][0]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prop = torch.cuda.get_device_properties(0)
-    print(f"# {prop.name}, torch {torch.__version__}; default {folders[0].label}; "
+    print(f"# {prop.name}, torch {torch.__version__}; default {default}; "
           f"folders {[f.label for f in folders]}", flush=True)
     start = time.monotonic()
     rows, failures = [], []
 
     def save():
-        (out / "kway.json").write_text(json.dumps({"device": prop.name, "default": folders[0].label,
+        (out / "kway.json").write_text(json.dumps({"device": prop.name, "default": default,
                                                    "folders": [(f.label, f.path) for f in folders],
                                                    "failures": failures, "rows": rows}, indent=1))
 
@@ -631,7 +635,7 @@ def main():
         run("target grid (the default and the second folder; fixed-K kernels by name without --shipped)",
             shapes, grid_row)
     print()
-    for line in summary(rows, folders[0].label):
+    for line in summary(rows, default):
         print("#", line)
     save()
     if failures:
