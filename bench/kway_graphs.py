@@ -75,9 +75,7 @@ def main():
             graphs, texts = {}, {}
             for name in ("shipped", "shipped-name", "flashinfer"):
                 graphs[name], texts[name] = dumped(impls[name][0], out / f"{K}-{T}-{H}-{D}-p{p}-{name}.dot")
-            _torch._plans.clear()
-            for slot in (_torch._last_pair, _torch._last_pair_op, _torch._last_ctx):
-                slot[:] = [None] * len(slot)
+            _torch._forget_plans_after_fork()  # every plan and slot emptied, as in a forked child
             graphs["shipped-fresh"], texts["shipped-fresh"] = dumped(
                 impls["shipped"][0], out / f"{K}-{T}-{H}-{D}-p{p}-shipped-fresh.dot")
             for name in ("shipped", "shipped-fresh"):

@@ -422,9 +422,9 @@ def print_kway(row, default):
     print(" ".join(parts) + ("  " + "; ".join(row["errors"]) if row["errors"] else ""), flush=True)
 
 
-def bench_inplace(T, H, D, folders, fi, args, table="inplace", mask=False):
-    """The in-place merge of each (label, folder) of `folders` beside MergeStateInPlace; with
-    `mask`, a [T] uint8 mask (a quarter of the tokens 0: left as they are) given to all."""
+def inplace_inputs(T, H, D):
+    """The in-place merge's inputs in one arena: state [T, H, D] and its lse, other and its lse,
+    a [T] uint8 mask with a quarter of the tokens 0; seeded by the shape."""
     g = torch.Generator(device="cuda").manual_seed(T + H + D)
     inputs = Arena([((T, H, D), BF16), ((T, H), torch.float32), ((T, H, D), BF16), ((T, H), torch.float32),
                     ((T,), torch.uint8)])
@@ -435,17 +435,31 @@ def bench_inplace(T, H, D, folders, fi, args, table="inplace", mask=False):
         x.uniform_(-10, 10, generator=g)
     keep.copy_(torch.rand(T, generator=g, device="cuda") >= 0.25)
     inputs.seal()
-    nbytes = T * H * (3 * 2 * D + 12) + (T if mask else 0)
-    row = {"table": table, "T": T, "H": H, "D": D, "mask": mask, "bytes": nbytes, "errors": []}
-    mask_arg = keep if mask else None
+    return inputs
 
+
+def inplace_calls(folders, fi, v, s, vo, so, mask):
+    """label -> call: each (label, folder)'s merge through mla_gen.flashinfer's call path, then
+    MergeStateInPlace (`flashinfer`)."""
     def ours(folder):
         def call():
             os.environ["MLA_GEN_KERNELS"] = folder
-            mfi.merge_state_in_place(v, s, vo, so, mask=mask_arg)
+            mfi.merge_state_in_place(v, s, vo, so, mask=mask)
         return call
-    impls = {label: (ours(folder), inputs.producer, None) for label, folder in folders}
-    impls["flashinfer"] = (lambda: fi.merge_state_in_place(v, s, vo, so, mask_arg), inputs.producer, None)
+    calls = {label: ours(folder) for label, folder in folders}
+    calls["flashinfer"] = lambda: fi.merge_state_in_place(v, s, vo, so, mask)
+    return calls
+
+
+def bench_inplace(T, H, D, folders, fi, args, table="inplace", mask=False):
+    """The in-place merge of each (label, folder) of `folders` beside MergeStateInPlace; with
+    `mask`, the inputs' [T] mask (a quarter of the tokens 0: left as they are) given to all."""
+    inputs = inplace_inputs(T, H, D)
+    v, s, vo, so, keep = inputs.views
+    nbytes = T * H * (3 * 2 * D + 12) + (T if mask else 0)
+    row = {"table": table, "T": T, "H": H, "D": D, "mask": mask, "bytes": nbytes, "errors": []}
+    impls = {label: (call, inputs.producer, None)
+             for label, call in inplace_calls(folders, fi, v, s, vo, so, keep if mask else None).items()}
     n = min(T, 48)
     x = torch.stack([s[:n], so[:n]], 1).double()
     m = x.max(1).values
@@ -496,20 +510,11 @@ def profile_inplace(shapes: str, inplace, fi):
     """--profile-inplace: each T x H x D's in-place merges (every --inplace folder, then
     MergeStateInPlace), twice, each right after its producer (as hot), for ncu."""
     for T, H, D in (tuple(int(x) for x in item.split("x")) for item in shapes.split(",")):
-        inputs = Arena([((T, H, D), BF16), ((T, H), torch.float32), ((T, H, D), BF16), ((T, H), torch.float32)])
-        v, s, vo, so = inputs.views
-        for x in (v, vo, s, so):
-            x.uniform_(-4, 4)
-        inputs.seal()
-        calls = [(label, folder) for label, folder in inplace] + [("flashinfer", None)]
-        for label, folder in calls:
+        inputs = inplace_inputs(T, H, D)
+        for label, call in inplace_calls(inplace, fi, *inputs.views[:4], None).items():
             for _ in range(2):
                 inputs.producer()
-                if folder is None:
-                    fi.merge_state_in_place(v, s, vo, so)
-                else:
-                    os.environ["MLA_GEN_KERNELS"] = folder
-                    mfi.merge_state_in_place(v, s, vo, so)
+                call()
             torch.cuda.synchronize()
             print(f"# profiled in-place {label} at T={T} H={H} D={D}", file=sys.stderr, flush=True)
         del inputs
