@@ -7,7 +7,8 @@ since; `onehead` went with the guard it skipped; `swapgrid`, head blocks in grid
 once buffers were timed in several placements, session 28; their edits are in git history.)
 
   noplace  no block placement: launch order (place_merge_block's renumbering and tests gone)
-  i32      32-bit index and offset arithmetic (FlashInfer's), not 64-bit
+  i32      32-bit index and offset arithmetic (FlashInfer's), not 64-bit (the prelude's
+           place_tile_first keeps its 64-bit launch index)
   plain    row loads with ld.global, not ld.global.nc (FlashInfer's compile has .nc loads too:
            LDG.E.128.CONSTANT; a control for the load path)
   ftz      weights from ex2.approx.ftz (FlashInfer's fast math), without the subnormal fix-up
@@ -29,13 +30,11 @@ The in-place merge's ideas (KWAY_INPLACE_VARIANTS; its schedule keys are the one
            are then ordered by nothing but the warp's lockstep)
   ncstate  the state's rows read with ld.global.nc like the other's (each element is read once,
            then written by the same thread); not a template for the default without a proof
-  ipplain  launch order: no tile-first renumbering (place_block's S2R, compare and shifts gone;
-           measurement only, the large merges lose the order)
+  ipplain  launch order: no tile-first renumbering, no last-first (measurement only, the large
+           merges lose the order)
   ip32     32-bit index and offset arithmetic (FlashInfer's; measurement only: wrong past 2^31)
-  iptile   the K-way kernel's placement: tile-first for every grid with a power of two head
-           blocks, as a shift and a mask with no branch and no check of what the GPU holds
-  iplast   iptile, and token tiles last-first where state and other pass 20 MiB (the K-way
-           kernel's rule: the last rows written are the ones L2 still holds)
+  iptile   tile-first, never last-first (`iplast`, session 29's last-first rule, is the template's
+           since session 30)
   b256h16  256-thread blocks of 16 heads
   b512h32  512-thread blocks of 32 heads (D = 128: FlashInfer's block at 32 heads, a token's heads)
   b512h16  512-thread blocks of 16 heads
@@ -68,21 +67,16 @@ def replace(text: str, old: str, new: str, what: str) -> str:
 
 
 def noplace(files):
-    s = files[KWAY]
-    start = s.find("    if ((head_blocks & (head_blocks - 1)) == 0) {")
-    end = s.rfind("}", 0, s.find('extern "C" __global__'))
-    if start < 0 or end < start:
-        sys.exit("kway_variants.py: noplace: place_merge_block's body is no longer where this edit looks")
-    files[KWAY] = s[:start] + s[end:]
+    s, n = re.subn(r"(void place_merge_block\([^)]*\) \{\n).*?\n\}\n",
+                   r"\1    tile = blockIdx.x;\n    head_block = blockIdx.y;\n}\n", files[KWAY], count=1, flags=re.S)
+    if n != 1:
+        sys.exit("kway_variants.py: noplace: place_merge_block is no longer where this edit looks")
+    files[KWAY] = s
 
 
 def i32(files):
     head, sep, body = files[KWAY].partition('extern "C" __global__')
     head = head.replace("long long", "int")
-    head = replace(head, "constexpr unsigned int LAST_FIRST_ABOVE_BYTES", "constexpr unsigned long long "
-                   "LAST_FIRST_ABOVE_BYTES", "i32")
-    head = replace(head, "LAST_FIRST_ABOVE_BLOCK_STATES = LAST_FIRST", "LAST_FIRST_ABOVE_BLOCK_STATES = "
-                   "(unsigned int)LAST_FIRST", "i32")
     body = body.replace("long long", "int")
     for name in ("states_token_stride", "states_head_stride", "output_token_stride", "output_head_stride",
                  "num_heads"):
@@ -144,7 +138,7 @@ def ncstate(files):
 
 
 def ipplain(files):
-    files[INPLACE] = replace(files[INPLACE], "place_block<BLOCK_THREADS>(tile, head_block);",
+    files[INPLACE] = replace(files[INPLACE], "place_in_place_block(tile, head_block);",
                              "tile = blockIdx.x; head_block = blockIdx.y;", "ipplain")
 
 
@@ -157,43 +151,14 @@ def ip32(files):
     files[INPLACE] = head + sep + body
 
 
-IN_PLACE_PLACEMENT = """
-constexpr unsigned long long LAST_FIRST_ABOVE_BYTES = 20ull << 20;
-// One block's rows of one input with their lse; state and other are two such inputs.
-constexpr unsigned int BLOCK_INPUT_BYTES = TOKENS_PER_BLOCK * ROWS_PER_THREAD * HEADS_PER_BLOCK * (HEAD_SIZE * sizeof(elem_t) + 4);
-constexpr unsigned int LAST_FIRST_ABOVE_BLOCKS = LAST_FIRST_ABOVE_BYTES / (2 * BLOCK_INPUT_BYTES);
-__device__ __forceinline__ void place_in_place_block(unsigned int& tile, unsigned int& head_block) {
-    const unsigned int tiles = gridDim.x, head_blocks = gridDim.y;
-    tile = blockIdx.x;
-    head_block = blockIdx.y;
-    if ((head_blocks & (head_blocks - 1)) == 0) {
-        const unsigned long long launch_index = static_cast<unsigned long long>(blockIdx.y) * tiles + blockIdx.x;
-        tile = static_cast<unsigned int>(launch_index >> (31 - __clz(head_blocks)));
-        head_block = static_cast<unsigned int>(launch_index) & (head_blocks - 1);
-    }
-@RULE@}
-
-"""
-
-
-def _in_place_placement(files, last_first, what):
-    head, sep, body = files[INPLACE].partition('extern "C" __global__')
-    rule = "    if (tiles * head_blocks > LAST_FIRST_ABOVE_BLOCKS) tile = tiles - 1 - tile;\n" if last_first else ""
-    body = replace(body, "place_block<BLOCK_THREADS>(tile, head_block);", "place_in_place_block(tile, head_block);", what)
-    files[INPLACE] = head + IN_PLACE_PLACEMENT.replace("@RULE@", rule) + sep + body
-
-
 def iptile(files):
-    _in_place_placement(files, False, "iptile")
-
-
-def iplast(files):
-    _in_place_placement(files, True, "iplast")
+    files[INPLACE] = replace(files[INPLACE], "    if (tiles * head_blocks > LAST_FIRST_ABOVE_BLOCKS) tile = tiles - 1 - tile;\n",
+                             "", "iptile")
 
 
 IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "seq": seq, "nolast": nolast,
          "lastcap": lastcap, "warpsync": warpsync, "nosync": nosync, "ncstate": ncstate,
-         "ipplain": ipplain, "ip32": ip32, "iptile": iptile, "iplast": iplast}
+         "ipplain": ipplain, "ip32": ip32, "iptile": iptile}
 # Schedule keys appended to the spec (docs/SPEC.md, "Schedule"): the kernels' shape, not their code.
 SCHEDULES = {"b256h8": "block_threads = 256\nheads_per_block = 8\n",
              "b1024h32": "block_threads = 1024\nheads_per_block = 32\n",
