@@ -34,9 +34,8 @@ The in-place merge's ideas (KWAY_INPLACE_VARIANTS; its schedule keys are the one
            merges lose the order)
   ip32     32-bit index and offset arithmetic (FlashInfer's; measurement only: wrong past 2^31)
   iptile   tile-first, never last-first (`iplast`, session 29's last-first rule, is the template's
-           since session 30)
-  iphb1    one head block (H <= heads per block, where tile-first is launch order): the shift and
-           mask skipped behind a uniform test, not computed
+           since session 30; `iphb1`, the shift and mask skipped for one head block, was no
+           gain, run 177: in git history)
   iplo     launch order and the last-first test (what a grid with head blocks in x and token
            tiles in y would cost: tile-first for free, last-first a select); measurement only
   b256h16  256-thread blocks of 16 heads
@@ -160,12 +159,6 @@ def iptile(files):
                              "", "iptile")
 
 
-def iphb1(files):
-    files[INPLACE] = replace(files[INPLACE], "    place_tile_first(tiles, head_blocks, tile, head_block);\n",
-                             "    if (head_blocks == 1) {\n        tile = blockIdx.x;\n        head_block = 0;\n    } else {\n"
-                             "        place_tile_first(tiles, head_blocks, tile, head_block);\n    }\n", "iphb1")
-
-
 def iplo(files):
     files[INPLACE] = replace(files[INPLACE], "    place_tile_first(tiles, head_blocks, tile, head_block);\n",
                              "    tile = blockIdx.x;\n    head_block = blockIdx.y;\n", "iplo")
@@ -173,7 +166,7 @@ def iplo(files):
 
 IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "seq": seq, "nolast": nolast,
          "lastcap": lastcap, "warpsync": warpsync, "nosync": nosync, "ncstate": ncstate,
-         "ipplain": ipplain, "ip32": ip32, "iptile": iptile, "iphb1": iphb1, "iplo": iplo}
+         "ipplain": ipplain, "ip32": ip32, "iptile": iptile, "iplo": iplo}
 # Schedule keys appended to the spec (docs/SPEC.md, "Schedule"): the kernels' shape, not their code.
 SCHEDULES = {"b256h8": "block_threads = 256\nheads_per_block = 8\n",
              "b1024h32": "block_threads = 1024\nheads_per_block = 32\n",
