@@ -114,9 +114,9 @@ def nolast(files):
 def lastcap(files):
     """Last-first only for states of at most 1 GiB (LAST_FIRST_SPAN above the 20 MiB bound): above, launch order."""
     s = files[KWAY]
-    s = replace(s, "constexpr unsigned int LAST_FIRST_ABOVE_BLOCK_STATES = LAST_FIRST_ABOVE_BYTES / BLOCK_STATE_BYTES;\n",
-                "constexpr unsigned int LAST_FIRST_ABOVE_BLOCK_STATES = LAST_FIRST_ABOVE_BYTES / BLOCK_STATE_BYTES;\n"
-                "constexpr unsigned int LAST_FIRST_SPAN = (1ull << 30) / BLOCK_STATE_BYTES - LAST_FIRST_ABOVE_BLOCK_STATES;\n",
+    s = replace(s, "constexpr unsigned int LAST_FIRST_ABOVE_BLOCK_STATES = LAST_FIRST_ABOVE_BYTES / BLOCK_INPUT_BYTES;\n",
+                "constexpr unsigned int LAST_FIRST_ABOVE_BLOCK_STATES = LAST_FIRST_ABOVE_BYTES / BLOCK_INPUT_BYTES;\n"
+                "constexpr unsigned int LAST_FIRST_SPAN = (1ull << 30) / BLOCK_INPUT_BYTES - LAST_FIRST_ABOVE_BLOCK_STATES;\n",
                 "lastcap")
     s = replace(s, "if (blocks * K > LAST_FIRST_ABOVE_BLOCK_STATES) tile",
                 "if (blocks * K - (LAST_FIRST_ABOVE_BLOCK_STATES + 1) < LAST_FIRST_SPAN) tile", "lastcap")
