@@ -23,8 +23,9 @@ MergeStateInPlace:
   copy         a device-to-device copy of the K-way merge's bytes (read + written): the limit
 
 Cold: every implementation captured in a CUDA graph (the loop's K - 1 launches in one), L2
-flushed (512 MB memset) before each replay, median of --reps replays timed with CUDA events,
-after one series of the copy's thrown away (the first series timed ran slow: session 29).
+flushed (512 MB memset; --flush read: read instead) before each replay, median of --reps replays
+timed with CUDA events, after one series of the copy's thrown away (the first series timed ran
+slow: session 29).
 Hot: hot_l2.hot_us, graphs of R x [producer, X] minus R x [producer], the producer rewriting every
 input just before X. Rounds interleaved in rotating order, median per implementation.
 
@@ -204,6 +205,12 @@ class FlashInfer:
 
 
 _flush = None
+# --flush: how cold_us empties L2 before each replay. "memset" (the default, as every table of this
+# repo) writes the 512 MB buffer, so L2 is left full of dirty lines the kernel's misses must write
+# back; "read" reads it instead (every earlier dirty line written back during the flush), so the
+# kernel meets a clean L2, as Nsight Compute's --cache-control all leaves it (session 31: the
+# one repeated cold K-way loss, 3:256x32x256, is equal under ncu).
+FLUSH_MODE = "memset"
 
 
 def graph_of(fn):
@@ -225,7 +232,10 @@ def cold_us(graph, reps):
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
-        _flush.zero_()
+        if FLUSH_MODE == "read":
+            _flush.view(torch.int32).max()
+        else:
+            _flush.zero_()
         starts[i].record()
         graph.replay()
         ends[i].record()
@@ -545,6 +555,8 @@ def main():
                     "many places (PLACEMENT_PAD_BYTES apart), the median of them (default 1)")
     ap.add_argument("--by-name", action="store_true", help="time the kernel --shipped's call selects launched "
                     "by name too (shipped-name): the kernel apart from the call path")
+    ap.add_argument("--flush", choices=("memset", "read"), default="memset", help="how cold L2 is made before "
+                    "each replay: memset the 512 MB buffer (dirty lines left in L2; default) or read it (clean)")
     ap.add_argument("--cap", type=float, default=1e9, help="seconds: stop starting shapes after this")
     ap.add_argument("--no-loop", dest="loop", action="store_false", help="no chunk loop in the grid")
     ap.add_argument("--out", default=".")
@@ -555,6 +567,8 @@ def main():
     ap.add_argument("--profile-inplace", metavar="TxHxD,...", help="no timing: launch each --inplace folder's "
                     "merge and MergeStateInPlace at these shapes, for ncu")
     args = ap.parse_args()
+    global FLUSH_MODE
+    FLUSH_MODE = args.flush
     inplace = [(item.split("=", 1) if "=" in item else ("mla-gen", item)) for item in args.inplace]
     inplace = [(label, str(Path(path).resolve())) for label, path in inplace]
     if args.profile_inplace:
@@ -575,7 +589,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     prop = torch.cuda.get_device_properties(0)
     print(f"# {prop.name}, torch {torch.__version__}; default {default}; "
-          f"folders {[f.label for f in folders]}", flush=True)
+          f"folders {[f.label for f in folders]}; cold flush: {FLUSH_MODE}", flush=True)
     start = time.monotonic()
     rows, failures = [], []
 

@@ -47,6 +47,9 @@
 #                                       KWAY_PLACEMENTS=N times each grid shape with its buffers
 #                                       in N places (6 MiB apart), the median of them (session 27:
 #                                       a placement moved one kernel's time 8.45 -> 10.7 us).
+#                                       KWAY_FLUSH=read: cold L2 by reading the 512 MB flush
+#                                       buffer, not writing it (no dirty lines left: as ncu's
+#                                       --cache-control all), for the cold losses (session 31).
 #                                       KWAY_BY_NAME=1 times the kernel the call selects launched
 #                                       by name too (shipped-name), the kernel apart from the path.
 #                                       KWAY_REPEAT=1 runs those tables a second time (repeat/)
@@ -142,7 +145,7 @@ run)
         while read -r name; do variants+=(--kernels "$name=$K/var-${name//+/_}"); done < "$K/variants.txt"
         python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" "${variants[@]}" --tables candidates \
             --candidate-shapes "${KWAY_VARIANT_SHAPES:-small}" --cap "${KWAY_VARIANT_CAP:-180}" --placements "${KWAY_PLACEMENTS:-1}" \
-            --out "$OUT/variants" 2>&1 | tee "$OUT/variants.log" || status=1
+            --flush "${KWAY_FLUSH:-memset}" --out "$OUT/variants" 2>&1 | tee "$OUT/variants.log" || status=1
     fi
     extra=()
     [[ "${KWAY_LOOP:-0}" == 1 ]] || extra+=(--no-loop)
@@ -155,7 +158,7 @@ run)
     tables() {  # the tables into folder $1, the log as $2
         python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" "${inplace[@]}" "${extra[@]}" \
             --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --placements "${KWAY_PLACEMENTS:-1}" \
-            --out "$1" 2>&1 | tee "$2" || status=1
+            --flush "${KWAY_FLUSH:-memset}" --out "$1" 2>&1 | tee "$2" || status=1
     }
     tables "$OUT" "$OUT/kway.log"
     if [[ "${KWAY_REPEAT:-0}" == 1 ]]; then  # the same tables again: the losses both runs show count
