@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --out) out="$2"; shift 2 ;;
     --pure) pure=1; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) spec="$1"; shift ;;
     esac
 done

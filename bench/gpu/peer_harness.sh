@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu/peer_harness.cu on the GPU machine (carry .device after `bench/gpu/peers.sh build`,
-# which extracts FlashInfer's headers): the committed default kernels (or $HARNESS_KERNELS, a folder
-# generated with the same names) beside FlashInfer's MergeState, hot, from C++ only, at the small
+# which extracts FlashInfer's headers): generated/'s kernels (scripts/images.sh; carry generated/kernels)
+# (or $HARNESS_KERNELS, a folder generated with the same names) beside FlashInfer's MergeState, hot, from C++ only, at the small
 # and middle shapes where the peer table's hot verdicts are closest; each producer of
 # $HARNESS_PRODUCERS (grid, linear, attention; default: linear attention) twice.
 set -euo pipefail
