@@ -19,7 +19,7 @@
 #          loads where it has one for this torch, _C_torch<M>_<m>), the stable one
 #          (MLA_GEN_NATIVE_OP=0) and the native one again (JSON to $OUT/native, stable,
 #          native-2); test_compiled_gpu.py with the stable one                            cost
-#    `run` alone does all three parts in that order; on the default's 1199 kernels that is more than
+#    `run` alone does all three parts in that order; on the default's 1227 kernels that is more than
 #    one device call's 600 s (the wheel's pytest alone took 260 s, run 145), so give each part its own
 #    call: `run engine`, then `run wheel`, then `run cost`. Each part prints the same lines as `run` for its steps.
 #    Each step's last non-empty line goes to $OUT/smoke.txt (smoke-engine.txt, smoke-wheel.txt,

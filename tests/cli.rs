@@ -38,7 +38,7 @@ fn the_default_spec_generates_cubins_the_newest_ptx_and_no_sources() {
     let o = mla_gen(&["generate", "--out", &out.display().to_string()], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let tree = read_tree(&out).unwrap();
-    // 536 kernels engines call, their size rules' kernels and the dense specializations of
+    // 564 kernels engines call, their size rules' kernels and the dense specializations of
     // each, each 4 CUBIN (sm_80, sm_90, sm_100, sm_120) + the PTX of sm_120 (`ptx = "newest"`;
     // no .cu: `sources = false`), + manifest.
     let manifest: serde_json::Value = serde_json::from_slice(&tree["manifest.json"]).unwrap();
@@ -47,7 +47,7 @@ fn the_default_spec_generates_cubins_the_newest_ptx_and_no_sources() {
         .iter()
         .filter(|k| k["variant"]["rows_below"].is_null() && k["variant"]["dense"].is_null())
         .count();
-    assert_eq!(called, 536);
+    assert_eq!(called, 564);
     assert_eq!(tree.len(), kernels.len() * 5 + 1);
     assert!(tree.contains_key("kernels/merge_attn_states_bf16_d128_thr_lse.sm_100.cubin"));
     assert!(tree.contains_key("kernels/merge_attn_states_bf16_d128_thr_lse.sm_120.cubin"));
@@ -322,7 +322,7 @@ fn list_render_inspect_doctor() {
     let called = names
         .iter()
         .filter(|n| !n.contains("_below") && !n.contains("_dense"));
-    assert_eq!(called.count(), 536);
+    assert_eq!(called.count(), 564);
     assert!(names.contains(&"merge_attn_states_bf16_d576_thr_lse".to_string()));
 
     let o = mla_gen(
@@ -437,7 +437,7 @@ fn schema_json_is_fresh_and_machine_outputs_parse() {
         rows.iter()
             .filter(|r| r["variant"]["rows_below"].is_null() && r["variant"]["dense"].is_null())
             .count(),
-        536
+        564
     );
     assert!(rows[0]["params"][0]["tensor"]["dims"].is_array());
     let completions = mla_gen(&["completions", "bash"], &[]);

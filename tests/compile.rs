@@ -7,9 +7,9 @@ use mla_gen::spec;
 #[test]
 fn every_default_variant_compiles_to_ptx_and_cubin_without_spills() {
     let mut spec = spec::default_spec().unwrap();
-    // The 536 kernels engines call, their size rules' kernels and each one's dense specializations.
+    // The 564 kernels engines call, their size rules' kernels and each one's dense specializations.
     let called = spec.variants.iter().filter(|v| v.role.is_named());
-    assert_eq!(called.count(), 536);
+    assert_eq!(called.count(), 564);
     // The default spec keeps the PTX of sm_120 alone; this test reads every arch's.
     spec.ptx = spec::PtxTargets::Every;
     let templates = Templates::embedded().unwrap();

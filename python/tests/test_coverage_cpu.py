@@ -30,7 +30,7 @@ HEADS = (64, 96, 128, 192, 256, 512, 576)
 VLLM_HEADS = (64, 80, 96, 112, 128, 192, 256, 512, 576)  # 80 and 112: vLLM's merge_attn_states only
 GROUPS = (128, 64)  # vLLM's quant_group_size: 128 block FP8 (DeepSeek-V3, Qwen3 FP8), 64
 STATES = tuple(range(1, 17))
-FIXED_STATES = (2, 3, 4, 5, 8)  # K-way kernels with K fixed at compile time (block 9)
+FIXED_STATES = (1, 2, 3, 4, 5, 8)  # K-way kernels with K fixed at compile time (block 9)
 VLLM_ENTRIES = ("vllm.patch", "mla_gen.merge_attn_states", "torch.ops.mla_gen.merge_attn_states")
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 # Sizes of every call: T tokens (n of them with context where a threshold is given), H heads,

@@ -36,7 +36,7 @@ per-token mask) and [[mask_empty_context_lse]]. Every key is documented in docs/
 Without a SPEC argument, the embedded default spec is used: the merges vLLM, SGLang and FlashInfer
 call through the mla_gen package (vLLM's merge_attn_states with FP8 per tensor and per token group
 and the fused empty-context mask, the token-major and base-2 pairwise merges, the K-way and
-in-place merges, the lse mask; f16/bf16/f32, head sizes 64..576): 536 kernels, 1199 with their
+in-place merges, the lse mask; f16/bf16/f32, head sizes 64..576): 564 kernels, 1227 with their
 size rules' and dense specializations, as CUBIN for sm_80, sm_90, sm_100 and sm_120, and PTX for
 sm_120. A spec with `include_default = true` adds its own kernels to those.";
 

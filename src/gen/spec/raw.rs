@@ -70,7 +70,7 @@ pub(super) struct RawMerge {
     pub(super) heads_per_block: Option<Spanned<toml::Value>>,
     /// Vectors of a row per thread (1, 2, 4); absent: the fewest that fit 128 threads a row.
     pub(super) vecs_per_thread: Option<Spanned<toml::Value>>,
-    /// merge_states only: K values (integers 2..=16) and/or "runtime".
+    /// merge_states only: K values (integers 1..=16) and/or "runtime".
     pub(super) num_states: Option<Spanned<toml::Value>>,
     /// merge_state_in_place only: a per-token mask argument.
     pub(super) mask: Option<Spanned<toml::Value>>,
@@ -378,9 +378,9 @@ pub(super) fn dtype(v: &toml::Value) -> Result<Dtype, String> {
 
 /// One `num_states` entry: a compile-time K, or "runtime" (K is a launch argument).
 pub(super) fn num_states(v: &toml::Value) -> Result<Option<u32>, String> {
-    let allowed = format!("integers 2..={MAX_NUM_STATES}, or \"runtime\"");
+    let allowed = format!("integers 1..={MAX_NUM_STATES}, or \"runtime\"");
     match v {
-        toml::Value::Integer(n) if (2..=i64::from(MAX_NUM_STATES)).contains(n) => {
+        toml::Value::Integer(n) if (1..=i64::from(MAX_NUM_STATES)).contains(n) => {
             Ok(Some(*n as u32))
         }
         toml::Value::String(s) if s == "runtime" => Ok(None),

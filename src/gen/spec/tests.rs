@@ -55,11 +55,11 @@ fn default_spec_serves_every_engine_call() {
     let s = default_spec().unwrap();
     assert_eq!(
         s.variants.len(),
-        1199,
+        1227,
         "the count specs/default.toml's header states"
     );
     let called: Vec<&MergeVariant> = s.variants.iter().filter(|v| v.role.is_named()).collect();
-    assert_eq!(called.len(), 536);
+    assert_eq!(called.len(), 564);
     let count = |f: &dyn Fn(&MergeVariant) -> bool| called.iter().filter(|v| f(v)).count();
     let pairwise = |v: &MergeVariant| v.family == Family::MergeAttnStates;
     // vLLM's merge_attn_states: 27 dtype x head size, each with the inputs' dtype and per-tensor
@@ -78,7 +78,7 @@ fn default_spec_serves_every_engine_call() {
     assert_eq!(count(&vllm), 108 + 104);
     // SGLang's (base e) and FlashInfer's (base 2) token-major merges without a threshold, on
     // the 7 head sizes of the new families (21 + 14), the K-way merges with runtime K (21 +
-    // 14) and with K fixed (140), the in-place merges (84 + 28) and the lse mask (2).
+    // 14) and with K fixed (168), the in-place merges (84 + 28) and the lse mask (2).
     let token_major = |base| {
         count(&|v| {
             pairwise(v)
@@ -97,8 +97,8 @@ fn default_spec_serves_every_engine_call() {
         })
     };
     assert_eq!((kway(LseBase::E), kway(LseBase::Two)), (21, 14));
-    // Block 9: K fixed at 2, 3, 4, 5, 8 for f16/bf16 on the same head sizes, in both bases,
-    // where the runtime-K kernel's K = 8 body costs the small K (GPU run 127).
+    // Block 9: K fixed at 1, 2, 3, 4, 5, 8 for f16/bf16 on the same head sizes, in both bases,
+    // where the runtime-K kernel's K = 8 body costs the small K (GPU runs 127, 186).
     for base in [LseBase::E, LseBase::Two] {
         let mut fixed: Vec<(u32, crate::dtype::Dtype, u32)> = called
             .iter()
@@ -112,7 +112,7 @@ fn default_spec_serves_every_engine_call() {
             .collect();
         fixed.sort();
         let mut want = Vec::new();
-        for k in [2, 3, 4, 5, 8] {
+        for k in [1, 2, 3, 4, 5, 8] {
             for dtype in [crate::dtype::Dtype::F16, crate::dtype::Dtype::Bf16] {
                 for head_size in [64, 96, 128, 192, 256, 512, 576] {
                     want.push((k, dtype, head_size));
@@ -290,12 +290,12 @@ fn k_way_and_in_place_tables() {
     assert!(s.variants.iter().all(|v| !v.prefix_threshold));
     let e = err("[[merge_states]]\ndtype = \"f32\"\nhead_size = 64\n");
     assert!(e.contains("missing the required key `num_states`"), "{e}");
-    for bad in ["1", "17", "\"any\"", "2.0"] {
+    for bad in ["0", "17", "\"any\"", "2.0"] {
         let e = err(&format!(
             "[[merge_states]]\ndtype = \"f32\"\nhead_size = 64\nnum_states = {bad}\n"
         ));
         assert!(
-            e.contains("allowed: integers 2..=16, or \"runtime\""),
+            e.contains("allowed: integers 1..=16, or \"runtime\""),
             "{e}"
         );
     }
