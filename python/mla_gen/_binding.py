@@ -45,6 +45,15 @@ TEXTS = {
 
 LSE_LAYOUTS = ("token_major", "head_major")
 
+# The kinds' tensors by the names FlashInfer's functions and sgl-kernel's merge_state_v2 give them
+# (v_a, s_a, ...), so that their refusals name the caller's arguments (_torch._call_as).
+ENGINE_NAMES = {
+    "pair": {"output": "v_merged", "output_lse": "s_merged", "prefix_output": "v_a", "prefix_lse": "s_a",
+             "suffix_output": "v_b", "suffix_lse": "s_b"},
+    "in_place": {"state": "v", "state_lse": "s", "other": "v_other", "other_lse": "s_other"},
+    "states": {"output": "v_merged", "output_lse": "s_merged", "states": "v", "states_lse": "s"},
+}
+
 # torch dtypes (by name) -> the manifest's element names
 ELEMS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "int32": "i32", "uint8": "u8", "bool": "u8",
          "float64": "f64", "int64": "i64", "int8": "i8", "int16": "i16", "float8_e4m3fn": "fp8_e4m3"}
@@ -74,14 +83,20 @@ class Kind:
         return Kind(self.family, self.names, self.free, options, self.typed, self.what + what_suffix, self.fields,
                     self.checks)
 
-    def taking(self, names):
-        """The same call with only the tensors `names`, in that order: an engine API that passes
-        a fixed few is not moved by a tensor an option adds to the kind."""
-        read = set(self.typed)  # the tensors the checks and the error's fields read (a "given" may be absent)
+    def described(self) -> set:
+        """The tensors the checks and the error's fields read (a "given" one may be absent): those
+        that say which kernel the call means."""
+        read = set(self.typed)
         for check in self.checks:
             read.update(check[1:2] if check[0] == "rank" else check[1:3])
         for _, rule in self.fields:
             read.update(rule[1:2] if rule[0] in ("dtype", "size") else rule[1:3] if rule[0] == "group_size" else ())
+        return read
+
+    def taking(self, names):
+        """The same call with only the tensors `names`, in that order: an engine API that passes
+        a fixed few is not moved by a tensor an option adds to the kind."""
+        read = self.described()
         missing = read - set(names)
         if missing or not set(names) <= set(self.names):
             raise ValueError(f"{names} for a {self.family} kind of {self.names}: needs {sorted(missing)}")

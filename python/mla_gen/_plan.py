@@ -378,6 +378,13 @@ def select(kind: Kind, kf, tmap: dict, options: tuple, free: dict) -> dict:
     named = {k: (("true" if v else "false") if isinstance(v, bool) else v) for k, v in zip(kind.options, options)}
     hit = _m.select(kf, kind.family, args, named)
     if hit is None:
+        # Where the tensors that describe the call select a kernel, another tensor disagrees with
+        # them (a head size, a dtype): that kernel's check names which, instead of "no kernel".
+        described = kind.described()
+        probe = {name: (None, None) if isinstance(a, tuple) and name not in described else a
+                 for name, a in args.items()}
+        hit = _m.select(kf, kind.family, probe, named) if probe != args else None
+    if hit is None:
         raise ValueError(TEXTS["no_kernel"].format(family=kind.family, what=what, label=kf.label))
     return hit[0]
 

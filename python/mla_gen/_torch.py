@@ -27,6 +27,7 @@ docs/PYTHON.md).
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -117,6 +118,22 @@ def _call(kind, options, tensors, free):
     preps = _lookup(kind, options, tensors, free)
     if preps is not None:
         _go(preps, kind, options, tensors, free)
+
+
+def _call_as(api_names: dict, kind, options, tensors, free):
+    """_call for an engine's API whose arguments have other names than the kind's tensors
+    (FlashInfer's ``v_a``, ``s_a`` ...; ``api_names``: kind's name -> the API's): a refusal names
+    the caller's arguments. The "no generated kernel" error names the spec's keys and stays."""
+    try:
+        _call(kind, options, tensors, free)
+    except (TypeError, ValueError) as e:
+        text = str(e)
+        if not text.startswith("no generated"):
+            renamed = re.sub(r"(?<![\w.])(" + "|".join(map(re.escape, api_names)) + r")(?!\w)",
+                             lambda m: api_names[m.group(1)], text)
+            if renamed != text:
+                e.args = (renamed,)
+        raise
 
 
 def _miss(slot, slot_options, kind, options, tensors, free):

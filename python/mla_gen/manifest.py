@@ -320,6 +320,9 @@ def by_size_rule(kf: KernelFolder, kernel: dict, value) -> dict:
     return kernel
 
 
+OUTPUTS = ("same", "fp8_e4m3", "fp8_e4m3_group")  # supports()'s output kinds
+
+
 def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output_lse: bool = False,
              threshold: bool = False, output: str = "same", group_size: int | None = None, ue8m0: bool = False,
              lse_layout: str | None = None, num_states: int | None = None, mask: bool = False,
@@ -336,7 +339,13 @@ def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output
     of the family's calls (mla_gen/binding.json) with True, e.g. ``query_start_loc=True``: a new
     spec option that selects or adds a tensor is asked for here with no change to this function.
     A True answer means a kernel exists; the argument check still judges strides, alignment and
-    overlap at the call."""
+    overlap at the call. An unknown ``output`` raises ValueError; a group size that does not
+    divide the head size, or fewer than one state, is a call no kernel serves (False)."""
+    if output not in OUTPUTS:
+        raise ValueError(f"unknown output {output!r} ({', '.join(map(repr, OUTPUTS))})")
+    if (output == "fp8_e4m3_group" and (not group_size or head_size % group_size)) or \
+            (num_states is not None and num_states < 1):
+        return False
     hit = select(folder(), family, *call(family, dtype, head_size, output_lse=output_lse, threshold=threshold,
                                          output=output, group_size=group_size, ue8m0=ue8m0, lse_layout=lse_layout,
                                          num_states=num_states, mask=mask, mask_empty_context=mask_empty_context,

@@ -20,13 +20,20 @@ from __future__ import annotations
 import torch
 
 from . import _plan, _torch
-from ._binding import KINDS
+from ._binding import ENGINE_NAMES, KINDS
 
 __all__ = ["merge_state_v2"]
 
 # mla-gen's pairwise kind with the tensors this API passes, in its order (a tensor an option adds
 # to the kind moves nothing here)
 _PAIR = KINDS["pair"].taking(("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse"))
+
+
+def _f32(s, name):
+    """The lse as float32 (sgl-kernel reads it so), or the error that names a missing one."""
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
+    return s.to(torch.float32)
 
 
 def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
@@ -38,6 +45,6 @@ def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
         v_merged = torch.empty((T, H, D), dtype=v_a.dtype, device=v_a.device)
     if s_merged is None:
         s_merged = torch.empty((T, H), dtype=torch.float32, device=v_a.device)
-    _torch._call(_PAIR, ("token_major",), (v_merged, s_merged, v_a, s_a.to(torch.float32), v_b,
-                                           s_b.to(torch.float32)), (None,))
+    _torch._call_as(ENGINE_NAMES["pair"], _PAIR, ("token_major",), (v_merged, s_merged, v_a, _f32(s_a, "s_a"), v_b,
+                                                    _f32(s_b, "s_b")), (None,))
     return v_merged, s_merged

@@ -48,6 +48,10 @@ TRAILING = ("prefill_tokens_with_context", "output_scale", "output_block_scale",
 _TRAILING = frozenset(TRAILING)
 
 _SAME = {"torch.float32", "torch.float16", "torch.bfloat16"}
+# What mla-gen's checks raise before any launch (an ArgumentError is a ValueError; so is a lse
+# layout the plan cannot address; a threshold of another type is a TypeError): a patch that is not
+# strict hands such a call back to vLLM, which judges it by its own rules.
+REFUSED = (ValueError, TypeError)
 _routes: dict = {}  # (dtype, head size, options, $MLA_GEN_KERNELS) -> supports()
 
 
@@ -165,7 +169,6 @@ def mask_empty_context(lse, query_start_loc, context_start_loc):
 
 def _make_wrapper(original, strict: bool):
     from .functions import both_or_neither
-    from .contract import ArgumentError
 
     def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
                           *args, query_start_loc=None, context_start_loc=None, **kwargs):
@@ -198,7 +201,7 @@ def _make_wrapper(original, strict: bool):
                            output_group_scales=scales, ue8m0=bool(ue8m0), **locations)
                     stats["routed"] += 1
                     return None
-                except ArgumentError:
+                except REFUSED:
                     if strict:
                         raise
         elif known and route(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale,
@@ -211,7 +214,7 @@ def _make_wrapper(original, strict: bool):
                     _merge(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, n, scale)
                 stats["routed"] += 1
                 return None
-            except ArgumentError:
+            except REFUSED:
                 if strict:
                     raise
         stats["fallbacks"] += 1

@@ -305,3 +305,19 @@ def test_the_known_gaps_are_still_gaps(shipped):
                                     ue8m0=row.ue8m0, threshold=True, mask_empty_context=row.ctxmask), (row, why)
         with pytest.raises((ValueError, HandedBack), match="no generated merge_attn_states kernel|handed the call"):
             make_call(row, torch.device("cpu"))
+
+
+def test_supports_says_no_to_what_no_kernel_serves(shipped):
+    """A dispatcher asks supports() first: a group size that does not divide the head (its one-head
+    probe would land on a wider group's kernel), no states, or an output kind it does not know is
+    never a yes."""
+    bf16 = torch.bfloat16
+    assert mla_gen.supports(bf16, 128, output="fp8_e4m3_group", group_size=128)
+    assert mla_gen.supports(bf16, 128, output="fp8_e4m3_group", group_size=64)
+    for g in (96, 100, 0, None):
+        assert not mla_gen.supports(bf16, 128, output="fp8_e4m3_group", group_size=g), g
+    assert mla_gen.supports(bf16, 128, family="merge_states", num_states=1)
+    assert not mla_gen.supports(bf16, 128, family="merge_states", num_states=0)
+    for kind in ("fp8_e5m2", "fp9"):
+        with pytest.raises(ValueError, match=f"unknown output '{kind}'"):
+            mla_gen.supports(bf16, 128, output=kind)

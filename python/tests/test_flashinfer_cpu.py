@@ -121,3 +121,26 @@ def test_one_state_is_copied_or_merged_as_flashinfer_dispatches(cpu_launch, monk
     assert torch.equal(out[0, 0], torch.zeros_like(out[0, 0])), "one token: no keys gives zeros"
     assert torch.equal(out[0, 1], v[1, 0, 1]) and torch.equal(lse, s1[:, 0])
     assert cpu_launch.launches == []
+
+
+def test_refusals_name_the_callers_arguments(select_folder, cpu_launch):
+    """FlashInfer's and sgl-kernel's argument names in the errors (v_a, s_b ...), not the kinds'
+    (prefix_output, suffix_lse ...) that the caller never wrote."""
+    from mla_gen import sglang
+    v_a, v_b = torch.randn(T, H, D).to(BF16), torch.randn(T, H, D).to(BF16)
+    s = torch.randn(T, H)
+    for call, bad, name in [
+        (lambda: flashinfer.merge_state(v_a, torch.randn(H, T + 1), v_b, s), "s_a", "prefix_lse"),
+        (lambda: flashinfer.merge_state(v_a, s, v_b.half(), s), "v_b", "suffix_output"),
+        (lambda: flashinfer.merge_state_in_place(v_a, s.to(BF16), v_b, s), "s", "state_lse"),
+        (lambda: flashinfer.merge_states(torch.randn(T, 4, H, D).to(BF16), torch.randn(T, 3, H)), "s",
+         "states_lse"),
+        (lambda: sglang.merge_state_v2(v_a, s, v_b, s, None, torch.empty(T, H, dtype=BF16)), "s_merged",
+         "output_lse"),
+        (lambda: sglang.merge_state_v2(v_a, None, v_b, s), "s_a", "prefix_lse"),
+    ]:
+        with pytest.raises((TypeError, ValueError)) as e:
+            call()
+        text = str(e.value)
+        assert name not in text and (f"{bad} " in text or f"{bad}:" in text), (bad, text)
+    assert not cpu_launch.launches

@@ -223,6 +223,26 @@ def test_what_the_contract_cannot_say(cpu_launch):
     assert not cpu_launch.launches
 
 
+def test_tensors_that_disagree_are_named_not_called_a_missing_kernel(cpu_launch):
+    """A head size or dtype the call's own tensors disagree on: the kernel the described tensors
+    (prefix_output's dtype and head size; the states') select names the tensor that differs and
+    what it takes, where "no generated kernel" would send the caller to generate one."""
+    out, p, pl, s, sl = pair()
+    s64 = s[..., :64].contiguous()
+    for call, named in [
+        (lambda: mla_gen.merge_attn_states(torch.empty(T, H, 64, dtype=BF16), p, pl, s, sl),
+         "output: [T=8, H=4, D=128]"),
+        (lambda: mla_gen.merge_attn_states(out, p, pl, s64, sl), "suffix_output: [T=8, H=4, D=128]"),
+        (lambda: mla_gen.merge_attn_states(out.half(), p, pl, s, sl), "output is f16, the kernel takes bf16"),
+        (lambda: mla_gen.merge_state_in_place(p, pl, s64, sl, lse_layout="head_major"), "other: [T=8, H=4, D=128]"),
+        (lambda: mla_gen.merge_states(torch.randn(T, 3, H, D).to(BF16), torch.randn(T, 3, H),
+                                      output=torch.empty(T, H, 64, dtype=BF16)), "output: [T=8, H=4, D=128]"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(named)):
+            call()
+    assert not cpu_launch.launches
+
+
 def test_nothing_to_launch(cpu_launch):
     out, p, pl, s, sl = pair(t=0)
     mla_gen.merge_attn_states(out, p, pl, s, sl, torch.empty(H, 0), 0)

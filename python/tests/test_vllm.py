@@ -74,20 +74,46 @@ def test_patch_routes_supported_calls_and_falls_back(standin):
     assert mods[MODULE].merge_attn_states is original and mods["vllm_backend_standin"].merge_attn_states is original
 
 
-def test_a_refused_call_falls_back_unless_strict(standin, monkeypatch):
+REFUSALS = {  # what mla-gen's checks raise before a launch, each handed back unless strict
+    "contract": mla_gen.ArgumentError("merge_attn_states_bf16_d128_thr_lse", "output: pointer 0x2 is not aligned"),
+    "layout": ValueError("prefix_lse has shape (4, 8) and strides (1, 4); the kernel addresses it as [H=4, T=8]"),
+    "type": TypeError("prefill_tokens_with_context must be a Python int"),
+}
+
+
+@pytest.mark.parametrize("refusal", REFUSALS)
+def test_a_refused_call_falls_back_unless_strict(standin, monkeypatch, refusal):
     calls, mods, original = standin
 
-    def refuse(*args):
-        raise mla_gen.ArgumentError("merge_attn_states_bf16_d128_thr_lse", "output: pointer 0x2 is not aligned")
+    def refuse(*args, **keywords):
+        raise REFUSALS[refusal]
 
     monkeypatch.setattr(mv, "_merge", refuse)
     handle = mv.patch()
     mods[MODULE].merge_attn_states(*tensors())
-    assert len(calls["vllm"]) == 1
+    fp8, p, pl, s, sl, block = group_call()
+    mods[MODULE].merge_attn_states(fp8, p, pl, s, sl, None, None, None, block, 64, False)  # group FP8
+    assert len(calls["vllm"]) == 2 and not calls["mla_gen"]
     handle.undo()
     handle = mv.patch(MODULE, strict=True)
-    with pytest.raises(mla_gen.ArgumentError):
+    with pytest.raises(type(REFUSALS[refusal])):
         mods[MODULE].merge_attn_states(*tensors())
+    handle.undo()
+
+
+def test_a_transposed_lse_goes_to_vllm(standin, cpu_launch, monkeypatch):
+    """An lse view vLLM's Triton kernel takes (its strides) but mla-gen's kernel cannot address:
+    the real check refuses it before any launch and the call goes to vLLM, counted."""
+    from conftest import ROOT
+
+    calls, mods, original = standin
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(ROOT / "generated"))
+    monkeypatch.setattr(mv, "_merge", REAL_MERGE)
+    monkeypatch.setitem(mv.stats, "fallbacks", 0)
+    handle = mv.patch()
+    out, p, pl, s, sl = tensors()
+    mods[MODULE].merge_attn_states(out, p, torch.empty(8, 4).t(), s, sl)
+    assert len(calls["vllm"]) == 1 and mv.stats["fallbacks"] == 1
     handle.undo()
 
 
