@@ -194,7 +194,7 @@ impl Builder {
                 return Err(prebuilt_err(dir, "a prebuilt folder has no spec".into()))
             }
         };
-        spec::apply_arch_override(&mut spec, self.archs.as_deref())?;
+        spec::apply_arch_override(&mut spec, self.archs.as_deref(), "Builder::archs")?;
         Ok((spec, watched))
     }
 

@@ -312,6 +312,12 @@ fn refuses_to_replace_a_folder_it_did_not_write() {
         std::fs::read_to_string(out.join("main.rs")).unwrap(),
         "fn main() {}"
     );
+    // Refused before taking the lock: no `.mla-gen.lock` left in the parent (which a `check` of
+    // that parent would then call an extra file).
+    assert!(
+        !tmp.path().join(mla_gen::emit::LOCK_FILE).exists(),
+        "a refused generate leaves no lock file"
+    );
 }
 
 #[test]
@@ -415,6 +421,100 @@ fn arch_override_from_flag_and_environment() {
     );
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("older than sm_80"), "{}", stderr(&o));
+}
+
+/// Errors about architectures name where they came from, and `--arch` and `MLA_GEN_ARCH` read a
+/// list alike (`mla_gen` above clears `MLA_GEN_ARCH`, so these set it themselves).
+#[test]
+fn arch_errors_name_the_flag_or_the_variable_they_came_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "s.toml", SMALL);
+    let with_env = |args: &[&str], value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mla-gen"))
+            .args(args)
+            .env("MLA_GEN_ARCH", value)
+            .output()
+            .unwrap()
+    };
+    let o = with_env(&["list", &spec], "bogus");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).starts_with("error: MLA_GEN_ARCH: `bogus` is not an architecture"),
+        "{}",
+        stderr(&o)
+    );
+    let o = mla_gen(&["list", &spec, "--arch", "bogus"], &[]);
+    assert!(
+        stderr(&o).starts_with("error: --arch: `bogus`"),
+        "{}",
+        stderr(&o)
+    );
+
+    // A stray comma: refused by both, naming its source.
+    for o in [
+        mla_gen(&["list", &spec, "--arch", "sm_90,"], &[]),
+        with_env(&["list", &spec], "sm_90,"),
+    ] {
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("an empty architecture"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    // Blank is unset.
+    assert!(with_env(&["list", &spec], " ").status.success());
+
+    // An arch NVRTC cannot target (checked before compiling): dropped from where it was named.
+    let out = tmp.path().join("o").display().to_string();
+    let o = with_env(&["generate", &spec, "--out", &out], "sm_99");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("drop sm_99 from MLA_GEN_ARCH."),
+        "{}",
+        stderr(&o)
+    );
+    let spec99 = write_spec(tmp.path(), "s99.toml", &SMALL.replace("sm_90", "sm_99"));
+    let o = mla_gen(&["generate", &spec99, "--out", &out], &[]);
+    assert!(
+        stderr(&o).contains("drop sm_99 from the spec."),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn generate_with_far_more_jobs_than_kernels_starts_no_more_threads() {
+    // One kernel, `-j 5000`: a pool of 5000 threads took seconds; capped, it is one.
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(
+        tmp.path(),
+        "s.toml",
+        "arch = [\"compute_90\"]\n[[mask_empty_context_lse]]\n",
+    );
+    let out = tmp.path().join("o").display().to_string();
+    let start = std::time::Instant::now();
+    let o = mla_gen(&["generate", &spec, "--out", &out, "-q", "-j", "5000"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn list_refuses_a_templates_folder_render_would_refuse() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(tmp.path(), "s.toml", SMALL);
+    let o = mla_gen(&["list", &spec, "--templates", "/nonexistent"], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("cannot read template"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stdout(&o).is_empty());
 }
 
 #[test]

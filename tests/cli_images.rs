@@ -127,6 +127,37 @@ fn verify_names_missing_and_differing_images_and_the_fix() {
 }
 
 #[test]
+fn verify_refuses_images_named_outside_the_folder_as_a_load_does() {
+    let (tmp, _spec, out) = generated();
+    // Two images moved out of the folder, the manifest naming them there: one by an absolute
+    // path, one through `..`. Their bytes are the recorded ones; the runtime still refuses both.
+    let files = images(&out);
+    let elsewhere = tmp.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let manifest = Path::new(&out).join("manifest.json");
+    let mut text = std::fs::read_to_string(&manifest).unwrap();
+    let mut outside = Vec::new();
+    for (f, absolute) in [(&files[0], true), (&files[1], false)] {
+        let name = f.file_name().unwrap().to_str().unwrap();
+        let moved = elsewhere.join(name);
+        std::fs::rename(f, &moved).unwrap();
+        let named = if absolute {
+            moved.display().to_string()
+        } else {
+            format!("../elsewhere/{name}")
+        };
+        text = text.replace(&format!("\"kernels/{name}\""), &format!("\"{named}\""));
+        outside.push(named);
+    }
+    std::fs::write(&manifest, text).unwrap();
+    let o = mla_gen(&["verify", "--out", &out]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("2 named by a path outside the folder"), "{e}");
+    assert!(e.contains(&outside[0]) && e.contains(&outside[1]), "{e}");
+}
+
+#[test]
 fn generate_keeps_a_readme_and_check_ignores_it() {
     let (_tmp, spec, out) = generated();
     let readme = Path::new(&out).join("README.md");

@@ -142,3 +142,16 @@ fn every_block_is_compiled_code_or_a_valid_spec() {
         "{checked} blocks, {python} python"
     );
 }
+
+/// Without a CUDA driver cudarc panics at `CudaContext::new`, before `Runtime::load` can return
+/// an error: the page asks `driver_present()` before the first context it shows.
+#[test]
+fn the_rust_page_checks_for_a_driver_before_making_a_context() {
+    let context = RUST_PAGE
+        .find("CudaContext::new(0)")
+        .expect("docs/RUST.md shows making the context");
+    assert!(
+        RUST_PAGE[..context].contains("runtime::driver_present()"),
+        "docs/RUST.md must ask runtime::driver_present() before CudaContext::new(0)"
+    );
+}

@@ -221,7 +221,7 @@ fn remaining_error_messages_say_what_is_wrong() {
     assert_eq!(o.status.code(), Some(1));
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(
-        e.contains("cannot compile for sm_200") && e.contains("drop sm_200 from the spec"),
+        e.contains("cannot compile for sm_200") && e.contains("drop sm_200 from --arch"),
         "{e}"
     );
 

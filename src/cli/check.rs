@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use mla_gen::emit::{self, FileSet};
-use mla_gen::host::manifest::{image_mismatch, ManifestView};
+use mla_gen::host::manifest::{image_mismatch, FileView, ManifestView};
 use mla_gen::nvrtc;
 
 use crate::failure::Failure;
@@ -163,20 +163,25 @@ pub fn verify(out: &Path, quiet: bool) -> Result<(), Failure> {
         )
     })?;
     let view = ManifestView::parse(&path, &text).map_err(|e| Failure(e.to_string(), 2))?;
-    let (mut missing, mut differ, mut count) = (Vec::new(), Vec::new(), 0);
+    let (mut outside, mut missing, mut differ, mut count) = (Vec::new(), Vec::new(), Vec::new(), 0);
     for f in view.kernels.iter().flat_map(|k| k.images()) {
         count += 1;
+        // A load refuses an image named outside the folder, even one with the recorded content.
+        if !FileView::inside_folder(&f.file) {
+            outside.push(&f.file);
+            continue;
+        }
         match std::fs::read(out.join(&f.file)) {
             Err(_) => missing.push(&f.file),
             Ok(bytes) => {
-                // The runtime's own check: what verify passes, a load accepts.
+                // The runtime's own checks, of the path (above) and of size and sha256 (here).
                 if image_mismatch(f.bytes, f.sha256.as_deref(), &bytes).is_some() {
                     differ.push(&f.file);
                 }
             }
         }
     }
-    if missing.is_empty() && differ.is_empty() {
+    if outside.is_empty() && missing.is_empty() && differ.is_empty() {
         if !quiet {
             eprintln!(
                 "{}: each of its {count} images has the size and sha256 manifest.json records",
@@ -191,7 +196,17 @@ pub fn verify(out: &Path, quiet: bool) -> Result<(), Failure> {
         missing.len(),
         differ.len()
     );
-    for (label, list) in [("missing", &missing), ("differs", &differ)] {
+    if !outside.is_empty() {
+        msg.push_str(&format!(
+            ", {} named by a path outside the folder (absolute, or through `..`), which a load refuses",
+            outside.len()
+        ));
+    }
+    for (label, list) in [
+        ("outside", &outside),
+        ("missing", &missing),
+        ("differs", &differ),
+    ] {
         for f in list.iter().take(5) {
             msg.push_str(&format!("\n  {label:8}{}", out.join(f).display()));
         }

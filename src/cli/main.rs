@@ -50,9 +50,9 @@ const AFTER_HELP: &str = "Examples:
   mla-gen doctor                        # where NVRTC is, which PTX it emits
   mla-gen completions bash > ~/.local/share/bash-completion/completions/mla-gen
 
-Exit codes: 0 success; 1 failure (check: the folder is stale; verify: an image is missing or
-differs); 2 usage errors (an unknown `render --kernel` included), for check, anything that kept
-it from comparing, and for verify, no manifest to read.
+Exit codes: 0 success; 1 failure (check: the folder is stale; verify: an image is missing,
+differs or is named outside the folder); 2 usage errors (an unknown `render --kernel` included),
+for check, anything that kept it from comparing, and for verify, no manifest to read.
 
 Environment:
   MLA_GEN_NVRTC   libnvrtc.so file or folder to use (nothing else is tried)
@@ -79,7 +79,8 @@ struct CPrefixArg {
 
 #[derive(Args, Clone)]
 struct JobsArg {
-    /// Compile this many kernels at once (0 = one per core). Output does not depend on it.
+    /// Compile this many kernels at once (0 = one per core; never more threads than kernels).
+    /// Output does not depend on it.
     #[arg(long, short = 'j', default_value_t = 0)]
     jobs: usize,
 }
@@ -152,9 +153,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Exit 0 when every image (PTX, CUBIN) a folder's manifest.json names is there with the size
-    /// and sha256 it records, 1 naming each missing or differing one, 2 when there is no
-    /// manifest to read. Compiles nothing: it says whether a folder's images are built and
+    /// Exit 0 when every image (PTX, CUBIN) a folder's manifest.json names is there, inside the
+    /// folder, with the size and sha256 it records (what a load checks), 1 naming each missing,
+    /// differing or outside one, 2 when there is no manifest to read. Compiles nothing: it says whether a folder's images are built and
     /// intact, not whether the manifest is fresh (that is `check`).
     Verify {
         /// Folder to verify.
@@ -355,16 +356,22 @@ fn run(cli: Cli) -> Result<(), Failure> {
         } => generate(&spec, &out, jobs.jobs, quiet, &emit, &c_prefix.c_prefix),
         Command::List {
             spec,
-            decisions: true,
-            ..
+            json,
+            decisions,
         } => {
-            print!(
-                "{}",
-                mla_gen::spec::decision_list(&load_spec(&spec)?.variants)
-            );
-            Ok(())
+            let s = load_spec(&spec)?;
+            // Names do not depend on the templates, but a bad --templates is refused here as by
+            // every other command that takes it, not silently ignored.
+            if spec.templates.is_some() {
+                load_templates(&spec)?;
+            }
+            if decisions {
+                print!("{}", mla_gen::spec::decision_list(&s.variants));
+                Ok(())
+            } else {
+                report::list(&s, json)
+            }
         }
-        Command::List { spec, json, .. } => report::list(&load_spec(&spec)?, json),
         Command::Render { spec, kernel } => {
             let s = load_spec(&spec)?;
             let templates = load_templates(&spec)?;

@@ -30,7 +30,7 @@ pub fn load_spec(args: &SpecArgs) -> Result<Spec, Failure> {
         }
         None => spec::default_spec()?,
     };
-    spec::apply_arch_override(&mut spec, Some(&args.arch))?;
+    spec::apply_arch_override(&mut spec, Some(&args.arch), "--arch")?;
     Ok(spec)
 }
 

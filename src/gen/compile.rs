@@ -194,6 +194,16 @@ fn compile_one(
     })
 }
 
+/// Threads for `work` compile jobs when `jobs` were asked (0 = one per core): never more than
+/// there are jobs, since each idle thread still costs a start (`-j 100000` would take minutes).
+fn pool_threads(jobs: usize, work: usize) -> usize {
+    let wanted = match jobs {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    wanted.min(work).max(1)
+}
+
 /// Compile every variant of `spec` for every arch, with `jobs` threads (0 = one per core).
 pub fn compile_spec(
     nvrtc: &Nvrtc,
@@ -203,7 +213,7 @@ pub fn compile_spec(
     progress: bool,
 ) -> Result<Vec<CompiledKernel>, CompileError> {
     for arch in &spec.archs {
-        nvrtc.check_arch(arch.major_minor, &arch.name())?;
+        nvrtc.check_arch(arch.major_minor, &arch.name(), &spec.archs_from)?;
     }
     let origin = spec.source_name();
     let targets: Vec<(Arch, bool)> = spec
@@ -211,11 +221,12 @@ pub fn compile_spec(
         .iter()
         .map(|a| (a.clone(), spec.carries_ptx(a)))
         .collect();
+    let threads = pool_threads(jobs, spec.variants.len());
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(jobs)
+        .num_threads(threads)
         .build()
         .map_err(|e| CompileError::Threads {
-            jobs,
+            jobs: threads,
             detail: e.to_string(),
         })?;
     let bar = (progress && spec.variants.len() > 4 && std::io::stderr().is_terminal()).then(|| {
@@ -278,6 +289,17 @@ mod tests {
             }
         );
         assert_eq!(parse_resources("nothing here"), None);
+    }
+
+    #[test]
+    fn pool_never_outnumbers_the_kernels() {
+        assert_eq!(pool_threads(2000, 1), 1);
+        assert_eq!(pool_threads(100_000, 3), 3);
+        assert_eq!(pool_threads(2, 40), 2);
+        assert_eq!(pool_threads(5, 0), 1);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(pool_threads(0, 1), 1);
+        assert_eq!(pool_threads(0, 100_000), cores);
     }
 
     #[test]

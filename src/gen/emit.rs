@@ -412,28 +412,19 @@ pub fn write(out: &Path, files: &FileSet) -> Result<WriteOutcome, EmitError> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    // Refuse before the lock file is created, so that a refused generate leaves nothing behind
+    // (the lock file is never removed: unlinking it while others wait on it would let two
+    // generations hold the lock at once). The check runs again under the lock, which is what
+    // decides, since another generation may replace `out` in between; here a folder with a
+    // manifest is not read, so a large one is read once.
+    if !out.join(MANIFEST).is_file() {
+        existing_tree(out)?;
+    }
     std::fs::create_dir_all(&parent).map_err(io_err(&parent, "cannot create folder"))?;
     let _lock = ParentLock::acquire(&parent)?;
     remove_stale_staging(&parent, out);
 
-    let existing = if out.exists() {
-        if !out.is_dir() {
-            return Err(EmitError::Io {
-                path: out.to_path_buf(),
-                what: "is not a folder",
-                source: io::Error::from(io::ErrorKind::AlreadyExists),
-            });
-        }
-        let tree = read_tree(out)?;
-        if !tree.is_empty() && !tree.contains_key(MANIFEST) {
-            return Err(EmitError::NotOurs {
-                path: out.to_path_buf(),
-            });
-        }
-        Some(tree)
-    } else {
-        None
-    };
+    let existing = existing_tree(out)?;
     if let Some(tree) = &existing {
         if diff(files, tree).is_clean() {
             return Ok(WriteOutcome::Unchanged);
@@ -472,6 +463,28 @@ pub fn write(out: &Path, files: &FileSet) -> Result<WriteOutcome, EmitError> {
     // Dropping `staging` removes the old tree.
     drop(staging);
     Ok(WriteOutcome::Replaced { written, kept })
+}
+
+/// The files of `out` where it is an mla-gen folder (or empty), none where it does not exist; an
+/// error where it is not ours to replace.
+fn existing_tree(out: &Path) -> Result<Option<FileSet>, EmitError> {
+    if !out.exists() {
+        return Ok(None);
+    }
+    if !out.is_dir() {
+        return Err(EmitError::Io {
+            path: out.to_path_buf(),
+            what: "is not a folder",
+            source: io::Error::from(io::ErrorKind::AlreadyExists),
+        });
+    }
+    let tree = read_tree(out)?;
+    if !tree.is_empty() && !tree.contains_key(MANIFEST) {
+        return Err(EmitError::NotOurs {
+            path: out.to_path_buf(),
+        });
+    }
+    Ok(Some(tree))
 }
 
 #[cfg(target_os = "linux")]

@@ -32,11 +32,15 @@ pub enum NvrtcError {
     Load { path: String, detail: String },
     #[error("NVRTC call {call} failed: {message}")]
     Call { call: &'static str, message: String },
-    #[error("NVRTC {version} cannot compile for {arch}; it supports {supported}. Install a newer NVRTC ({INSTALL_COMMAND}) or drop {arch} from the spec.")]
+    #[error("NVRTC {version} cannot compile for {arch}; it supports {supported}. A newer NVRTC may support it ({upgrade}); or drop {arch} from {named_in}.")]
     UnsupportedArch {
         version: String,
         arch: String,
         supported: String,
+        /// Where the arch was named: "the spec", `--arch`, `MLA_GEN_ARCH`, ...
+        named_in: String,
+        /// How to get a newer NVRTC: the pinned one where the loaded one is older.
+        upgrade: String,
     },
 }
 
@@ -250,21 +254,23 @@ impl Nvrtc {
         }
     }
 
-    /// Refuse an architecture this NVRTC cannot target, before compiling anything.
-    pub fn check_arch(&self, compute_capability: u32, arch_name: &str) -> Result<(), NvrtcError> {
+    /// Refuse an architecture this NVRTC cannot target, before compiling anything; `named_in`
+    /// says where the arch came from (the spec, `--arch`, `MLA_GEN_ARCH`), for the message.
+    pub fn check_arch(
+        &self,
+        compute_capability: u32,
+        arch_name: &str,
+        named_in: &str,
+    ) -> Result<(), NvrtcError> {
         if self.supported_archs.contains(&(compute_capability as i32)) {
             return Ok(());
         }
-        Err(NvrtcError::UnsupportedArch {
-            version: self.version(),
-            arch: arch_name.to_string(),
-            supported: self
-                .supported_archs
-                .iter()
-                .map(|a| format!("sm_{a}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
+        Err(unsupported_arch(
+            (self.major, self.minor),
+            &self.supported_archs,
+            arch_name,
+            named_in,
+        ))
     }
 
     /// Compile `source` with `options`; fetch PTX and/or CUBIN.
@@ -378,6 +384,38 @@ impl Drop for ProgramGuard<'_> {
 unsafe impl Send for Nvrtc {}
 unsafe impl Sync for Nvrtc {}
 
+/// The major and minor version of [`PINNED_PIP_PACKAGE`] (13.0 for `==13.0.88`).
+fn pinned_version() -> Option<(i32, i32)> {
+    let (_, version) = PINNED_PIP_PACKAGE.split_once("==")?;
+    let mut parts = version.split('.').map(|p| p.parse::<i32>().ok());
+    Some((parts.next()??, parts.next()??))
+}
+
+/// The refusal of `arch` by an NVRTC of `version`. Installing the pinned NVRTC helps only when
+/// the loaded one is older: never tell to install the version already there.
+fn unsupported_arch(
+    version: (i32, i32),
+    supported: &[i32],
+    arch: &str,
+    named_in: &str,
+) -> NvrtcError {
+    let upgrade = match pinned_version() {
+        Some(pinned) if version < pinned => format!("the pinned one: {INSTALL_COMMAND}"),
+        _ => format!("point {ENV_OVERRIDE} at one"),
+    };
+    NvrtcError::UnsupportedArch {
+        version: format!("{}.{}", version.0, version.1),
+        arch: arch.to_string(),
+        supported: supported
+            .iter()
+            .map(|a| format!("sm_{a}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        named_in: named_in.to_string(),
+        upgrade,
+    }
+}
+
 /// The PTX ISA version a PTX file declares (`.version 9.0`).
 pub fn ptx_isa(ptx: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(ptx);
@@ -429,6 +467,26 @@ mod tests {
             Some("13.5".into())
         );
         assert_eq!(oldest_driver_for_isa("x"), None);
+    }
+
+    #[test]
+    fn an_unsupported_arch_names_its_origin_and_never_the_installed_nvrtc() {
+        assert_eq!(pinned_version(), Some((13, 0)));
+        let at_pin = unsupported_arch((13, 0), &[80, 90], "sm_99", "--arch").to_string();
+        assert_eq!(
+            at_pin,
+            "NVRTC 13.0 cannot compile for sm_99; it supports sm_80, sm_90. A newer NVRTC may support it (point MLA_GEN_NVRTC at one); or drop sm_99 from --arch."
+        );
+        let old = unsupported_arch((12, 4), &[80, 90], "sm_100", "the spec").to_string();
+        assert!(
+            old.contains(&format!(
+                "(the pinned one: {INSTALL_COMMAND}); or drop sm_100 from the spec."
+            )),
+            "{old}"
+        );
+        let env = unsupported_arch((13, 1), &[90], "sm_99", "MLA_GEN_ARCH").to_string();
+        assert!(!env.contains(INSTALL_COMMAND), "{env}");
+        assert!(env.ends_with("drop sm_99 from MLA_GEN_ARCH."), "{env}");
     }
 
     #[test]

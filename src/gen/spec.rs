@@ -29,6 +29,10 @@ pub struct Spec {
     /// sha256 of the spec's text.
     pub text_sha256: String,
     pub archs: Vec<Arch>,
+    /// Where `archs` were named, for messages: "the spec", or the override's origin (`--arch`,
+    /// `MLA_GEN_ARCH`, ...).
+    #[serde(skip)]
+    pub archs_from: String,
     /// Which of `archs` carry PTX beside their CUBIN (spec key `ptx`).
     pub ptx: PtxTargets,
     /// Whether generation writes each kernel's `.cu` (spec key `sources`, default true).
@@ -213,6 +217,7 @@ pub fn parse(origin: &str, text: &str) -> Result<Spec, SpecError> {
         origin: origin.to_string(),
         text_sha256: crate::gen::sha256_hex(text.as_bytes()),
         archs,
+        archs_from: ARCHS_FROM_SPEC.to_string(),
         ptx,
         sources,
         variants: unique.variants,
@@ -343,57 +348,66 @@ pub fn default_spec() -> Result<Spec, SpecError> {
     parse(DEFAULT_SPEC_ORIGIN, DEFAULT_SPEC)
 }
 
+/// [`Spec::archs_from`] where no override replaced the spec's archs.
+pub const ARCHS_FROM_SPEC: &str = "the spec";
+
 /// Environment variable: comma-separated architectures replacing a spec's.
 pub const ENV_ARCH: &str = "MLA_GEN_ARCH";
 
-/// Apply the architecture override in force: `explicit` (a `--arch` flag or `Builder::archs`)
-/// when given, else `MLA_GEN_ARCH` when set, else the spec's own.
-pub fn apply_arch_override(spec: &mut Spec, explicit: Option<&[String]>) -> Result<(), SpecError> {
+/// Apply the architecture override in force: `explicit` (a `--arch` flag or `Builder::archs`,
+/// named by `explicit_from` in errors) when given, else `MLA_GEN_ARCH` when set and not blank,
+/// else the spec's own.
+pub fn apply_arch_override(
+    spec: &mut Spec,
+    explicit: Option<&[String]>,
+    explicit_from: &str,
+) -> Result<(), SpecError> {
     if let Some(archs) = explicit.filter(|a| !a.is_empty()) {
-        return override_archs(spec, archs);
+        return override_archs(spec, archs, explicit_from);
     }
-    let from_env: Vec<String> = std::env::var(ENV_ARCH)
-        .map(|v| {
-            v.split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
-    if from_env.is_empty() {
-        Ok(())
-    } else {
-        override_archs(spec, &from_env)
+    match std::env::var(ENV_ARCH) {
+        // Split as clap splits `--arch`, empty items kept, so `sm_90,` fails alike in both.
+        Ok(v) if !v.trim().is_empty() => {
+            let archs: Vec<String> = v.split(',').map(str::to_string).collect();
+            override_archs(spec, &archs, ENV_ARCH)
+        }
+        _ => Ok(()),
     }
 }
 
-/// Replace the spec's architectures (from `--arch` or an environment variable).
-pub(crate) fn override_archs(spec: &mut Spec, archs: &[String]) -> Result<(), SpecError> {
+/// Replace the spec's architectures with `archs`, which came from `from` (`--arch`, an
+/// environment variable, ...): errors name it, and so do later ones about these archs.
+pub(crate) fn override_archs(
+    spec: &mut Spec,
+    archs: &[String],
+    from: &str,
+) -> Result<(), SpecError> {
+    let whole = |message| SpecError::Whole {
+        origin: from.to_string(),
+        message,
+    };
     let mut out = Vec::new();
-    for a in archs {
-        let parsed = Arch::parse(a).map_err(|message| SpecError::Whole {
-            origin: "--arch".to_string(),
-            message,
-        })?;
+    for a in archs.iter().map(|a| a.trim()) {
+        if a.is_empty() {
+            return Err(whole(
+                "an empty architecture in the list (a stray comma?)".to_string(),
+            ));
+        }
+        let parsed = Arch::parse(a).map_err(whole)?;
         if !out.contains(&parsed) {
             out.push(parsed);
         }
     }
     if out.is_empty() {
-        return Err(SpecError::Whole {
-            origin: "--arch".to_string(),
-            message: "no architecture given".to_string(),
-        });
+        return Err(whole("no architecture given".to_string()));
     }
     if spec.variants.iter().any(|v| v.pdl) {
         if let Some(message) = pdl_arch_problem(&out) {
-            return Err(SpecError::Whole {
-                origin: "--arch".to_string(),
-                message,
-            });
+            return Err(whole(message));
         }
     }
     spec.archs = out;
+    spec.archs_from = from.to_string();
     Ok(())
 }
 

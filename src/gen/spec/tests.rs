@@ -479,7 +479,7 @@ fn ptx_every_or_newest_decides_which_targets_carry_ptx() {
     );
     // An arch override keeps the choice and finds the newest among the new targets.
     let mut s = parse("t.toml", &format!("{archs}ptx = \"newest\"\n{table}")).unwrap();
-    override_archs(&mut s, &["sm_80".into(), "sm_120".into()]).unwrap();
+    override_archs(&mut s, &["sm_80".into(), "sm_120".into()], "--arch").unwrap();
     assert!(!s.carries_ptx(&s.archs[0]) && s.carries_ptx(&s.archs[1]));
 
     assert_eq!(
@@ -514,7 +514,7 @@ fn an_arch_override_is_refused_where_it_would_drop_the_sm_90_target() {
         "[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 128\npdl = true\n",
     )
     .unwrap();
-    let e = override_archs(&mut s, &["sm_80".to_string()])
+    let e = override_archs(&mut s, &["sm_80".to_string()], "--arch")
         .unwrap_err()
         .to_string();
     assert!(
@@ -522,7 +522,37 @@ fn an_arch_override_is_refused_where_it_would_drop_the_sm_90_target() {
         "{e}"
     );
     assert_eq!(s.archs.len(), 2, "the spec keeps its archs");
-    override_archs(&mut s, &["sm_90".to_string()]).unwrap();
+    override_archs(&mut s, &["sm_90".to_string()], "--arch").unwrap();
+}
+
+#[test]
+fn an_arch_override_names_its_origin_and_refuses_an_empty_item() {
+    let mut s = parse("t.toml", "[[mask_empty_context_lse]]\n").unwrap();
+    assert_eq!(s.archs_from, "the spec");
+    let e = override_archs(&mut s, &["bogus".to_string()], ENV_ARCH)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("MLA_GEN_ARCH: `bogus` is not an architecture"),
+        "{e}"
+    );
+    // `sm_90,` as clap splits it: the empty item is refused, wherever the list came from.
+    let e = override_archs(&mut s, &["sm_90".into(), "".into()], "--arch")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "--arch: an empty architecture in the list (a stray comma?)"
+    );
+    assert_eq!(
+        s.archs_from, "the spec",
+        "a refused override changes nothing"
+    );
+    override_archs(&mut s, &[" sm_90".into()], ENV_ARCH).unwrap();
+    assert_eq!(
+        (s.archs[0].name(), s.archs_from.as_str()),
+        ("sm_90".to_string(), ENV_ARCH)
+    );
 }
 
 #[test]
