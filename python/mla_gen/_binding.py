@@ -131,9 +131,19 @@ class Kind:
             elif rule[0] == "option":
                 values[name] = named[rule[1]]
             else:  # group_size
-                r, s = tmap[rule[1]], tmap[rule[2]]
-                values[name] = r.shape[1] * r.shape[2] // s.shape[1]
+                values[name] = _group_size(rule, tmap)
         return self.what.format(**values)
+
+    def group_size(self, tmap: dict):
+        """The call's group size where the kind has one (its ``group_size`` field), else None."""
+        rules = [rule for _, rule in self.fields if rule[0] == "group_size"]
+        return _group_size(rules[0], tmap) if rules else None
+
+
+def _group_size(rule, tmap: dict) -> int:
+    """``H * D`` of the rule's rows over the second size of its scales (the checks ensure it divides)."""
+    r, s = tmap[rule[1]], tmap[rule[2]]
+    return r.shape[1] * r.shape[2] // s.shape[1]
 
 
 def _load() -> dict:

@@ -384,9 +384,18 @@ def select(kind: Kind, kf, tmap: dict, options: tuple, free: dict) -> dict:
         probe = {name: (None, None) if isinstance(a, tuple) and name not in described else a
                  for name, a in args.items()}
         hit = _m.select(kf, kind.family, probe, named) if probe != args else None
+    if hit is not None and not hit[1] and kind.group_size(tmap) not in (None, _fp8_group(hit[0])):
+        # The nearest kernel groups otherwise (its scales' width binds the head count, so it
+        # only disagrees on a size): none serves this group size, and the error says which.
+        hit = None
     if hit is None:
         raise ValueError(TEXTS["no_kernel"].format(family=kind.family, what=what, label=kf.label))
     return hit[0]
+
+
+def _fp8_group(kernel: dict):
+    """The group size a per-token-group FP8 kernel was built for, else None."""
+    return (kernel.get("variant", {}).get("fp8_group") or {}).get("group_size")
 
 
 def dims(t, name, rank):

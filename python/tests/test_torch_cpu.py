@@ -240,6 +240,11 @@ def test_tensors_that_disagree_are_named_not_called_a_missing_kernel(cpu_launch)
     ]:
         with pytest.raises(ValueError, match=re.escape(named)):
             call()
+    # A group size no kernel has: named as such, not as the group-128 kernel's scale layout.
+    fp8 = torch.empty(T, H, D, dtype=torch.float8_e4m3fn)
+    for g in (32, 512):
+        with pytest.raises(ValueError, match=f"no generated merge_attn_states kernel .*group_size = {g},"):
+            mla_gen.merge_attn_states(fp8, p, pl, s, sl, output_group_scales=torch.empty(T, H * D // g))
     assert not cpu_launch.launches
 
 
