@@ -398,6 +398,14 @@ def _fp8_group(kernel: dict):
     return (kernel.get("variant", {}).get("fp8_group") or {}).get("group_size")
 
 
+def lse_f32(s, name):
+    """An engine API's lse as float32 (FlashInfer and sgl-kernel read it so whatever it is given),
+    or the error that names the argument where it is not a tensor."""
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
+    return s.to(torch.float32)
+
+
 def dims(t, name, rank):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

@@ -58,19 +58,14 @@ _STATES = KINDS["states"].with_options(("lse_base",), ", lse_base = 2").taking(
     ("output", "output_lse", "states", "states_lse"))
 
 
-def _f32(s):
-    """FlashInfer reads the lse as float32 whatever it is given."""
-    return s.to(torch.float32) if isinstance(s, torch.Tensor) else s
-
-
 def merge_state(v_a, s_a, v_b, s_b):
     """Merge two attention states: v_a, v_b [T, H, D] (f16/bf16/f32), s_a, s_b [T, H] lse in base
     2. Returns ``(v_merged [T, H, D] of v_a's dtype, s_merged [T, H] float32)``."""
     T, H, D = _plan.dims(v_a, "v_a", 3)
     v_merged = torch.empty_like(v_a, memory_format=torch.contiguous_format)
     s_merged = torch.empty((T, H), dtype=torch.float32, device=v_a.device)
-    _torch._call_as(ENGINE_NAMES["pair"], _PAIR, _OPTIONS, (v_merged, s_merged, v_a, _f32(s_a), v_b, _f32(s_b)),
-                    (None,))
+    s_a, s_b = _plan.lse_f32(s_a, "s_a"), _plan.lse_f32(s_b, "s_b")
+    _torch._call_as(ENGINE_NAMES["pair"], _PAIR, _OPTIONS, (v_merged, s_merged, v_a, s_a, v_b, s_b), (None,))
     return v_merged, s_merged
 
 
@@ -78,7 +73,8 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None) -> None:
     """``v, s := merge((v, s), (v_other, s_other))`` in place: v, v_other [T, H, D]; s float32
     [T, H] (updated), s_other [T, H]; lse in base 2. ``mask`` [T] bool or uint8: tokens where it
     is 0 are left untouched (needs a kernel generated with ``mask = true``)."""
-    _torch._call_as(ENGINE_NAMES["in_place"], _IN_PLACE, _OPTIONS, (v, s, v_other, _f32(s_other), mask), ())
+    s_other = _plan.lse_f32(s_other, "s_other")
+    _torch._call_as(ENGINE_NAMES["in_place"], _IN_PLACE, _OPTIONS, (v, s, v_other, s_other, mask), ())
 
 
 def merge_states(v, s):
@@ -95,7 +91,8 @@ def merge_states(v, s):
         # At K = 1 the base-2 runtime-K kernel copies rows and lse in one launch (two torch copies
         # cost 1.1-1.2x FlashInfer's one kernel: GPU run 128); a folder without it copies below.
         try:
-            _torch._call_as(ENGINE_NAMES["states"], _STATES, _OPTIONS[1:], (v_merged, s_merged, v, _f32(s)), ())
+            _torch._call_as(ENGINE_NAMES["states"], _STATES, _OPTIONS[1:],
+                            (v_merged, s_merged, v, _plan.lse_f32(s, "s")), ())
             return v_merged, s_merged
         except ValueError:  # at K = 1: no such kernel (or a call it refuses: the copy checks it)
             if K != 1:

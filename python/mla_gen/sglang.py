@@ -29,13 +29,6 @@ __all__ = ["merge_state_v2"]
 _PAIR = KINDS["pair"].taking(("output", "output_lse", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse"))
 
 
-def _f32(s, name):
-    """The lse as float32 (sgl-kernel reads it so), or the error that names a missing one."""
-    if not isinstance(s, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
-    return s.to(torch.float32)
-
-
 def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
     """Merge two attention states: v_a, v_b [T, H, D] (f16/bf16/f32), s_a, s_b [T, H] lse in base
     e (read as float32). ``v_merged`` [T, H, D] of v_a's dtype and ``s_merged`` float32 [T, H]
@@ -45,6 +38,6 @@ def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
         v_merged = torch.empty((T, H, D), dtype=v_a.dtype, device=v_a.device)
     if s_merged is None:
         s_merged = torch.empty((T, H), dtype=torch.float32, device=v_a.device)
-    _torch._call_as(ENGINE_NAMES["pair"], _PAIR, ("token_major",), (v_merged, s_merged, v_a, _f32(s_a, "s_a"), v_b,
-                                                    _f32(s_b, "s_b")), (None,))
+    s_a, s_b = _plan.lse_f32(s_a, "s_a"), _plan.lse_f32(s_b, "s_b")
+    _torch._call_as(ENGINE_NAMES["pair"], _PAIR, ("token_major",), (v_merged, s_merged, v_a, s_a, v_b, s_b), (None,))
     return v_merged, s_merged

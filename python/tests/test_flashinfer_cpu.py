@@ -138,6 +138,7 @@ def test_refusals_name_the_callers_arguments(select_folder, cpu_launch):
         (lambda: sglang.merge_state_v2(v_a, s, v_b, s, None, torch.empty(T, H, dtype=BF16)), "s_merged",
          "output_lse"),
         (lambda: sglang.merge_state_v2(v_a, None, v_b, s), "s_a", "prefix_lse"),
+        (lambda: flashinfer.merge_state(v_a, None, v_b, s), "s_a", "prefix_lse"),
     ]:
         with pytest.raises((TypeError, ValueError)) as e:
             call()
