@@ -33,7 +33,9 @@ use crate::gen::render::Templates;
 use crate::gen::sha256_hex;
 use crate::gen::spec::{self, Spec};
 use crate::generate::{generate_files, Error};
-use crate::host::manifest::{image_mismatch, FileView, KernelView, ManifestView};
+use crate::host::manifest::{
+    image_kind_mismatch, image_mismatch, FileView, KernelView, ManifestView,
+};
 #[doc(hidden)]
 pub use crate::writers::rust_module::{rust_module, BindingKernel};
 
@@ -286,7 +288,7 @@ impl Builder {
         let manifest = ManifestView::parse(&manifest_path, &manifest_text)
             .map_err(|e| prebuilt_err(&e.path, e.detail))?;
         let kernels = BindingKernel::from_manifest(&manifest);
-        let files: Vec<String> = images(&manifest).map(|f| f.file.clone()).collect();
+        let files: Vec<String> = images(&manifest).map(|(f, _)| f.file.clone()).collect();
         let text = rust_module(&kernels, &spec.source_name(), Some((&dir, &files)));
         write_if_changed(&module, text.as_bytes())?;
         Ok(Built {
@@ -359,7 +361,7 @@ impl Builder {
         let abs = std::fs::canonicalize(dir)
             .map_err(|e| prebuilt_err(dir, format!("cannot resolve the folder: {e}")))?;
         let mut files = Vec::new();
-        for f in images(&manifest) {
+        for (f, cubin) in images(&manifest) {
             if !FileView::inside_folder(&f.file) {
                 return Err(prebuilt_err(
                     &manifest_path,
@@ -389,6 +391,12 @@ impl Builder {
                         m.expected_sha256,
                         m.expected_bytes.map_or("?".to_string(), |b| b.to_string()),
                     ),
+                ));
+            }
+            if let Some(kind) = image_kind_mismatch(cubin, &bytes) {
+                return Err(prebuilt_err(
+                    &path,
+                    format!("it is not {kind}, as the manifest says: the manifest itself is wrong; regenerate the folder (mla-gen generate)"),
                 ));
             }
             files.push(f.file.clone());
@@ -429,8 +437,8 @@ fn prebuilt_err(path: &Path, detail: String) -> Error {
     }
 }
 
-/// Every PTX and CUBIN file of a manifest, in manifest order.
-fn images(manifest: &ManifestView) -> impl Iterator<Item = &FileView> {
+/// Every PTX and CUBIN file of a manifest, in manifest order, with whether it is a CUBIN.
+fn images(manifest: &ManifestView) -> impl Iterator<Item = (&FileView, bool)> {
     manifest.kernels.iter().flat_map(KernelView::images)
 }
 

@@ -376,6 +376,19 @@ fn a_prebuilt_folder_whose_file_differs_from_its_manifest_is_refused() {
         text.contains("\"x() {} fn y\" is not an identifier"),
         "{text}"
     );
+    // A manifest that says PTX where its file is a CUBIN (size and hash right): refused at the
+    // build, as a load would refuse it.
+    let mut v: serde_json::Value = serde_json::from_str(&original).unwrap();
+    let arch = &mut v["kernels"][0]["archs"][0];
+    let (ptx, cubin) = (arch["ptx"].take(), arch["cubin"].take());
+    (arch["ptx"], arch["cubin"]) = (cubin, ptx);
+    std::fs::write(&manifest, serde_json::to_string(&v).unwrap()).unwrap();
+    let text = build().unwrap_err().to_string();
+    assert!(
+        text.contains("it is not PTX text, as the manifest says")
+            || text.contains("it is not an ELF CUBIN, as the manifest says"),
+        "{text}"
+    );
     std::fs::write(&manifest, &original).unwrap();
     let escaping = std::fs::read_to_string(&manifest).unwrap().replace(
         "\"kernels/merge_attn_states_f32_d128_thr_lse.sm_90.cubin\"",

@@ -158,6 +158,32 @@ fn verify_refuses_images_named_outside_the_folder_as_a_load_does() {
 }
 
 #[test]
+fn verify_refuses_an_image_of_another_kind_than_its_manifest_says_as_a_load_does() {
+    // A manifest that calls one arch's PTX its CUBIN and the CUBIN its PTX: every size and hash
+    // is right, so only the kind shows it (the driver would get text as machine code).
+    let (_tmp, _spec, out) = generated();
+    let manifest = Path::new(&out).join("manifest.json");
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let arch = &mut v["kernels"][0]["archs"][0];
+    let (ptx, cubin) = (arch["ptx"].take(), arch["cubin"].take());
+    assert!(ptx.is_object() && cubin.is_object(), "{arch}");
+    let (ptx_file, cubin_file) = (ptx["file"].clone(), cubin["file"].clone());
+    arch["ptx"] = cubin;
+    arch["cubin"] = ptx;
+    std::fs::write(&manifest, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let o = mla_gen(&["verify", "--out", &out]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("0 of 8 images missing, 0 differing"), "{e}");
+    assert!(e.contains("2 not of the kind manifest.json says"), "{e}");
+    for (kind, file) in [("an ELF CUBIN", &ptx_file), ("PTX text", &cubin_file)] {
+        let file = file.as_str().unwrap();
+        assert!(e.contains(&format!("not {kind}: {out}/{file}")), "{e}");
+    }
+}
+
+#[test]
 fn generate_keeps_a_readme_and_check_ignores_it() {
     let (_tmp, spec, out) = generated();
     let readme = Path::new(&out).join("README.md");

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use mla_gen::emit::{self, FileSet};
-use mla_gen::host::manifest::{image_mismatch, FileView, ManifestView};
+use mla_gen::host::manifest::{image_kind_mismatch, image_mismatch, FileView, ManifestView};
 use mla_gen::nvrtc;
 
 use crate::failure::Failure;
@@ -48,7 +48,7 @@ fn images_of(manifest: &[u8], origin: &Path) -> Result<Vec<String>, Failure> {
         .kernels
         .iter()
         .flat_map(|k| k.images())
-        .map(|f| f.file.clone())
+        .map(|(f, _)| f.file.clone())
         .collect())
 }
 
@@ -164,7 +164,8 @@ pub fn verify(out: &Path, quiet: bool) -> Result<(), Failure> {
     })?;
     let view = ManifestView::parse(&path, &text).map_err(|e| Failure(e.to_string(), 2))?;
     let (mut outside, mut missing, mut differ, mut count) = (Vec::new(), Vec::new(), Vec::new(), 0);
-    for f in view.kernels.iter().flat_map(|k| k.images()) {
+    let mut wrong_kind = Vec::new();
+    for (f, cubin) in view.kernels.iter().flat_map(|k| k.images()) {
         count += 1;
         // A load refuses an image named outside the folder, even one with the recorded content.
         if !FileView::inside_folder(&f.file) {
@@ -177,11 +178,13 @@ pub fn verify(out: &Path, quiet: bool) -> Result<(), Failure> {
                 // The runtime's own checks, of the path (above) and of size and sha256 (here).
                 if image_mismatch(f.bytes, f.sha256.as_deref(), &bytes).is_some() {
                     differ.push(&f.file);
+                } else if let Some(kind) = image_kind_mismatch(cubin, &bytes) {
+                    wrong_kind.push((&f.file, kind));
                 }
             }
         }
     }
-    if outside.is_empty() && missing.is_empty() && differ.is_empty() {
+    if outside.is_empty() && missing.is_empty() && differ.is_empty() && wrong_kind.is_empty() {
         if !quiet {
             eprintln!(
                 "{}: each of its {count} images has the size and sha256 manifest.json records",
@@ -201,6 +204,15 @@ pub fn verify(out: &Path, quiet: bool) -> Result<(), Failure> {
             ", {} named by a path outside the folder (absolute, or through `..`), which a load refuses",
             outside.len()
         ));
+    }
+    if !wrong_kind.is_empty() {
+        msg.push_str(&format!(
+            ", {} not of the kind manifest.json says (a load refuses them: the manifest itself is wrong)",
+            wrong_kind.len()
+        ));
+    }
+    for (f, kind) in wrong_kind.iter().take(5) {
+        msg.push_str(&format!("\n  not {kind}: {}", out.join(f).display()));
     }
     for (label, list) in [
         ("outside", &outside),

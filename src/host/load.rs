@@ -17,7 +17,9 @@ use cudarc::driver::{result, sys, CudaContext, DriverError};
 use crate::constants::ENV_SKIP;
 use crate::error::{RuntimeError, REGENERATE};
 use crate::host::kernel::{Kernel, LoadedRule, Module};
-use crate::host::manifest::{image_mismatch, Artifact, FileView, KernelView, ManifestView};
+use crate::host::manifest::{
+    image_kind_mismatch, image_mismatch, Artifact, FileView, KernelView, ManifestView,
+};
 use crate::host::select::{Call, NoMatch, Selector};
 
 /// Every kernel of one manifest, loaded into one context.
@@ -268,14 +270,7 @@ fn checked_image(
             differs: Box::new(m),
         });
     }
-    // What the manifest records could itself be wrong: the driver only gets what it can parse
-    // without reading past the buffer's end.
-    let kind = if artifact.cubin {
-        (image.len() < 64 || !image.starts_with(b"\x7fELF")).then_some("an ELF CUBIN")
-    } else {
-        (image.is_empty() || image.contains(&0)).then_some("PTX text")
-    };
-    if let Some(kind) = kind {
+    if let Some(kind) = image_kind_mismatch(artifact.cubin, &image) {
         return Err(RuntimeError::ContractMismatch {
             kernel: k.name.clone(),
             file: artifact.file.clone(),

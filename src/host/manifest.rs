@@ -101,6 +101,17 @@ pub fn image_mismatch(
     })
 }
 
+/// What `bytes` are not, when they are not the kind of image the manifest says: "an ELF CUBIN"
+/// (`cubin`) or "PTX text" (no NUL, not empty). The hash may match a manifest that is itself
+/// wrong, and the driver must only get what it can parse without reading past the end.
+pub fn image_kind_mismatch(cubin: bool, bytes: &[u8]) -> Option<&'static str> {
+    if cubin {
+        (bytes.len() < 64 || !bytes.starts_with(b"\x7fELF")).then_some("an ELF CUBIN")
+    } else {
+        (bytes.is_empty() || bytes.contains(&0)).then_some("PTX text")
+    }
+}
+
 /// SHA-256 (FIPS 180-4) of `data` as lower-case hex. Written out here so that the runtime, which
 /// checks every image with it, depends on no hashing crate (it stays a light dependency).
 fn sha256_hex(data: &[u8]) -> String {
@@ -361,11 +372,13 @@ impl KernelView {
         Some(self.variant.output.dtype(self.variant.dtype))
     }
 
-    /// Every PTX and CUBIN file of the kernel, in manifest order.
-    pub fn images(&self) -> impl Iterator<Item = &FileView> {
-        self.archs
-            .iter()
-            .flat_map(|a| a.ptx.iter().chain(a.cubin.as_ref()))
+    /// Every PTX and CUBIN file of the kernel, in manifest order, each with whether it is a
+    /// CUBIN (true) or PTX (false).
+    pub fn images(&self) -> impl Iterator<Item = (&FileView, bool)> {
+        self.archs.iter().flat_map(|a| {
+            let ptx = a.ptx.iter().map(|f| (f, false));
+            ptx.chain(a.cubin.iter().map(|f| (f, true)))
+        })
     }
 }
 
@@ -427,6 +440,7 @@ mod tests {
         assert_eq!(pick((12, 1)).as_deref(), Some("sm_120.cubin"));
         assert_eq!(pick((13, 0)).as_deref(), Some("sm_120.ptx"));
         assert_eq!(k.images().count(), 4);
+        assert_eq!(k.images().filter(|(_, cubin)| *cubin).count(), 2);
     }
 
     #[test]
