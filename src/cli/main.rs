@@ -51,7 +51,7 @@ const AFTER_HELP: &str = "Examples:
   mla-gen completions bash > ~/.local/share/bash-completion/completions/mla-gen
 
 Exit codes: 0 success; 1 failure (check: the folder is stale; verify: an image is missing,
-differs or is named outside the folder); 2 usage errors (an unknown `render --kernel` included),
+differs, is not the kind (CUBIN, PTX) the manifest says or is named outside the folder); 2 usage errors (an unknown `render --kernel` included),
 for check, anything that kept it from comparing, and for verify, no manifest to read.
 
 Environment:
@@ -154,8 +154,8 @@ enum Command {
         json: bool,
     },
     /// Exit 0 when every image (PTX, CUBIN) a folder's manifest.json names is there, inside the
-    /// folder, with the size and sha256 it records (what a load checks), 1 naming each missing,
-    /// differing or outside one, 2 when there is no manifest to read. Compiles nothing: it says whether a folder's images are built and
+    /// folder, with the size and sha256 it records and of the kind it says (what a load checks), 1
+    /// naming each missing, differing, other-kind or outside one, 2 when there is no manifest to read. Compiles nothing: it says whether a folder's images are built and
     /// intact, not whether the manifest is fresh (that is `check`).
     Verify {
         /// Folder to verify.
