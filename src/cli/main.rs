@@ -51,8 +51,9 @@ const AFTER_HELP: &str = "Examples:
   mla-gen completions bash > ~/.local/share/bash-completion/completions/mla-gen
 
 Exit codes: 0 success; 1 failure (check: the folder is stale; verify: an image is missing,
-differs, is not the kind (CUBIN, PTX) the manifest says or is named outside the folder); 2 usage errors (an unknown `render --kernel` included),
-for check, anything that kept it from comparing, and for verify, no manifest to read.
+differs, is not the kind (CUBIN, PTX) the manifest says or is named outside the folder);
+2 usage errors (an unknown `render --kernel` included), for check, anything that kept it
+from comparing, and for verify, no manifest to read.
 
 Environment:
   MLA_GEN_NVRTC   libnvrtc.so file or folder to use (nothing else is tried)
