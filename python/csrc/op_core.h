@@ -205,6 +205,12 @@ const KernelRow* selected(const Selection& probe) {
     return nullptr;
 }
 
+std::string labels_text(const Param& p) {  // "T, H, D": the dims a kernel addresses a tensor by
+    std::string labels;
+    for (int q = 0; q < p.n_dims; ++q) labels += std::string(q ? ", " : "") + p.dims[q].label;
+    return labels;
+}
+
 // A call without a plan: the torch layer's checks (mla_gen/_plan.py's, in its order, with its
 // texts), the kernel by the launcher's selection, the integers from the tensors by the contract's
 // dims, the launcher's full check and plan (a refusal throws its message).
@@ -332,19 +338,36 @@ void prepare(int o, Call& c, Plan& plan) {
     }
     for (int i = 0; i < k.n_names; ++i)
         if (c.t[i].h && k.slots[i] >= 0) by_slot[k.slots[i]] = &c.t[i];
+    struct SizedBy {  // the tensor dim that gave an integer, named where another disagrees
+        const Param* p = nullptr;
+        const View* v = nullptr;
+        int q = 0;
+    } sized_by[kMaxSlots];
     for (int i = 0; i < kernel->n_params; ++i) {
         const Param& p = kernel->params[i];
         const View* v = p.pointer ? by_slot[p.slot] : nullptr;
         if (!v || !p.n_dims) continue;
-        if (v->dim != p.n_dims) {
-            std::string labels;
-            for (int q = 0; q < p.n_dims; ++q) labels += std::string(q ? ", " : "") + p.dims[q].label;
+        if (v->dim != p.n_dims)
             fail(format(kText_param_rank, {{"name", p.name}, {"rank", std::to_string(p.n_dims).c_str()},
-                                           {"labels", labels.c_str()}, {"shape", tuple_text(v->sizes, v->dim).c_str()}}));
-        }
+                                           {"labels", labels_text(p).c_str()},
+                                           {"shape", tuple_text(v->sizes, v->dim).c_str()}}));
         for (int q = 0; q < p.n_dims; ++q) {
             const int s = p.dims[q].size_slot;
-            if (s >= 0 && !set[s]) a[s] = (uint64_t)(v->sizes[q] - p.dims[q].size.add), set[s] = true;
+            if (s < 0) continue;
+            const int64_t value = v->sizes[q] - p.dims[q].size.add;
+            if (!set[s]) {
+                a[s] = (uint64_t)value, set[s] = true, sized_by[s] = {&p, v, q};
+            } else if (sized_by[s].p && (int64_t)a[s] != value) {
+                const SizedBy& f = sized_by[s];
+                fail(format(kText_disagree, {{"name", p.name}, {"label", p.dims[q].label},
+                                             {"size", std::to_string(v->sizes[q]).c_str()},
+                                             {"shape", tuple_text(v->sizes, v->dim).c_str()},
+                                             {"labels", labels_text(p).c_str()}, {"first", f.p->name},
+                                             {"first_label", f.p->dims[f.q].label},
+                                             {"first_size", std::to_string(f.v->sizes[f.q]).c_str()},
+                                             {"first_shape", tuple_text(f.v->sizes, f.v->dim).c_str()},
+                                             {"first_labels", labels_text(*f.p).c_str()}}));
+            }
         }
         for (int q = 0; q < p.n_dims; ++q) {
             const int s = p.dims[q].stride_slot;

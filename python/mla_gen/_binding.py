@@ -27,6 +27,9 @@ TEXTS = {
     "two_devices": "{name} is on {device}, {first} on {first_device}; all tensors must be on one device",
     "rank": "{name} must have {rank} dimensions, got shape {shape}",
     "param_rank": "{name} must have {rank} dimensions [{labels}], got shape {shape}",
+    "disagree": ("{name} has {label}={size} where {first} has {first_label}={first_size} (the tensors of one call "
+                 "agree on every size): {name} has shape {shape} for [{labels}], {first} {first_shape} for "
+                 "[{first_labels}]"),
     "layout": ("{name} has shape {shape} and strides {strides}; the kernel addresses it as [{want}] with strides "
                "{want_strides} (strides of size-1 dims do not matter)"),
     "no_kernel": ("no generated {family} kernel for {what} in {label}; add it to a spec as a [[{family}]] table, "

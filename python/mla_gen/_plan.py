@@ -128,17 +128,27 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
     kf = _m.folder()
     meta = select(kind, kf, tmap, options, given_free)
     plan = plan_for(meta["name"], meta)
-    # The integers, from the tensors' shapes and strides through the contract's dims.
-    ints = {}
+    # The integers, from the tensors' shapes and strides through the contract's dims; a size two
+    # tensors give differently is named with both (not blamed on the later one by its extent).
+    ints, size_of = {}, {}
     for p, t in _shaped(plan, tmap):
         if t.dim() != len(p.dims):
             raise ValueError(TEXTS["param_rank"].format(name=p.name, rank=len(p.dims), shape=shape_text(t.shape),
                                                         labels=", ".join(d[0] for d in p.dims)))
-        for k, (_, size, _) in enumerate(p.dims):
+        for k, (label, size, _) in enumerate(p.dims):
             if size.mul == 1 and len(size.factors) == 1:
                 j = size.factors[0]
-                if j not in ints and plan.names[j] not in given_free:
-                    ints[j] = t.shape[k] - size.add
+                if plan.names[j] in given_free:
+                    continue
+                if j not in ints:
+                    ints[j], size_of[j] = t.shape[k] - size.add, (p, k, t)
+                elif j in size_of and ints[j] != t.shape[k] - size.add:
+                    fp, fk, ft = size_of[j]
+                    raise ValueError(TEXTS["disagree"].format(
+                        name=p.name, label=label, size=t.shape[k], shape=shape_text(t.shape),
+                        labels=", ".join(d[0] for d in p.dims), first=fp.name, first_label=fp.dims[fk][0],
+                        first_size=ft.shape[fk], first_shape=shape_text(ft.shape),
+                        first_labels=", ".join(d[0] for d in fp.dims)))
         for k, (_, _, stride) in enumerate(p.dims):
             j = stride.param()
             if j is not None and j not in ints and plan.names[j] not in given_free:

@@ -207,7 +207,8 @@ def test_what_the_contract_cannot_say(cpu_launch):
     out, p, pl, s, sl = pair()
     with pytest.raises(ValueError, match="has shape"):  # the head dim must be contiguous
         mla_gen.merge_attn_states(out, torch.zeros(T, H, D, 2, dtype=BF16)[..., 0], pl, s, sl)
-    with pytest.raises(ValueError, match=r"\[H=4, T=8\]"):  # lse [T, H] where [H, T] is addressed
+    # lse [T, H] where [H, T] is addressed
+    with pytest.raises(ValueError, match=r"prefix_lse has shape \(8, 4\) for \[H, T\]"):
         mla_gen.merge_attn_states(out, p, pl.t().contiguous(), s, sl)
     with pytest.raises(ValueError, match="3 dimensions"):
         mla_gen.merge_attn_states(out, p, pl, s.view(T, H * D), sl)
@@ -245,6 +246,30 @@ def test_tensors_that_disagree_are_named_not_called_a_missing_kernel(cpu_launch)
     for g in (32, 512):
         with pytest.raises(ValueError, match=f"no generated merge_attn_states kernel .*group_size = {g},"):
             mla_gen.merge_attn_states(fp8, p, pl, s, sl, output_group_scales=torch.empty(T, H * D // g))
+    assert not cpu_launch.launches
+
+
+def test_a_size_two_tensors_give_differently_is_named_with_both(cpu_launch):
+    """The token count, heads or requests that one tensor gives and another contradicts: the
+    error names both tensors and their shapes, not the later one by the extent the first implies
+    (an output of the wrong length was once reported as "prefix_output ... needs N elements")."""
+    out, p, pl, s, sl = pair()
+    loc = torch.tensor([0, 4, 8], dtype=torch.int32)
+    for call, named in [
+        (lambda: mla_gen.merge_attn_states(torch.empty(16, H, D, dtype=BF16), p, pl, s, sl),
+         "prefix_output has T=8 where output has T=16 (the tensors of one call agree on every size): "
+         "prefix_output has shape (8, 4, 128) for [T, H, D], output (16, 4, 128) for [T, H, D]"),
+        (lambda: mla_gen.merge_attn_states(out, p, torch.randn(H, 6), s, sl),
+         "prefix_lse has T=6 where output has T=8"),
+        (lambda: mla_gen.merge_attn_states(out, p, pl, s, torch.randn(2, T)),
+         "suffix_lse has H=2 where output has H=4"),
+        (lambda: mla_gen.merge_attn_states(out, p, pl, s, sl, query_start_loc=loc,
+                                           context_start_loc=loc[:2].contiguous()),
+         "context_start_loc has B+1=2 where query_start_loc has B+1=3 (the tensors of one call agree on every "
+         "size): context_start_loc has shape (2,) for [B+1], query_start_loc (3,) for [B+1]"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(named)):
+            call()
     assert not cpu_launch.launches
 
 

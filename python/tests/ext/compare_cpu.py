@@ -123,6 +123,8 @@ cases = {
         4, 2, 128, torch.bfloat16, transform=lambda a: a[:8] + [torch.tensor([0, 4], dtype=torch.int32)] * 2),
     "f16 lse": case(4, 2, 128, torch.bfloat16, transform=lambda a: a[:3] + [a[3].half()] + a[4:]),
     "output of two dims": case(4, 2, 128, torch.bfloat16, out=lambda T, H, D: torch.empty(T, H * D, dtype=torch.bfloat16)),
+    "output of more tokens": case(4, 2, 128, torch.bfloat16,
+                                  out=lambda T, H, D: torch.empty(T + 2, H, D, dtype=torch.bfloat16)),
     "misaligned output": case(4, 2, 128, torch.bfloat16,
                               out=lambda T, H, D: torch.empty(T * H * D + 1, dtype=torch.bfloat16)[1:].view(T, H, D)),
 }
@@ -253,6 +255,7 @@ other_ops = {
         "another lse_layout": in_place("tokens"),
         "v of two dims": in_place(v=rnd(T, H * D, dtype=bf)),
         "mask of int32": in_place()[:4] + [torch.ones(T, dtype=i32), "head_major"],
+        "other of more tokens": in_place()[:2] + [rnd(T + 1, H, D, dtype=bf), rnd(H, T + 1)] + in_place()[4:],
     },
     "mask_empty_context_lse": {
         "head-major": [rnd(H, T), locs(0, 3, 8), locs(0, 0, 5), "head_major"],
