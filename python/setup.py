@@ -419,10 +419,11 @@ def _ops_header(launcher_dir: Path, dest: Path):
                              f"{-1 if sp is None else slot(fam, plan.names[sp])}}}")
             params.append(f"{{{_c(q.name)}, {slot(fam, q.name)}, {int(q.pointer)}, {_c(q.elem or '')}, "
                           f"{len(dims)}, {array('Dim', ', '.join(drows)) if dims else 'nullptr'}}}")
+        group = (k.get("variant", {}).get("fp8_group") or {}).get("group_size") or 0
         rows.append(f"    {{{_c(k['name'])}, {families.index(fam)}, {array('Param', ', '.join(params))}, "
-                    f"{len(params)}}},")
+                    f"{len(params)}, {group}}},")
     out.append("static const KernelRow kKernels[] = {")
-    out += rows or ['    {"", -1, nullptr, 0},']  # no kernel: every call is refused
+    out += rows or ['    {"", -1, nullptr, 0, 0},']  # no kernel: every call is refused
     out.append("};")
     (dest / "mla_gen_ops.h").write_text("\n".join(out) + "\n")
     # The arrays' sizes, from the table: a kind with one more tensor, or an op with one more

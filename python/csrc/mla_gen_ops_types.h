@@ -86,5 +86,6 @@ struct KernelRow {
     int family;
     const Param* params;
     int n_params;
+    int group_size;  // a per-token-group FP8 kernel's (0: none)
 };
 

@@ -205,6 +205,28 @@ const KernelRow* selected(const Selection& probe) {
     return nullptr;
 }
 
+// Whether tensor i is one the kind's checks and error fields read (mla_gen/_binding.py,
+// Kind.described): those that say which kernel the call means.
+bool described(const KindRow& k, int i) {
+    if (i == k.typed) return true;
+    for (int j = 0; j < k.n_checks; ++j)
+        if (k.checks[j].a == i || (k.checks[j].kind == 1 && k.checks[j].b == i)) return true;
+    for (int j = 0; j < k.n_rules; ++j) {
+        const Rule& r = k.rules[j];
+        if ((r.kind <= 1 && r.a == i) || (r.kind == 4 && (r.a == i || r.b == i))) return true;
+    }
+    return false;
+}
+
+// The call's group size where the kind has one (its group_size field), else 0.
+int64_t group_size(const KindRow& k, const Call& c) {
+    for (int j = 0; j < k.n_rules; ++j) {
+        const Rule& r = k.rules[j];
+        if (r.kind == 4) return c.t[r.a].sizes[1] * c.t[r.a].sizes[2] / c.t[r.b].sizes[1];
+    }
+    return 0;
+}
+
 std::string labels_text(const Param& p) {  // "T, H, D": the dims a kernel addresses a tensor by
     std::string labels;
     for (int q = 0; q < p.n_dims; ++q) labels += std::string(q ? ", " : "") + p.dims[q].label;
@@ -302,9 +324,30 @@ void prepare(int o, Call& c, Plan& plan) {
     const bool cacheable = selection_key(kind_index, c, given, n, probe);
     const KernelRow* kernel = cacheable ? selected(probe) : nullptr;
     if (!kernel) {
-        const char* name = mla_select(k.family, given, n, options, k.n_options, nullptr);
+        int serves = 1;
+        const char* name = mla_select(k.family, given, n, options, k.n_options, &serves);
+        if (!name) {
+            // Where the tensors that describe the call select a kernel, another tensor disagrees
+            // with them (a head size, a dtype): that kernel's checks name which, not "no kernel".
+            mla_given probe[kMaxTensors + kMaxFree];
+            bool other = false;
+            for (int g = 0; g < n; ++g) {
+                probe[g] = given[g];
+                int i = 0;
+                while (i < k.n_names && std::strcmp(k.names[i], given[g].name)) ++i;
+                if (i < k.n_names && !described(k, i)) {
+                    probe[g].elem = nullptr, probe[g].rank = 0, probe[g].shape = nullptr;
+                    other = true;
+                }
+            }
+            if (other) name = mla_select(k.family, probe, n, options, k.n_options, &serves);
+        }
         for (const KernelRow& r : kKernels)
             if (name && !std::strcmp(r.name, name)) kernel = &r;
+        // The nearest kernel groups otherwise (its scales' width binds the head count, so it only
+        // disagrees on a size): none serves this group size, and the error says which.
+        const int64_t group = group_size(k, c);
+        if (kernel && !serves && group && group != kernel->group_size) kernel = nullptr;
         if (kernel && cacheable) {
             probe.kernel = kernel;
             selections[next_selection] = probe;

@@ -153,18 +153,22 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
             j = stride.param()
             if j is not None and j not in ints and plan.names[j] not in given_free:
                 ints[j] = _stride(t, k)
+    # What the contract cannot say, before it (as the compiled op): each tensor is laid out as the
+    # kernel addresses it, by the integers the tensors gave (a dim over one not given: the check's).
+    known = [ints.get(j, given_free.get(name)) for j, name in enumerate(plan.names)]
+    for p, t in _shaped(plan, tmap):
+        if any(known[f] is None for _, size, stride in p.dims for f in size.factors + stride.factors):
+            continue
+        sizes, strides = plan.dims_of(p.name, known)
+        if tuple(t.shape) != sizes or (0 not in sizes and any(
+                sz > 1 and st != ts for sz, st, ts in zip(sizes, strides, t.stride()))):
+            raise _layout_error(p.name, t, sizes, strides, [d[0] for d in p.dims])
     args = {name: (None if t is None else buffer(t)) for name, t in tmap.items()}
     for j, v in ints.items():
         args[plan.names[j]] = v
     args.update(given_free)
     checked = plan.check(args)
     values = checked.values
-    # What the contract cannot say: the tensor is laid out as the kernel addresses it.
-    for p, t in _shaped(plan, tmap):
-        sizes, strides = plan.dims_of(p.name, values)
-        if tuple(t.shape) != sizes or (0 not in sizes and any(
-                sz > 1 and st != ts for sz, st, ts in zip(sizes, strides, t.stride()))):
-            raise _layout_error(p.name, t, sizes, strides, [d[0] for d in p.dims])
     varying = {plan.names.index(name) for name in given_free if name in plan.names}
     run_meta, run, per_call = sized(kf, meta, plan, checked, args, varying)
     per_call |= any(not varying.isdisjoint(e.factors) for e, _, _ in plan.limits)  # the fast path checks no limit

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _plan
 from . import functions as _f
 from ._binding import OPS, SCHEMAS, TEXTS, schema_args
 
@@ -65,7 +66,8 @@ IMPLS["merge_attn_states"] = _merge_attn_states
 IMPLS["merge_states"] = _merge_states
 
 
-# Fakes: the mutating ops return nothing; merge_states allocates on the input's device. The
+# Fakes: the mutating ops return nothing; merge_states allocates on the input's device. Sizes are
+# the kernel's check, at the call (a fake that compared symbolic sizes would specialize them). The
 # fakes of ops with the fused mask's kind (_binding.OPS: a second kind, the start locations
 # given) refuse one start location without the other, as the call would before any kernel.
 def _fake_none(*args, **kwargs):
@@ -86,7 +88,9 @@ def _fake_checked(name):
 
 
 def _fake_merge_states(v, s):
-    T, _, H, D = v.shape
+    # The rank, as the call refuses it; no size is compared here: under torch.compile's dynamic
+    # shapes each comparison of a symbolic size would guard on it (a recompile per size).
+    T, _, H, D = _plan.dims(v, "v", 4)
     return v.new_empty((T, H, D)), v.new_empty((T, H), dtype=torch.float32)
 
 

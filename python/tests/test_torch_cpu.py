@@ -232,12 +232,12 @@ def test_tensors_that_disagree_are_named_not_called_a_missing_kernel(cpu_launch)
     s64 = s[..., :64].contiguous()
     for call, named in [
         (lambda: mla_gen.merge_attn_states(torch.empty(T, H, 64, dtype=BF16), p, pl, s, sl),
-         "output: [T=8, H=4, D=128]"),
-        (lambda: mla_gen.merge_attn_states(out, p, pl, s64, sl), "suffix_output: [T=8, H=4, D=128]"),
+         "output has shape (8, 4, 64) and strides (256, 64, 1); the kernel addresses it as [T=8, H=4, D=128]"),
+        (lambda: mla_gen.merge_attn_states(out, p, pl, s64, sl), "suffix_output has shape (8, 4, 64)"),
         (lambda: mla_gen.merge_attn_states(out.half(), p, pl, s, sl), "output is f16, the kernel takes bf16"),
-        (lambda: mla_gen.merge_state_in_place(p, pl, s64, sl, lse_layout="head_major"), "other: [T=8, H=4, D=128]"),
+        (lambda: mla_gen.merge_state_in_place(p, pl, s64, sl, lse_layout="head_major"), "other has shape (8, 4, 64)"),
         (lambda: mla_gen.merge_states(torch.randn(T, 3, H, D).to(BF16), torch.randn(T, 3, H),
-                                      output=torch.empty(T, H, 64, dtype=BF16)), "output: [T=8, H=4, D=128]"),
+                                      output=torch.empty(T, H, 64, dtype=BF16)), "output has shape (8, 4, 64)"),
     ]:
         with pytest.raises(ValueError, match=re.escape(named)):
             call()
@@ -271,6 +271,16 @@ def test_a_size_two_tensors_give_differently_is_named_with_both(cpu_launch):
         with pytest.raises(ValueError, match=re.escape(named)):
             call()
     assert not cpu_launch.launches
+
+
+def test_the_merge_states_fake_refuses_states_of_another_rank_as_the_call_does():
+    """Meta tensors run the fake: it allocates [T, H, D] and [T, H], and refuses v of another rank
+    with the call's text (not Python's unpacking error)."""
+    v, s = torch.empty(8, 3, 4, 128, device="meta", dtype=BF16), torch.empty(8, 3, 4, device="meta")
+    out, lse = torch.ops.mla_gen.merge_states(v, s)
+    assert (out.shape, out.dtype, lse.shape, lse.dtype) == ((8, 4, 128), BF16, (8, 4), F32)
+    with pytest.raises(ValueError, match=re.escape("v must have 4 dimensions, got shape (8, 4, 128)")):
+        torch.ops.mla_gen.merge_states(v[:, 0], s)
 
 
 def test_nothing_to_launch(cpu_launch):

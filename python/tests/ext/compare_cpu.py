@@ -125,6 +125,8 @@ cases = {
     "output of two dims": case(4, 2, 128, torch.bfloat16, out=lambda T, H, D: torch.empty(T, H * D, dtype=torch.bfloat16)),
     "output of more tokens": case(4, 2, 128, torch.bfloat16,
                                   out=lambda T, H, D: torch.empty(T + 2, H, D, dtype=torch.bfloat16)),
+    "output of another head size than prefix_output": case(
+        4, 2, 128, torch.bfloat16, out=lambda T, H, D: torch.empty(T, H, 64, dtype=torch.bfloat16)),
     "misaligned output": case(4, 2, 128, torch.bfloat16,
                               out=lambda T, H, D: torch.empty(T * H * D + 1, dtype=torch.bfloat16)[1:].view(T, H, D)),
 }
@@ -267,6 +269,7 @@ other_ops = {
         "groups of 64": group(),
         "ue8m0": group(ue8m0=True),
         "scales of 7 groups": group(scales=torch.empty(T, 7)),
+        "groups of 32 (no kernel has them)": group(scales=torch.empty(T, H * D // 32)),
         "scales column-major": group(scales=torch.empty(H * D // 64, T).t()),
         "with the start locations": group(qsl=locs(0, 3, 8), csl=locs(0, 0, 5)),
         "one start location": group(csl=locs(0, 0, 5)),
