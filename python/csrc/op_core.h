@@ -25,6 +25,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdarg>
@@ -381,47 +382,43 @@ void prepare(int o, Call& c, Plan& plan) {
     }
     for (int i = 0; i < k.n_names; ++i)
         if (c.t[i].h && k.slots[i] >= 0) by_slot[k.slots[i]] = &c.t[i];
-    struct SizedBy {  // the tensor dim that gave an integer, named where another disagrees
+    // The tensors that describe the call first (a tensor that contradicts them is the one named),
+    // then the rest, each in signature order: as mla_gen/_plan.py's _shaped.
+    int order[kMaxSlots], n_order = 0;
+    for (int pass = 0; pass < 2; ++pass)
+        for (int i = 0; i < kernel->n_params; ++i) {
+            const Param& p = kernel->params[i];
+            if (!p.pointer || !p.n_dims || !by_slot[p.slot]) continue;
+            int t = 0;
+            while (t < k.n_names && k.slots[t] != p.slot) ++t;
+            if ((t < k.n_names && described(k, t)) == (pass == 0)) order[n_order++] = i;
+        }
+    struct Gave {  // the tensor dim that gave an integer, named where another contradicts it
         const Param* p = nullptr;
         const View* v = nullptr;
         int q = 0;
-    } sized_by[kMaxSlots];
-    for (int i = 0; i < kernel->n_params; ++i) {
-        const Param& p = kernel->params[i];
-        const View* v = p.pointer ? by_slot[p.slot] : nullptr;
-        if (!v || !p.n_dims) continue;
+    } gave[kMaxSlots];
+    for (int o = 0; o < n_order; ++o) {
+        const Param& p = kernel->params[order[o]];
+        const View* v = by_slot[p.slot];
         if (v->dim != p.n_dims)
             fail(format(kText_param_rank, {{"name", p.name}, {"rank", std::to_string(p.n_dims).c_str()},
                                            {"labels", labels_text(p).c_str()},
                                            {"shape", tuple_text(v->sizes, v->dim).c_str()}}));
         for (int q = 0; q < p.n_dims; ++q) {
             const int s = p.dims[q].size_slot;
-            if (s < 0) continue;
-            const int64_t value = v->sizes[q] - p.dims[q].size.add;
-            if (!set[s]) {
-                a[s] = (uint64_t)value, set[s] = true, sized_by[s] = {&p, v, q};
-            } else if (sized_by[s].p && (int64_t)a[s] != value) {
-                const SizedBy& f = sized_by[s];
-                fail(format(kText_disagree, {{"name", p.name}, {"label", p.dims[q].label},
-                                             {"size", std::to_string(v->sizes[q]).c_str()},
-                                             {"shape", tuple_text(v->sizes, v->dim).c_str()},
-                                             {"labels", labels_text(p).c_str()}, {"first", f.p->name},
-                                             {"first_label", f.p->dims[f.q].label},
-                                             {"first_size", std::to_string(f.v->sizes[f.q]).c_str()},
-                                             {"first_shape", tuple_text(f.v->sizes, f.v->dim).c_str()},
-                                             {"first_labels", labels_text(*f.p).c_str()}}));
-            }
+            if (s >= 0 && !set[s]) a[s] = (uint64_t)(v->sizes[q] - p.dims[q].size.add), set[s] = true, gave[s] = {&p, v, q};
         }
         for (int q = 0; q < p.n_dims; ++q) {
             const int s = p.dims[q].stride_slot;
             if (s >= 0 && !set[s]) a[s] = (uint64_t)v->stride(q), set[s] = true;
         }
     }
-    // Each tensor laid out as the kernel addresses it, of the element type it takes.
-    for (int i = 0; i < kernel->n_params; ++i) {
-        const Param& p = kernel->params[i];
-        const View* v = p.pointer ? by_slot[p.slot] : nullptr;
-        if (!v || !p.n_dims) continue;
+    // Each tensor laid out as the kernel addresses it; where its sizes are not those reordered (an
+    // lse [H, T] for [T, H]) and one contradicts the tensor that gave it, both tensors are named.
+    for (int o = 0; o < n_order; ++o) {
+        const Param& p = kernel->params[order[o]];
+        const View* v = by_slot[p.slot];
         int64_t sizes[8], strides[8];
         bool same = true, zero = false;
         std::string want;
@@ -433,10 +430,29 @@ void prepare(int o, Call& c, Plan& plan) {
             want += std::string(q ? ", " : "") + p.dims[q].label + "=" + std::to_string(sizes[q]);
         }
         for (int q = 0; same && !zero && q < p.n_dims; ++q) same = sizes[q] <= 1 || v->strides[q] == strides[q];
-        if (!same)
-            fail(format(kText_layout, {{"name", p.name}, {"shape", tuple_text(v->sizes, v->dim).c_str()},
-                                       {"strides", tuple_text(v->strides, v->dim).c_str()}, {"want", want.c_str()},
-                                       {"want_strides", tuple_text(strides, p.n_dims).c_str()}}));
+        if (same) continue;
+        int64_t mine[8], theirs[8];
+        std::copy(v->sizes, v->sizes + p.n_dims, mine);
+        std::copy(sizes, sizes + p.n_dims, theirs);
+        std::sort(mine, mine + p.n_dims);
+        std::sort(theirs, theirs + p.n_dims);
+        const bool reordered = std::equal(mine, mine + p.n_dims, theirs);
+        for (int q = 0; !reordered && q < p.n_dims; ++q) {
+            const int s = p.dims[q].size_slot;
+            const Gave& f = s >= 0 ? gave[s] : Gave();
+            if (v->sizes[q] == sizes[q] || !f.p || f.p == &p) continue;
+            fail(format(kText_disagree, {{"name", p.name}, {"label", p.dims[q].label},
+                                         {"size", std::to_string(v->sizes[q]).c_str()},
+                                         {"shape", tuple_text(v->sizes, v->dim).c_str()},
+                                         {"labels", labels_text(p).c_str()}, {"first", f.p->name},
+                                         {"first_label", f.p->dims[f.q].label},
+                                         {"first_size", std::to_string(f.v->sizes[f.q]).c_str()},
+                                         {"first_shape", tuple_text(f.v->sizes, f.v->dim).c_str()},
+                                         {"first_labels", labels_text(*f.p).c_str()}}));
+        }
+        fail(format(kText_layout, {{"name", p.name}, {"shape", tuple_text(v->sizes, v->dim).c_str()},
+                                   {"strides", tuple_text(v->strides, v->dim).c_str()}, {"want", want.c_str()},
+                                   {"want_strides", tuple_text(strides, p.n_dims).c_str()}}));
     }
     for (int i = 0; i < kernel->n_params; ++i) {
         const Param& p = kernel->params[i];

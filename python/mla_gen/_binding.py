@@ -28,7 +28,7 @@ TEXTS = {
     "rank": "{name} must have {rank} dimensions, got shape {shape}",
     "param_rank": "{name} must have {rank} dimensions [{labels}], got shape {shape}",
     "disagree": ("{name} has {label}={size} where {first} has {first_label}={first_size} (the tensors of one call "
-                 "agree on every size): {name} has shape {shape} for [{labels}], {first} {first_shape} for "
+                 "must agree on every size): {name} has shape {shape} for [{labels}], {first} {first_shape} for "
                  "[{first_labels}]"),
     "layout": ("{name} has shape {shape} and strides {strides}; the kernel addresses it as [{want}] with strides "
                "{want_strides} (strides of size-1 dims do not matter)"),

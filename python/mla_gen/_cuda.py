@@ -275,7 +275,7 @@ class Kernel:
         """The image's bytes, checked against the manifest entry (KernelFolder.image: ImageError
         on any difference) before the driver may see them; PTX NUL-terminated."""
         data = self.folder.image(entry, self.name)
-        return data + b"\0" if entry["file"].endswith(".ptx") else data
+        return data if self.folder.is_cubin(entry, self.name) else data + b"\0"
 
     def _load(self, device: int) -> int:
         cuda = lib()

@@ -27,6 +27,7 @@ import torch
 from . import _cuda, _fastpath
 from . import manifest as _m
 from ._binding import ELEMS, TEXTS, Kind, shape_text
+from ._select import bound_param
 from .contract import ArgumentError, Buffer, plan_for
 
 _ELEM = {getattr(torch, name): elem for name, elem in ELEMS.items() if hasattr(torch, name)}
@@ -75,12 +76,34 @@ def _layout_error(name, t, sizes, strides, labels):
                                              want=want, want_strides=shape_text(strides)))
 
 
-def _shaped(plan, tmap):
-    """(parameter, tensor) for each given tensor the contract addresses through dims."""
-    for p in plan.params:
-        t = tmap.get(p.name) if p.pointer else None
-        if t is not None and p.dims:
-            yield p, t
+def _shaped(plan, tmap, first=()):
+    """(parameter, tensor) for each given tensor the contract addresses through dims: those named
+    in `first` (the tensors that describe the call), then the rest, each in signature order."""
+    given = [(p, tmap[p.name]) for p in plan.params if p.pointer and p.dims and tmap.get(p.name) is not None]
+    return [g for g in given if g[0].name in first] + [g for g in given if g[0].name not in first]
+
+
+def _not_as_addressed(p, t, sizes, strides, gave):
+    """The error for tensor `t` (parameter `p`) not laid out as the kernel addresses it: where its
+    sizes are not those sizes reordered (an lse [H, T] given for [T, H]) and one contradicts the
+    tensor that gave that integer (`gave`: parameter index -> (param, dim, tensor)), both tensors
+    named; else the layout the kernel addresses."""
+    if sorted(t.shape) != sorted(sizes):
+        for k, (label, size, _) in enumerate(p.dims):
+            first = gave.get(bound_param(size))
+            if t.shape[k] != sizes[k] and first is not None and first[0] is not p:
+                fp, fk, ft = first
+                return ValueError(TEXTS["disagree"].format(
+                    name=p.name, label=label, size=t.shape[k], shape=shape_text(t.shape),
+                    labels=", ".join(d[0] for d in p.dims), first=fp.name, first_label=fp.dims[fk][0],
+                    first_size=ft.shape[fk], first_shape=shape_text(ft.shape),
+                    first_labels=", ".join(d[0] for d in fp.dims)))
+    return _layout_error(p.name, t, sizes, strides, [d[0] for d in p.dims])
+
+
+def _laid_out(t, sizes, strides) -> bool:
+    return tuple(t.shape) == sizes and (0 in sizes or all(
+        sz <= 1 or st == ts for sz, st, ts in zip(sizes, strides, t.stride())))
 
 
 def _arguments(kind: Kind, tensors: tuple, free: tuple, device_type: str):
@@ -128,47 +151,44 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
     kf = _m.folder()
     meta = select(kind, kf, tmap, options, given_free)
     plan = plan_for(meta["name"], meta)
-    # The integers, from the tensors' shapes and strides through the contract's dims; a size two
-    # tensors give differently is named with both (not blamed on the later one by its extent).
-    ints, size_of = {}, {}
-    for p, t in _shaped(plan, tmap):
+    # The integers, from the tensors' shapes and strides through the contract's dims, the tensors
+    # that describe the call first (a tensor that contradicts them is the one named).
+    shaped = _shaped(plan, tmap, kind.described())
+    ints, gave = {}, {}
+    for p, t in shaped:
         if t.dim() != len(p.dims):
             raise ValueError(TEXTS["param_rank"].format(name=p.name, rank=len(p.dims), shape=shape_text(t.shape),
                                                         labels=", ".join(d[0] for d in p.dims)))
-        for k, (label, size, _) in enumerate(p.dims):
-            if size.mul == 1 and len(size.factors) == 1:
-                j = size.factors[0]
-                if plan.names[j] in given_free:
-                    continue
-                if j not in ints:
-                    ints[j], size_of[j] = t.shape[k] - size.add, (p, k, t)
-                elif j in size_of and ints[j] != t.shape[k] - size.add:
-                    fp, fk, ft = size_of[j]
-                    raise ValueError(TEXTS["disagree"].format(
-                        name=p.name, label=label, size=t.shape[k], shape=shape_text(t.shape),
-                        labels=", ".join(d[0] for d in p.dims), first=fp.name, first_label=fp.dims[fk][0],
-                        first_size=ft.shape[fk], first_shape=shape_text(ft.shape),
-                        first_labels=", ".join(d[0] for d in fp.dims)))
+        for k, (_, size, _) in enumerate(p.dims):
+            j = bound_param(size)
+            if j is not None and j not in ints and plan.names[j] not in given_free:
+                ints[j], gave[j] = t.shape[k] - size.add, (p, k, t)
         for k, (_, _, stride) in enumerate(p.dims):
             j = stride.param()
             if j is not None and j not in ints and plan.names[j] not in given_free:
                 ints[j] = _stride(t, k)
     # What the contract cannot say, before it (as the compiled op): each tensor is laid out as the
-    # kernel addresses it, by the integers the tensors gave (a dim over one not given: the check's).
+    # kernel addresses it by those integers. A dim over an integer no tensor gives (none in the
+    # default kernels: test_torch_cpu.py) waits for the contract's values.
     known = [ints.get(j, given_free.get(name)) for j, name in enumerate(plan.names)]
-    for p, t in _shaped(plan, tmap):
+    later = []
+    for p, t in shaped:
         if any(known[f] is None for _, size, stride in p.dims for f in size.factors + stride.factors):
+            later.append((p, t))
             continue
         sizes, strides = plan.dims_of(p.name, known)
-        if tuple(t.shape) != sizes or (0 not in sizes and any(
-                sz > 1 and st != ts for sz, st, ts in zip(sizes, strides, t.stride()))):
-            raise _layout_error(p.name, t, sizes, strides, [d[0] for d in p.dims])
+        if not _laid_out(t, sizes, strides):
+            raise _not_as_addressed(p, t, sizes, strides, gave)
     args = {name: (None if t is None else buffer(t)) for name, t in tmap.items()}
     for j, v in ints.items():
         args[plan.names[j]] = v
     args.update(given_free)
     checked = plan.check(args)
     values = checked.values
+    for p, t in later:
+        sizes, strides = plan.dims_of(p.name, values)
+        if not _laid_out(t, sizes, strides):
+            raise _not_as_addressed(p, t, sizes, strides, gave)
     varying = {plan.names.index(name) for name in given_free if name in plan.names}
     run_meta, run, per_call = sized(kf, meta, plan, checked, args, varying)
     per_call |= any(not varying.isdisjoint(e.factors) for e, _, _ in plan.limits)  # the fast path checks no limit

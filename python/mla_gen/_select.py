@@ -27,7 +27,7 @@ def reached(kernels) -> dict:
     return out
 
 
-def _bare(e):
+def bound_param(e):
     """The parameter a size is, up to an added constant (``num_tokens``, ``num_requests+1``)."""
     return e.factors[0] if e.mul == 1 and len(e.factors) == 1 else None
 
@@ -81,14 +81,14 @@ def fits(plan, args: dict) -> tuple:
     # the verdict does not depend on the arguments' order).
     disputed = set()
     for size, n in shaped:
-        j = _bare(size)
+        j = bound_param(size)
         if j is not None and binds.setdefault(j, n - size.add) != n - size.add:
             disputed.add(j)
     for j in disputed:
         del binds[j]
     near |= bool(disputed)
     for size, n in shaped:
-        if _bare(size) is None:
+        if bound_param(size) is None:
             v = _eval_bound(size, binds)
             if v is not None and v != n:
                 return NO, 0

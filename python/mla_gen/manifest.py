@@ -131,7 +131,21 @@ class KernelFolder:
                 f"{where} (for {kernel}) does not match manifest.json: {what}; expected {want[0]} bytes, sha256 "
                 f"{want[1]}; found {found[0]} bytes, sha256 {found[1]}. Refused before the driver saw it; "
                 f"{self.fix()}", file=where, kernel=kernel, expected=want, found=found)
+        cubin = self.is_cubin(entry, kernel)
+        if cubin is not None and (len(data) < 64 or data[:4] != b"\x7fELF" if cubin else not data or 0 in data):
+            kind = "an ELF CUBIN" if cubin else "PTX text"
+            raise ImageError(f"{where} (for {kernel}) is not {kind}, which manifest.json says it is: the manifest "
+                             f"itself is wrong (its size and sha256 match). Refused before the driver saw it; "
+                             f"{self.fix()}", file=where, kernel=kernel, expected=want, found=found)
         return data
+
+    def is_cubin(self, entry: dict, kernel: str) -> bool | None:
+        """Whether the manifest lists `entry` as kernel `kernel`'s CUBIN (True) or PTX (False);
+        None where it lists it as neither."""
+        for a in self.kernel(kernel)["archs"]:
+            if a.get("cubin") == entry or a.get("ptx") == entry:
+                return a.get("cubin") == entry
+        return None
 
     @property
     def manifest(self) -> dict:

@@ -48,7 +48,9 @@ def make_folder(path: Path, names=(KERNEL,), source: Path | None = None, kind: s
     for k in kernels:
         if source is None:
             rel = f"kernels/{k['name']}.sm_90.{kind}"
-            data = (b"\x7fELF" if kind == "cubin" else b"//\n.version 9.0\n") + k["name"].encode() + bytes(range(256))
+            # An ELF header, or text without a NUL: the kind the manifest says (KernelFolder.image).
+            data = (b"\x7fELF" + bytes(range(256)) if kind == "cubin" else b"//\n.version 9.0\n" + bytes(range(1, 256)))
+            data += k["name"].encode()
             (path / rel).write_bytes(data)
             k["archs"] = [{"arch": "sm_90", kind: {"file": rel, "bytes": len(data),
                                                    "sha256": hashlib.sha256(data).hexdigest()}}]

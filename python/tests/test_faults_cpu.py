@@ -10,6 +10,7 @@ call."""
 
 from __future__ import annotations
 
+import json
 import linecache
 import sys
 import threading
@@ -127,6 +128,24 @@ def test_a_corrupt_image_is_refused_before_the_driver_and_the_fix_is_named(drive
     image.write_bytes(good)  # fixed: the next call loads and launches
     works(driver)
     assert driver.loads == 1
+
+
+@pytest.mark.parametrize("kind, listed, said", [("cubin", "ptx", "PTX text"), ("ptx", "cubin", "an ELF CUBIN")])
+def test_an_image_of_another_kind_than_the_manifest_says_is_refused(driver, tmp_path, monkeypatch, kind, listed,
+                                                                     said):
+    """Size and sha256 right, the manifest wrong about the kind: a CUBIN listed as PTX (it would
+    get a NUL and be parsed as text) or PTX listed as a CUBIN, refused before the driver."""
+    images = make_folder(tmp_path, kind=kind)
+    path = tmp_path / "manifest.json"
+    m = json.loads(path.read_text())
+    for k in m["kernels"]:
+        k["archs"] = [{"arch": a["arch"], listed: a[kind]} for a in k["archs"]]
+    path.write_text(json.dumps(m))
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(tmp_path))
+    with pytest.raises(ImageError, match=f"is not {said}, which manifest.json says it is") as e:
+        call()
+    assert images[launched(KERNEL, T, H, threshold=N)].name in str(e.value)
+    assert driver.loads == 0, "the driver never saw the image"
 
 
 def test_a_missing_image_names_the_kernel_and_the_incomplete_folder(driver, folder):

@@ -207,8 +207,8 @@ def test_what_the_contract_cannot_say(cpu_launch):
     out, p, pl, s, sl = pair()
     with pytest.raises(ValueError, match="has shape"):  # the head dim must be contiguous
         mla_gen.merge_attn_states(out, torch.zeros(T, H, D, 2, dtype=BF16)[..., 0], pl, s, sl)
-    # lse [T, H] where [H, T] is addressed
-    with pytest.raises(ValueError, match=r"prefix_lse has shape \(8, 4\) for \[H, T\]"):
+    # lse [T, H] where [H, T] is addressed: the layout, not a size disagreement
+    with pytest.raises(ValueError, match=r"prefix_lse has shape \(8, 4\) .*addresses it as \[H=4, T=8\]"):
         mla_gen.merge_attn_states(out, p, pl.t().contiguous(), s, sl)
     with pytest.raises(ValueError, match="3 dimensions"):
         mla_gen.merge_attn_states(out, p, pl, s.view(T, H * D), sl)
@@ -251,26 +251,55 @@ def test_tensors_that_disagree_are_named_not_called_a_missing_kernel(cpu_launch)
 
 def test_a_size_two_tensors_give_differently_is_named_with_both(cpu_launch):
     """The token count, heads or requests that one tensor gives and another contradicts: the
-    error names both tensors and their shapes, not the later one by the extent the first implies
-    (an output of the wrong length was once reported as "prefix_output ... needs N elements")."""
+    error names both tensors and their shapes, the tensor that describes the call (prefix_output,
+    the states, the state) as the one given (an output of the wrong length was once reported as
+    "prefix_output ... needs N elements"). Sizes that are the addressed ones reordered (an lse
+    [T, H] for [H, T]) are a layout, and named as one."""
     out, p, pl, s, sl = pair()
     loc = torch.tensor([0, 4, 8], dtype=torch.int32)
+    v, vl = torch.randn(T, 3, H, D).to(BF16), torch.randn(T, 3, H)
     for call, named in [
         (lambda: mla_gen.merge_attn_states(torch.empty(16, H, D, dtype=BF16), p, pl, s, sl),
-         "prefix_output has T=8 where output has T=16 (the tensors of one call agree on every size): "
-         "prefix_output has shape (8, 4, 128) for [T, H, D], output (16, 4, 128) for [T, H, D]"),
+         "output has T=16 where prefix_output has T=8 (the tensors of one call must agree on every size): "
+         "output has shape (16, 4, 128) for [T, H, D], prefix_output (8, 4, 128) for [T, H, D]"),
         (lambda: mla_gen.merge_attn_states(out, p, torch.randn(H, 6), s, sl),
-         "prefix_lse has T=6 where output has T=8"),
+         "prefix_lse has T=6 where prefix_output has T=8"),
         (lambda: mla_gen.merge_attn_states(out, p, pl, s, torch.randn(2, T)),
-         "suffix_lse has H=2 where output has H=4"),
+         "suffix_lse has H=2 where prefix_output has H=4"),
         (lambda: mla_gen.merge_attn_states(out, p, pl, s, sl, query_start_loc=loc,
                                            context_start_loc=loc[:2].contiguous()),
-         "context_start_loc has B+1=2 where query_start_loc has B+1=3 (the tensors of one call agree on every "
-         "size): context_start_loc has shape (2,) for [B+1], query_start_loc (3,) for [B+1]"),
+         "context_start_loc has B+1=2 where query_start_loc has B+1=3 (the tensors of one call must agree on "
+         "every size): context_start_loc has shape (2,) for [B+1], query_start_loc (3,) for [B+1]"),
+        (lambda: mla_gen.merge_states(v, torch.randn(T + 1, 3, H)), "states_lse has T=9 where states has T=8"),
+        (lambda: mla_gen.merge_state_in_place(p, pl, s, torch.randn(H, T + 1), lse_layout="head_major"),
+         "other_lse has T=9 where state has T=8"),
+        (lambda: mla_gen.merge_state_in_place(p, pl.t().contiguous(), s, sl, lse_layout="head_major"),
+         "state_lse has shape (8, 4) and strides (4, 1); the kernel addresses it as [H=4, T=8]"),
     ]:
         with pytest.raises(ValueError, match=re.escape(named)):
             call()
     assert not cpu_launch.launches
+
+
+def test_every_integer_a_tensor_dim_reads_is_one_a_required_tensor_gives():
+    """The torch layers check layouts before the contract by the integers the tensors give
+    (python/mla_gen/_plan.py and the compiled op alike): so in every kernel of the package's
+    folder, each integer a tensor's dims read is given by a tensor the call must pass (a size that
+    is that integer, or a stride)."""
+    from mla_gen._select import bound_param
+    from mla_gen.contract import plan_for
+
+    missing = []
+    for k in manifest.load()["kernels"]:
+        plan = plan_for(k["name"], k)
+        shaped = [p for p in plan.params if p.pointer and p.dims]
+        given = {bound_param(size) for p in shaped if not p.nullable for _, size, _ in p.dims}
+        given |= {stride.param() for p in shaped if not p.nullable for _, _, stride in p.dims}
+        for p in shaped:
+            for _, size, stride in p.dims:
+                missing += [(k["name"], p.name, plan.names[f]) for f in size.factors + stride.factors
+                            if f not in given]
+    assert not missing, missing[:5]
 
 
 def test_the_merge_states_fake_refuses_states_of_another_rank_as_the_call_does():

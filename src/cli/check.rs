@@ -187,7 +187,7 @@ pub fn verify(out: &Path, quiet: bool) -> Result<(), Failure> {
     if outside.is_empty() && missing.is_empty() && differ.is_empty() && wrong_kind.is_empty() {
         if !quiet {
             eprintln!(
-                "{}: each of its {count} images has the size and sha256 manifest.json records",
+                "{}: each of its {count} images has the size, sha256 and kind (CUBIN, PTX) manifest.json records",
                 out.display()
             );
         }
@@ -207,12 +207,15 @@ pub fn verify(out: &Path, quiet: bool) -> Result<(), Failure> {
     }
     if !wrong_kind.is_empty() {
         msg.push_str(&format!(
-            ", {} not of the kind manifest.json says (a load refuses them: the manifest itself is wrong)",
+            ", {} not of the kind manifest.json says (the manifest itself is wrong; the Rust and Python hosts refuse them at load)",
             wrong_kind.len()
         ));
     }
     for (f, kind) in wrong_kind.iter().take(5) {
         msg.push_str(&format!("\n  not {kind}: {}", out.join(f).display()));
+    }
+    if wrong_kind.len() > 5 {
+        msg.push_str(&format!("\n  ... and {} more", wrong_kind.len() - 5));
     }
     for (label, list) in [
         ("outside", &outside),

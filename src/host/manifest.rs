@@ -439,8 +439,16 @@ mod tests {
         assert_eq!(pick((10, 0)), None);
         assert_eq!(pick((12, 1)).as_deref(), Some("sm_120.cubin"));
         assert_eq!(pick((13, 0)).as_deref(), Some("sm_120.ptx"));
-        assert_eq!(k.images().count(), 4);
-        assert_eq!(k.images().filter(|(_, cubin)| *cubin).count(), 2);
+        let kinds: Vec<(&str, bool)> = k.images().map(|(f, c)| (f.file.as_str(), c)).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("sm_80.cubin", true),
+                ("sm_90.cubin", true),
+                ("sm_120.ptx", false),
+                ("sm_120.cubin", true)
+            ]
+        );
     }
 
     #[test]

@@ -249,6 +249,7 @@ other_ops = {
         "v of three dims": [rnd(T, H, D, dtype=bf), rnd(T, 4, H)],
         "f16 lse": [rnd(T, 4, H, D, dtype=bf), rnd(T, 4, H, dtype=torch.float16)],
         "lse transposed": [rnd(T, 4, H, D, dtype=bf), rnd(H, 4, T).permute(2, 1, 0)],
+        "lse of more tokens": [rnd(T, 4, H, D, dtype=bf), rnd(T + 1, 4, H)],
     },
     "merge_state_in_place": {
         "head-major with a mask": in_place(),
@@ -256,6 +257,7 @@ other_ops = {
         "token-major": in_place("token_major", lse_t=True),
         "another lse_layout": in_place("tokens"),
         "v of two dims": in_place(v=rnd(T, H * D, dtype=bf)),
+        "lse [H, T] for token-major": in_place("token_major"),
         "mask of int32": in_place()[:4] + [torch.ones(T, dtype=i32), "head_major"],
         "other of more tokens": in_place()[:2] + [rnd(T + 1, H, D, dtype=bf), rnd(H, T + 1)] + in_place()[4:],
     },
