@@ -101,9 +101,13 @@ def _not_as_addressed(p, t, sizes, strides, gave):
     return _layout_error(p.name, t, sizes, strides, [d[0] for d in p.dims])
 
 
-def _laid_out(t, sizes, strides) -> bool:
-    return tuple(t.shape) == sizes and (0 in sizes or all(
-        sz <= 1 or st == ts for sz, st, ts in zip(sizes, strides, t.stride())))
+def _check_laid_out(plan, p, t, values, gave):
+    """Tensor `t` (parameter `p`) has the shape and strides the kernel addresses it by at these
+    integer `values` (strides of size-1 dims, and of empty tensors, aside); else the error."""
+    sizes, strides = plan.dims_of(p.name, values)
+    if tuple(t.shape) != sizes or (0 not in sizes and any(
+            sz > 1 and st != ts for sz, st, ts in zip(sizes, strides, t.stride()))):
+        raise _not_as_addressed(p, t, sizes, strides, gave)
 
 
 def _arguments(kind: Kind, tensors: tuple, free: tuple, device_type: str):
@@ -175,10 +179,8 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
     for p, t in shaped:
         if any(known[f] is None for _, size, stride in p.dims for f in size.factors + stride.factors):
             later.append((p, t))
-            continue
-        sizes, strides = plan.dims_of(p.name, known)
-        if not _laid_out(t, sizes, strides):
-            raise _not_as_addressed(p, t, sizes, strides, gave)
+        else:
+            _check_laid_out(plan, p, t, known, gave)
     args = {name: (None if t is None else buffer(t)) for name, t in tmap.items()}
     for j, v in ints.items():
         args[plan.names[j]] = v
@@ -186,9 +188,7 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
     checked = plan.check(args)
     values = checked.values
     for p, t in later:
-        sizes, strides = plan.dims_of(p.name, values)
-        if not _laid_out(t, sizes, strides):
-            raise _not_as_addressed(p, t, sizes, strides, gave)
+        _check_laid_out(plan, p, t, values, gave)
     varying = {plan.names.index(name) for name in given_free if name in plan.names}
     run_meta, run, per_call = sized(kf, meta, plan, checked, args, varying)
     per_call |= any(not varying.isdisjoint(e.factors) for e, _, _ in plan.limits)  # the fast path checks no limit
