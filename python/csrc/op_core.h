@@ -420,15 +420,16 @@ void prepare(int o, Call& c, Plan& plan) {
         const Param& p = kernel->params[order[o]];
         const View* v = by_slot[p.slot];
         int64_t sizes[8], strides[8];
-        bool same = true, zero = false;
+        bool same_sizes = true, zero = false;
         std::string want;
         for (int q = 0; q < p.n_dims; ++q) {
             sizes[q] = eval(p.dims[q].size, a);
             strides[q] = eval(p.dims[q].stride, a);
             zero |= sizes[q] == 0;
-            same &= v->sizes[q] == sizes[q];
+            same_sizes &= v->sizes[q] == sizes[q];
             want += std::string(q ? ", " : "") + p.dims[q].label + "=" + std::to_string(sizes[q]);
         }
+        bool same = same_sizes;  // and the strides of every dim over 1 element
         for (int q = 0; same && !zero && q < p.n_dims; ++q) same = sizes[q] <= 1 || v->strides[q] == strides[q];
         if (same) continue;
         int64_t mine[8], theirs[8];
@@ -450,6 +451,9 @@ void prepare(int o, Call& c, Plan& plan) {
                                          {"first_shape", tuple_text(f.v->sizes, f.v->dim).c_str()},
                                          {"first_labels", labels_text(*f.p).c_str()}}));
         }
+        if (!same_sizes)  // the wanted strides would be read from this tensor's own
+            fail(format(kText_shape, {{"name", p.name}, {"shape", tuple_text(v->sizes, v->dim).c_str()},
+                                      {"want", want.c_str()}}));
         fail(format(kText_layout, {{"name", p.name}, {"shape", tuple_text(v->sizes, v->dim).c_str()},
                                    {"strides", tuple_text(v->strides, v->dim).c_str()}, {"want", want.c_str()},
                                    {"want_strides", tuple_text(strides, p.n_dims).c_str()}}));

@@ -72,6 +72,8 @@ class Prepared:
 
 def _layout_error(name, t, sizes, strides, labels):
     want = ", ".join(f"{lab}={s}" for lab, s in zip(labels, sizes))
+    if tuple(t.shape) != tuple(sizes):  # the wanted strides would be read from this tensor's own
+        return ValueError(TEXTS["shape"].format(name=name, shape=shape_text(t.shape), want=want))
     return ValueError(TEXTS["layout"].format(name=name, shape=shape_text(t.shape), strides=shape_text(t.stride()),
                                              want=want, want_strides=shape_text(strides)))
 
