@@ -30,7 +30,8 @@ TEXTS = {
     "disagree": ("{name} has {label}={size} where {first} has {first_label}={first_size} (the tensors of one call "
                  "must agree on every size): {name} has shape {shape} for [{labels}], {first} {first_shape} for "
                  "[{first_labels}]"),
-    # sizes other than the kernel's (its strides then say nothing), or its sizes but other strides
+    # shape: sizes other than the kernel's (no strides: those it wants are partly the tensor's own);
+    # layout: the kernel's sizes, laid out otherwise
     "shape": "{name} has shape {shape}; the kernel addresses it as [{want}]",
     "layout": ("{name} has shape {shape} and strides {strides}; the kernel addresses it as [{want}] with strides "
                "{want_strides} (strides of size-1 dims do not matter)"),
