@@ -4,10 +4,11 @@
 #
 #   scripts/gpu-smoke.sh build   (here: Rust, NVRTC, the torch env of .ci/python.sh)
 #       builds into .device/smoke/ the example engine, the quick GPU suite's binary, the C
-#       examples' launchers and the platform wheel (scripts/build-wheel.sh)
-#   scripts/gpu-smoke.sh run [engine|wheel|cost]   (there, with .device/smoke carried; where it and the
-#       tracked tree pass the 64 MiB a device call carries, carry .device/smoke/wheel and commit.txt for
-#       `run wheel`, then bin, c-example, c-families and commit.txt: the wheel stays on a warm machine)
+#       examples' launchers and the platform wheel (scripts/build-wheel.sh), and packs the first
+#       three into .device/smoke/engine.tar.xz (~1.2 MB; `run` unpacks it where they are missing)
+#   scripts/gpu-smoke.sh run [engine|wheel|cost|engine,wheel]   (there, with .device/smoke carried;
+#       it and the tracked tree pass the 64 MiB a device call carries, so carry
+#       .device/smoke/wheel, .device/smoke/engine.tar.xz and .device/smoke/commit.txt)
 #       1. the example engine (build.rs bindings, select, every family step)             engine
 #       2. the C examples (merge.c, families.c, devices.c) against their launchers       engine
 #       3. the wheel installed into a temporary folder (both parts), then
@@ -21,10 +22,11 @@
 #          native-2); test_compiled_gpu.py with the stable one                            cost
 #    `run` alone does all three parts in that order; on the default's 1227 kernels that is more than
 #    one device call's 600 s (the wheel's pytest alone took 260 s, run 145), so give each part its own
-#    call: `run engine`, then `run wheel`, then `run cost`. Each part prints the same lines as `run` for its steps.
+#    call, or `run engine,wheel` (~460 s on an H100, runs 192-193: one machine start, where machines
+#    are scarce), then `run cost`. Each part prints the same lines as `run` for its steps.
 #    Each step's last non-empty line goes to $OUT/smoke.txt (smoke-engine.txt, smoke-wheel.txt,
-#    smoke-cost.txt for a part; default OUT .device/smoke/out), every log into $OUT/logs.tar.gz
-#    (logs-engine, logs-wheel, logs-cost; the device tool returns at most 8 files). Exit status 1
+#    smoke-cost.txt, smoke-engine-wheel.txt for a part; default OUT .device/smoke/out), every log into
+#    $OUT/logs.tar.gz (logs-engine, ...; the device tool returns at most 8 files). Exit status 1
 #    when any step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,17 +43,20 @@ build)
     target/release/mla-gen generate examples/c/spec.toml --out "$S/c-example" --emit c --quiet
     target/release/mla-gen generate examples/c/families.toml --out "$S/c-families" --emit c --quiet
     scripts/build-wheel.sh --out "$S/wheel" >/dev/null
+    tar -cJf "$S/engine.tar.xz" -C "$S" bin c-example c-families
     git rev-parse --short HEAD > "$S/commit.txt"
-    echo "built $S ($(du -sh "$S" | cut -f1)) at $(cat "$S/commit.txt"); run 'scripts/gpu-smoke.sh run engine', then 'run wheel', there with .device carried"
+    echo "built $S ($(du -sh "$S" | cut -f1)) at $(cat "$S/commit.txt"); there, carrying $S/wheel, $S/engine.tar.xz and $S/commit.txt: 'scripts/gpu-smoke.sh run engine,wheel', then 'run cost'"
     ;;
 run)
     PART="${2:-all}"
     case "$PART" in
     all) suffix= ;;
-    engine|wheel|cost) suffix="-$PART" ;;
-    *) echo "scripts/gpu-smoke.sh run: unknown part '$PART'; the parts are engine, wheel and cost (none: all)" >&2; exit 2 ;;
+    engine|wheel|cost|engine,wheel|wheel,engine) suffix="-${PART/,/-}" ;;
+    *) echo "scripts/gpu-smoke.sh run: unknown part '$PART'; the parts are engine, wheel, cost and engine,wheel (none: all)" >&2; exit 2 ;;
     esac
-    part() { [[ "$PART" == all || "$PART" == "$1" ]]; }
+    part() { [[ "$PART" == all || ",$PART," == *",$1,"* ]]; }
+    # The engine's binaries and the C launchers travel packed (see build).
+    if [[ ! -d "$S/bin" && -f "$S/engine.tar.xz" ]]; then tar -xJf "$S/engine.tar.xz" -C "$S"; fi
     OUT="${OUT:-$S/out}"; mkdir -p "$OUT"
     REPORT="$OUT/smoke$suffix.txt"; : > "$REPORT"
     LOGS="$(mktemp -d)"
@@ -122,5 +127,5 @@ print("ran", sys.argv[1], "without error")' "$ex"
     # The comment at the top of this file.
     sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0" ;;
 *)
-    echo "usage: scripts/gpu-smoke.sh build | run [engine|wheel|cost]   (run alone: every part; --help: what each does)" >&2; exit 2 ;;
+    echo "usage: scripts/gpu-smoke.sh build | run [engine|wheel|cost|engine,wheel]   (run alone: every part; --help: what each does)" >&2; exit 2 ;;
 esac
