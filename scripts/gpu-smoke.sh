@@ -6,8 +6,8 @@
 #       builds into .device/smoke/ the example engine, the quick GPU suite's binary, the C
 #       examples' launchers and the platform wheel (scripts/build-wheel.sh), and packs the first
 #       three into .device/smoke/engine.tar.xz (~1.2 MB; `run` unpacks it where they are missing)
-#   scripts/gpu-smoke.sh run [engine|wheel|cost|engine,wheel]   (there, with .device/smoke carried;
-#       it and the tracked tree pass the 64 MiB a device call carries, so carry
+#   scripts/gpu-smoke.sh run [engine|wheel|cost|engine,wheel|sanitize]   (there, with .device/smoke
+#       carried; it and the tracked tree pass the 64 MiB a device call carries, so carry
 #       .device/smoke/wheel, .device/smoke/engine.tar.xz and .device/smoke/commit.txt)
 #       1. the example engine (build.rs bindings, select, every family step)             engine
 #       2. the C examples (merge.c, families.c, devices.c) against their launchers       engine
@@ -20,14 +20,17 @@
 #          loads where it has one for this torch, _C_torch<M>_<m>), the stable one
 #          (MLA_GEN_NATIVE_OP=0) and the native one again (JSON to $OUT/native, stable,
 #          native-2); test_compiled_gpu.py with the stable one                            cost
-#    `run` alone does all three parts in that order; on the default's 1227 kernels that is more than
-#    one device call's 600 s (the wheel's pytest alone took 260 s, run 145), so give each part its own
-#    call, or `run engine,wheel` (~460 s on an H100, runs 192-193: one machine start, where machines
-#    are scarce), then `run cost`. Each part prints the same lines as `run` for its steps.
+#       6. compute-sanitizer on the wheel's kernels: memcheck on the quick merge suite and the
+#          boundary shapes, initcheck and racecheck on the quick merge suite (~460 s)     sanitize
+#    `run` alone does the first three parts in that order (sanitize only when named); on the
+#    default's 1227 kernels that is more than one device call's 600 s (the wheel's pytest alone took
+#    260 s, run 145), so give each part its own call, or `run engine,wheel` (463 s on an H100, run
+#    194: one machine start, where machines are scarce), then `run cost`. Each part prints the same
+#    lines as `run` for its steps.
 #    Each step's last non-empty line goes to $OUT/smoke.txt (smoke-engine.txt, smoke-wheel.txt,
-#    smoke-cost.txt, smoke-engine-wheel.txt for a part; default OUT .device/smoke/out), every log into
-#    $OUT/logs.tar.gz (logs-engine, ...; the device tool returns at most 8 files). Exit status 1
-#    when any step fails.
+#    smoke-cost.txt, smoke-engine-wheel.txt, smoke-sanitize.txt for a part; default OUT
+#    .device/smoke/out), every log into $OUT/logs.tar.gz (logs-engine, ...; the device tool returns
+#    at most 8 files). Exit status 1 when any step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=.device/smoke
@@ -52,10 +55,10 @@ run)
     [[ "$PART" == wheel,engine ]] && PART=engine,wheel
     case "$PART" in
     all) suffix= ;;
-    engine|wheel|cost|engine,wheel) suffix="-${PART/,/-}" ;;
-    *) echo "scripts/gpu-smoke.sh run: unknown part '$PART'; the parts are engine, wheel, cost and engine,wheel (none: all)" >&2; exit 2 ;;
+    engine|wheel|cost|engine,wheel|sanitize) suffix="-${PART/,/-}" ;;
+    *) echo "scripts/gpu-smoke.sh run: unknown part '$PART'; the parts are engine, wheel, cost, engine,wheel and sanitize (none: engine, wheel and cost)" >&2; exit 2 ;;
     esac
-    part() { [[ "$PART" == all || ",$PART," == *",$1,"* ]]; }
+    part() { [[ ("$PART" == all && "$1" != sanitize) || ",$PART," == *",$1,"* ]]; }
     # The engine's binaries and the C launchers travel packed (see build).
     if [[ ! -d "$S/bin" && -f "$S/engine.tar.xz" ]]; then tar -xJf "$S/engine.tar.xz" -C "$S"; fi
     OUT="${OUT:-$S/out}"; mkdir -p "$OUT"
@@ -122,6 +125,22 @@ print("ran", sys.argv[1], "without error")' "$ex"
         step compiled-gpu-stable bash -c "cd '$site' && PYTHONPATH='$site' MLA_GEN_EXPECT_COMPILED=1 MLA_GEN_NATIVE_OP=0 timeout 150 python3 -m pytest -q -p no:cacheprovider '$repo/python/tests/test_compiled_gpu.py'"
         step host-cost-native-2 env PYTHONPATH="$site" OUT="$OUT/native-2" timeout 100 python3 bench/host_cost.py
     fi
+    if part sanitize; then
+        # compute-sanitizer on the installed wheel's kernels (runs 196-198, H100: 115 s, 188 s, 32 s
+        # and 116 s; the caps keep the part inside one device call). --report-api-errors no: the
+        # loader asks cuFuncGetParamInfo for the parameter one past the contract's count, which must
+        # fail (src/host/load.rs), and memcheck would count every such answer as an error.
+        export MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" MLA_GEN_GPU_REPORT=/dev/null
+        san() {  # cap in s, tool, test-gpu's arguments (the quick subset of each test)
+            local cap=$1 tool=$2; shift 2
+            MLA_GEN_GPU_QUICK=1 timeout "$cap" compute-sanitizer --tool "$tool" --report-api-errors no \
+                --error-exitcode 99 "$S/bin/test-gpu" --test-threads=1 "$@"
+        }
+        step memcheck-merge san 150 memcheck every_kernel_matches
+        step memcheck-boundary san 220 memcheck boundary_shapes
+        step initcheck-merge san 60 initcheck every_kernel_matches
+        step racecheck-merge san 140 racecheck every_kernel_matches
+    fi
     tar -czf "$OUT/logs$suffix.tar.gz" -C "$LOGS" .
     echo "== smoke"; cat "$REPORT"
     exit $status
@@ -130,5 +149,5 @@ print("ran", sys.argv[1], "without error")' "$ex"
     # The comment at the top of this file.
     sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0" ;;
 *)
-    echo "usage: scripts/gpu-smoke.sh build | run [engine|wheel|cost|engine,wheel]   (run alone: every part; --help: what each does)" >&2; exit 2 ;;
+    echo "usage: scripts/gpu-smoke.sh build | run [engine|wheel|cost|engine,wheel|sanitize]   (run alone: engine, wheel, cost; --help: what each does)" >&2; exit 2 ;;
 esac
