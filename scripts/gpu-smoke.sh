@@ -127,9 +127,10 @@ print("ran", sys.argv[1], "without error")' "$ex"
     fi
     if part sanitize; then
         # compute-sanitizer on the installed wheel's kernels (runs 196-198, H100: 115 s, 188 s, 32 s
-        # and 116 s; the caps keep the part inside one device call). --report-api-errors no: the
-        # loader asks cuFuncGetParamInfo for the parameter one past the contract's count, which must
-        # fail (src/host/load.rs), and memcheck would count every such answer as an error.
+        # and 116 s; the caps keep the part inside one device call). --report-api-errors no: on a
+        # driver without cuFuncGetParamCount the loader asks cuFuncGetParamInfo for the parameter one
+        # past the contract's count, which must fail (src/host/load.rs), and memcheck would count
+        # every such answer as an error.
         export MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" MLA_GEN_GPU_REPORT=/dev/null
         san() {  # cap in s, tool, test-gpu's arguments (the quick subset of each test)
             local cap=$1 tool=$2; shift 2

@@ -27,22 +27,36 @@ pub(crate) type ParamInfo = unsafe extern "C" fn(
     *mut usize,
 ) -> std::ffi::c_int;
 
-/// The driver's `cuFuncGetParamInfo` (CUDA 12.4 drivers and newer), looked up once; `None`
-/// for an older driver, whose images are then loaded without the parameter check. Looked up by
-/// name rather than through cudarc, whose dynamic loading panics on a missing symbol.
-pub(crate) fn param_info() -> Option<ParamInfo> {
-    static FOUND: std::sync::OnceLock<Option<(libloading::Library, ParamInfo)>> =
+/// `cuFuncGetParamCount(function, &count)`, as declared in cuda.h.
+pub(crate) type ParamCount =
+    unsafe extern "C" fn(cudarc::driver::sys::CUfunction, *mut usize) -> std::ffi::c_int;
+
+/// What the driver can say about a kernel's parameters: `info` from CUDA 12.4 drivers on, `count`
+/// from newer ones (CUDA 13.2 headers declare it). Looked up by name rather than through cudarc,
+/// whose dynamic loading panics on a missing symbol.
+pub(crate) struct ParamQueries {
+    pub info: ParamInfo,
+    pub count: Option<ParamCount>,
+}
+
+/// The driver's parameter queries, looked up once; `None` for a driver older than 12.4, whose
+/// images are then loaded without the parameter check.
+pub(crate) fn param_queries() -> Option<&'static ParamQueries> {
+    static FOUND: std::sync::OnceLock<Option<(libloading::Library, ParamQueries)>> =
         std::sync::OnceLock::new();
     FOUND
         .get_or_init(|| {
             // SAFETY: as in driver_cuda_version.
             let lib = unsafe { libloading::Library::new("libcuda.so.1") }.ok()?;
-            // SAFETY: the declared type of cuFuncGetParamInfo; the library stays loaded with it.
-            let f = *unsafe { lib.get::<ParamInfo>(b"cuFuncGetParamInfo") }.ok()?;
-            Some((lib, f))
+            // SAFETY: the declared types of both functions; the library stays loaded with them.
+            let info = *unsafe { lib.get::<ParamInfo>(b"cuFuncGetParamInfo") }.ok()?;
+            let count = unsafe { lib.get::<ParamCount>(b"cuFuncGetParamCount") }
+                .ok()
+                .map(|f| *f);
+            Some((lib, ParamQueries { info, count }))
         })
         .as_ref()
-        .map(|(_, f)| *f)
+        .map(|(_, q)| q)
 }
 
 /// Can a driver supporting CUDA `driver` JIT PTX that needs CUDA `needed` ("13.0")?

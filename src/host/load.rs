@@ -292,7 +292,7 @@ fn check_params(
     file: &str,
     expected: usize,
 ) -> Result<(), RuntimeError> {
-    let Some(param_info) = crate::host::driver::param_info() else {
+    let Some(queries) = crate::host::driver::param_queries() else {
         return Ok(());
     };
     const SUCCESS: i32 = 0;
@@ -302,11 +302,29 @@ fn check_params(
         file: file.to_string(),
         detail,
     };
-    // One past the contract's count: that index must not exist.
-    for index in 0..=expected {
+    // Where the driver counts (`cuFuncGetParamCount`), no query fails on a good image; else the
+    // index one past the contract's count is asked and must not exist, a failing call that
+    // compute-sanitizer reports as an API error unless given `--report-api-errors no`.
+    let mut count = 0usize;
+    // SAFETY: a function of a loaded module; an out-pointer to a live local.
+    let counted = queries
+        .count
+        .is_some_and(|f| unsafe { f(function, &mut count) } == SUCCESS);
+    if counted && count < expected {
+        return Err(mismatch(format!(
+            "it takes {count} parameters, the contract {expected}"
+        )));
+    }
+    if counted && count > expected {
+        return Err(mismatch(format!(
+            "it takes {count} parameters, more than the contract's {expected}"
+        )));
+    }
+    let asked = if counted { expected } else { expected + 1 };
+    for index in 0..asked {
         let (mut offset, mut size) = (0usize, 0usize);
         // SAFETY: a function of a loaded module; out-pointers to live locals.
-        let rc = unsafe { param_info(function, index, &mut offset, &mut size) };
+        let rc = unsafe { (queries.info)(function, index, &mut offset, &mut size) };
         match (rc, index == expected) {
             (SUCCESS, false) if size == 8 => {}
             (SUCCESS, false) => {

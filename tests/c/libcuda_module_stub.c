@@ -1,13 +1,16 @@
 /* A stand-in libcuda.so.1 for the Rust runtime's fault tests (tests/faults.rs), no GPU: the
  * module API the runtime uses through cudarc (cuModuleLoadData, cuModuleGetFunction,
- * cuFuncGetParamInfo, cuLaunchKernel[Ex]) on one device of compute capability stub_cc.
+ * cuFuncGetParamInfo, cuFuncGetParamCount, cuLaunchKernel[Ex]) on one device of compute
+ * capability stub_cc.
  *
  * Like a driver, cuModuleLoadData reads only the header of what it is given (an ELF CUBIN, or PTX
  * text whose .version it checks against ISA 9.0, a CUDA 13.0 driver's); it cannot know where the
  * buffer ends, which is why the runtime must check the size first. Faults are injected through
  * the stub_* functions, which the test resolves from this library: a failing load or launch, a
  * sticky error (every later load and launch fails until cleared, as in a context a kernel faulted
- * in), the parameter count cuFuncGetParamInfo reports (-1: a driver that cannot say). */
+ * in), the parameter count cuFuncGetParamInfo reports (-1: a driver that cannot say), and
+ * whether cuFuncGetParamCount answers (0 by default: as a CUDA 13.0 driver, which lacks it). Every
+ * parameter query that fails is counted (stub_failed_queries): compute-sanitizer reports each. */
 #include <cuda.h>
 
 #include <stdatomic.h>
@@ -18,16 +21,18 @@
 
 static atomic_int stub_cc = 90;
 static atomic_int stub_params = -1;
+static atomic_int stub_counts = 0;
 static atomic_int stub_sticky = CUDA_SUCCESS;
 static atomic_int stub_load_countdown = -1; /* loads before one fails with stub_load_error */
 static atomic_int stub_load_error = CUDA_SUCCESS;
 static atomic_int stub_launch_error = CUDA_SUCCESS; /* what the next launch returns */
-static atomic_int loads, live, launches;
+static atomic_int loads, live, launches, failed_queries;
 static _Thread_local CUcontext current;
 static int the_context;
 
 void stub_set_cc(int cc) { atomic_store(&stub_cc, cc); }
 void stub_set_params(int n) { atomic_store(&stub_params, n); }
+void stub_set_counts(int on) { atomic_store(&stub_counts, on); }
 void stub_set_sticky(int r) { atomic_store(&stub_sticky, r); }
 void stub_fail_load(int after, int r) {
     atomic_store(&stub_load_error, r);
@@ -37,6 +42,7 @@ void stub_fail_launch(int r) { atomic_store(&stub_launch_error, r); }
 int stub_loads(void) { return atomic_load(&loads); }
 int stub_live(void) { return atomic_load(&live); }
 int stub_launches(void) { return atomic_load(&launches); }
+int stub_failed_queries(void) { return atomic_load(&failed_queries); }
 
 CUresult cuInit(unsigned flags) { return flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
 
@@ -138,13 +144,28 @@ CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
     return CUDA_SUCCESS;
 }
 
+static CUresult query(CUresult r) {
+    if (r != CUDA_SUCCESS) atomic_fetch_add(&failed_queries, 1);
+    return r;
+}
+
 CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t* offset, size_t* size) {
     const int n = atomic_load(&stub_params);
-    if (!f) return CUDA_ERROR_INVALID_VALUE;
-    if (n < 0) return CUDA_ERROR_NOT_SUPPORTED;
-    if (index >= (size_t)n) return CUDA_ERROR_INVALID_VALUE;
+    if (!f) return query(CUDA_ERROR_INVALID_VALUE);
+    if (n < 0) return query(CUDA_ERROR_NOT_SUPPORTED);
+    if (index >= (size_t)n) return query(CUDA_ERROR_INVALID_VALUE);
     *offset = 8 * index;
     *size = 8;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuFuncGetParamCount(CUfunction f, size_t* count) {
+    const int n = atomic_load(&stub_params);
+    /* Off: stands for a driver without the function, so the refusal is not counted. */
+    if (!atomic_load(&stub_counts)) return CUDA_ERROR_NOT_SUPPORTED;
+    if (n < 0) return query(CUDA_ERROR_NOT_SUPPORTED);
+    if (!f) return query(CUDA_ERROR_INVALID_VALUE);
+    *count = (size_t)n;
     return CUDA_SUCCESS;
 }
 

@@ -288,19 +288,35 @@ fn archs(ctx: &Arc<CudaContext>, stub: &Stub, good: &Path, tmp: &Path) {
     still_works(ctx, stub, good);
 }
 
-/// An image whose parameters are not the contract's, and a driver that cannot say.
+/// An image whose parameters are not the contract's, asked of a driver with and without
+/// cuFuncGetParamCount, and a driver that cannot say.
 fn contracts(ctx: &Arc<CudaContext>, stub: &Stub, good: &Path) {
-    for (params, needle) in [
-        (PARAMS - 1, "takes 14 parameters, the contract 15"),
-        (PARAMS + 1, "more than the contract's 15"),
-    ] {
-        stub.set("stub_set_params", params);
-        let e = Runtime::load(ctx.clone(), good).err().unwrap();
-        assert!(matches!(e, RuntimeError::ContractMismatch { .. }), "{e:?}");
-        let text = e.to_string();
-        assert!(text.contains(needle) && text.contains(KERNEL), "{text}");
-        assert_eq!(stub.live(), 0, "{text}");
+    for counts in [0, 1] {
+        stub.set("stub_set_counts", counts);
+        for (params, needle) in [
+            (PARAMS - 1, "takes 14 parameters, the contract 15"),
+            (PARAMS + 1, "more than the contract's 15"),
+        ] {
+            stub.set("stub_set_params", params);
+            let e = Runtime::load(ctx.clone(), good).err().unwrap();
+            assert!(matches!(e, RuntimeError::ContractMismatch { .. }), "{e:?}");
+            let text = e.to_string();
+            assert!(text.contains(needle) && text.contains(KERNEL), "{text}");
+            assert_eq!(stub.live(), 0, "{text}");
+        }
+        // A good load: without the count, one failing query a kernel (the index past the
+        // contract's count, which compute-sanitizer reports); with it, none.
+        stub.set("stub_set_params", PARAMS);
+        let failed = stub.count("stub_failed_queries");
+        still_works(ctx, stub, good);
+        let expected = if counts == 1 { 0 } else { KERNELS };
+        assert_eq!(
+            stub.count("stub_failed_queries") - failed,
+            expected,
+            "counts = {counts}"
+        );
     }
+    stub.set("stub_set_counts", 0);
     // A driver older than 12.4 cannot tell: the load goes on.
     stub.set("stub_set_params", -1);
     still_works(ctx, stub, good);
