@@ -3,8 +3,10 @@ ahead of time by mla-gen.
 
 No compiler runs here: each kernel's CUBIN/PTX is loaded once through the CUDA driver (ctypes
 libcuda, opened at the first launch, never at import), and ``prefill_tokens_with_context`` is a
-plain kernel argument, so a new value never compiles or loads anything. Launches go on torch's
-current stream with no device-to-host sync, so CUDA graphs can capture them.
+plain kernel argument, so a new value never compiles anything (where a kernel has an
+all-context twin, ``_nothr``, the first value equal to the token count loads that twin's image
+once). Launches go on torch's current stream with no device-to-host sync, so CUDA graphs can
+capture them.
 
 - Functions (the fast path): ``merge_attn_states``, ``merge_attn_states_fp8_group``,
   ``merge_states``, ``merge_state_in_place``, ``mask_empty_context_lse``.
@@ -58,16 +60,15 @@ def stats() -> dict:
     """Counters: ``module_loads`` (images loaded through the driver: one per kernel and image,
     ever), ``launches``, ``plans`` (full checks that built a per-layout plan, the compiled op's
     too), ``fallbacks`` (calls mla_gen.vllm handed back to vLLM). A new threshold value is an
-    argument: it shows as a launch, never as a load or a plan."""
-    from . import _cuda, _ext
+    argument: it shows as a launch, never as a plan; where the kernel has an all-context twin
+    (``_nothr``), the first threshold equal to the token count loads that twin's image once."""
+    from . import _cuda
     out = dict(_cuda.stats)
-    out["launches"] += _ext.launches()  # the compiled op's
-    try:
-        from . import _plan
-        out["plans"] = _plan.stats["plans"]
-    except ImportError:
-        out["plans"] = 0
-    out["plans"] += _ext.plans()
+    out["plans"] = 0
+    if _torch_module is not None:  # the torch layers and the compiled op; without torch none ran
+        from . import _ext, _plan
+        out["launches"] += _ext.launches()  # the compiled op's
+        out["plans"] = _plan.stats["plans"] + _ext.plans()
     from . import vllm as _vllm
     out["fallbacks"] = _vllm.stats["fallbacks"]
     return out

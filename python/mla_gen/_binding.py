@@ -103,9 +103,10 @@ class Kind:
         """The same call with only the tensors `names`, in that order: an engine API that passes
         a fixed few is not moved by a tensor an option adds to the kind."""
         read = self.described()
-        missing = read - set(names)
-        if missing or not set(names) <= set(self.names):
-            raise ValueError(f"{names} for a {self.family} kind of {self.names}: needs {sorted(missing)}")
+        missing, unknown = read - set(names), set(names) - set(self.names)
+        if missing or unknown:
+            raise ValueError(f"{names} for a {self.family} kind of {self.names}: needs {sorted(missing)}"
+                             + (f", has no {sorted(unknown)}" if unknown else ""))
         return Kind(self.family, names, self.free, self.options, self.typed, self.what, self.fields, self.checks)
 
     def describe(self, tmap: dict, options: tuple) -> str:

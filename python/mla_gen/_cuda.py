@@ -245,7 +245,6 @@ class Kernel:
         self.meta = meta
         self.name = meta["name"]
         self.libraries: dict = {}  # image file -> (CUlibrary, CUkernel)
-        self.loaded_from: dict = {}  # device -> image file
         self.functions: dict = {}  # device -> CUfunction (int)
         self.modules: dict = {}  # device -> CUmodule, where the driver has no cuLibraryLoadData
         self.images: dict = {}  # image file -> checked bytes, for those modules
@@ -267,8 +266,8 @@ class Kernel:
         if entry is None:
             archs = ", ".join(a["arch"] for a in self.meta["archs"]) or "none"
             raise KernelFolderError(f"{self.name}: no CUBIN or PTX in {self.folder.label} runs on sm_{cc} (its "
-                                    f"archs: {archs}); generate the folder for sm_{cc} (mla-gen generate --arch "
-                                    f"sm_{cc})")
+                                    f"archs: {archs}); generate a folder for it, `mla-gen generate SPEC --arch "
+                                    f"sm_{cc} --out DIR`, and set $MLA_GEN_KERNELS=DIR")
         return entry
 
     def _image(self, entry: dict) -> bytes:
@@ -319,7 +318,6 @@ class Kernel:
                        f"cuModuleGetFunction({self.name})")
                 self.modules[device] = module
                 stats["module_loads"] += 1
-        self.loaded_from[device] = choice
         return handle.value
 
 

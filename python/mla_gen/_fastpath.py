@@ -7,8 +7,9 @@ overlapping another, each free integer an int inside its bounds; then it launche
 body, inlined). Straight-line code with the plan's numbers bound in a closure is about 1 us a call
 cheaper than a loop over the plan's parameters (docs/PYTHON.md, "Host cost"). The text names
 everything after the call's arguments and the kernel's parameters (``output_ptr``,
-``plan_num_tokens``, ``prefill_tokens_with_context_max``) and holds no number of the plan, so
-plans of one shape share one compiled text.
+``plan_num_tokens``, ``prefill_tokens_with_context_max``) and holds no number of the plan but the
+pointers' alignments (the kernel's, from its dtypes), so plans of one shape and alignment share
+one compiled text.
 
 ``MLA_GEN_SHOW_FASTPATH=1``: each text is printed to stderr when it is first compiled.
 """

@@ -422,7 +422,7 @@ def _arg(a):
     if isinstance(a, dict):
         return Buffer(int(a["ptr"]), int(a["len"]), a.get("elem"))
     if isinstance(a, bool):
-        raise TypeError(f"not an argument: {a!r}")
+        raise TypeError(f"not an argument: {a!r} (a bool; an int, a Buffer, a {{ptr, len, elem}} dict or None)")
     if isinstance(a, int):
         return int(a)
     raise TypeError(f"not an argument: {a!r} (a Buffer, a {{ptr, len, elem}} dict, an int or None)")

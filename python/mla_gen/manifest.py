@@ -164,8 +164,7 @@ class KernelFolder:
         try:
             raw = self.read_bytes("manifest.json")
         except OSError as e:
-            raise ManifestError(f"cannot read {where}: {e}; run `mla-gen generate`, or set {ENV} to a generated "
-                                "folder") from e
+            raise ManifestError(f"cannot read {where}: {e}; {self.fix()}") from e
         try:
             data = json.loads(raw)
         except ValueError as e:
@@ -179,7 +178,7 @@ class KernelFolder:
                 hint = (f"written by a newer mla-gen than this package ({__version__}); upgrade the mla_gen "
                         f"package, or regenerate the folder with mla-gen {__version__}")
             else:
-                hint = "regenerate with a matching mla-gen"
+                hint = f"made by another mla-gen; {self.fix()}"
             raise ManifestError(f"{where} has schema_version {version}; this package reads {SCHEMA_VERSION} ({hint})")
         try:
             _check_images(data, where, self.fix)

@@ -24,8 +24,8 @@ kernel where the folder has none), and two more keywords, ``query_start_loc`` an
 (docs/PYTHON.md). A fused call handed back to vLLM runs that mask first, on a copy of
 ``prefix_lse``, with torch ops. The default kernels serve every f32/f16/bf16 call of the default
 head sizes, with the inputs' dtype or FP8 output, fused or not, and group FP8 in groups of 128
-and 64 (UE8M0 or not) on the head sizes the group divides; a call of another group size goes to
-vLLM's kernel.
+and 64 (UE8M0 or not) on the head sizes the group divides (not f32 at 576 in groups of 64); a
+call of another group size goes to vLLM's kernel.
 
 The patch also rebinds modules that imported the dispatcher by name (``from ... import
 merge_attn_states``). Counters: ``mla_gen.stats()["fallbacks"]``.
@@ -242,7 +242,8 @@ def patch(module=None, *, strict: bool = False) -> Patch:
             except ImportError as e:
                 errors.append(f"{name}: {e}")
         else:
-            raise ImportError("vLLM's merge_attn_states dispatcher is not importable: " + "; ".join(errors))
+            raise ImportError("vLLM's merge_attn_states dispatcher is not importable: " + "; ".join(errors)
+                              + "; install vLLM, or name its module: patch(module=...)")
     elif isinstance(module, str):
         module = importlib.import_module(module)
     current = module.merge_attn_states

@@ -4,8 +4,9 @@ GPU: every `_ctxmask` kernel of the kernel folder against the two launches it re
 size and options, bit for bit (docs/SEMANTICS.md, "The empty-context mask fused into the merge"),
 and a few cases against the float64 reference.
 
-Runs where $MLA_GEN_KERNELS holds `_ctxmask` kernels (python/gpu_checks.sh points it at
-.device/ctxmask, generated from tests/gpu-ctxmask.toml); skipped otherwise, and without a GPU.
+Runs on the kernel folder's `_ctxmask` kernels (the default's, or $MLA_GEN_KERNELS's:
+python/gpu_checks.sh points it at .device/ctxmask, generated from tests/gpu-ctxmask.toml);
+skipped where the folder has none, and without a GPU.
 The last test prints ``ctxmask: N cases passed, M failed``."""
 
 import math
@@ -26,7 +27,7 @@ KERNELS = [k for k in manifest.load()["kernels"] if manifest.family_of(k)[0] == 
 FUSED = [k for k in KERNELS if k["variant"].get("mask_empty_context") and k["name"] not in manifest.load()["_reached"]]
 if not FUSED:
     pytest.skip("no _ctxmask kernels in this kernel folder (set MLA_GEN_KERNELS to the output of "
-                "`mla-gen generate tests/gpu-ctxmask.toml`)", allow_module_level=True)
+                "`mla-gen generate tests/gpu-ctxmask.toml --out DIR`)", allow_module_level=True)
 
 from test_merge import check, lse_check, reference  # noqa: E402  the float64 reference of test_merge.py
 
@@ -178,7 +179,7 @@ def run_case(kern, T, H, n, with_lse, seed, pad=0):
     masked = plse.clone()
     if mla_gen.supports(None, 0, family="mask_empty_context_lse", lse_layout=layout):
         mla_gen.mask_empty_context_lse(masked, qsl, csl, lse_layout=layout)
-    else:  # a folder without the lse mask (the default one): the same rule in torch ops, [H, T]
+    else:  # a folder without the lse mask (the default has it): the same rule in torch ops, [H, T]
         from mla_gen.vllm import mask_empty_context
         head_major = layout == "head_major"
         masked = mask_empty_context(masked if head_major else masked.t(), qsl, csl)

@@ -1,6 +1,7 @@
 """K-way merge (merge_states) and in-place merge (merge_state_in_place) through the drop-in,
-against a float64 torch reference. Runs where the kernel folder ($MLA_GEN_KERNELS) holds those
-kernels (scripts/gpu-check.sh points it at tests/gpu-extra.toml's); skipped otherwise."""
+against a float64 torch reference. Runs on the kernel folder's kernels of those families (the
+default's, or $MLA_GEN_KERNELS's: scripts/gpu-check.sh points it at tests/gpu-extra.toml's);
+skipped where the folder has none, and without a GPU."""
 
 import math
 

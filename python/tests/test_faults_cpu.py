@@ -281,8 +281,9 @@ def test_a_folder_built_for_other_archs_names_them(driver, folder, monkeypatch):
             k["archs"][0]["arch"] = "sm_120"
 
     good = edit_manifest(path, other_arch)
-    with pytest.raises(mla_gen.KernelFolderError, match=r"no CUBIN or PTX in .* runs on sm_90 \(its archs: sm_120\); "
-                                                        r"generate the folder for sm_90"):
+    with pytest.raises(mla_gen.KernelFolderError,
+                       match=r"no CUBIN or PTX in .* runs on sm_90 \(its archs: sm_120\); generate a folder for it, "
+                             r"`mla-gen generate SPEC --arch sm_90 --out DIR`, and set \$MLA_GEN_KERNELS=DIR"):
         call()
     assert driver.loads == 0
     (path / "manifest.json").write_bytes(good)  # a valid manifest stays read: the fixed folder as a new process sees it

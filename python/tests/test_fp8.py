@@ -1,6 +1,6 @@
-"""FP8 e4m3 output with a per-tensor scale, against a float64 reference. Runs where the kernel
-folder ($MLA_GEN_KERNELS) holds FP8 kernels (scripts/gpu-check.sh points it at the extra kernels of
-tests/gpu-extra.toml); skipped otherwise, and without a GPU."""
+"""FP8 e4m3 output with a per-tensor scale, against a float64 reference. Runs on the kernel
+folder's FP8 kernels (the default's, or $MLA_GEN_KERNELS's: scripts/gpu-check.sh points it at the
+extra kernels of tests/gpu-extra.toml); skipped where the folder has none, and without a GPU."""
 
 import math
 

@@ -67,6 +67,21 @@ def test_import_opens_no_driver():
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
+def test_the_torch_free_names_work_without_torch():
+    # What __all__ offers without torch answers in a process where torch cannot be imported.
+    code = ("import sys\n"
+            "sys.modules['torch'] = None  # import torch raises ImportError\n"
+            "import mla_gen\n"
+            "assert 'merge_attn_states' not in mla_gen.__all__\n"
+            "s = mla_gen.stats()\n"
+            "assert s == {'module_loads': 0, 'launches': 0, 'plans': 0, 'fallbacks': 0}, s\n"
+            "assert mla_gen.available_kernels() and mla_gen.kernels_dir()\n"
+            "assert mla_gen.supports('bfloat16', 128)\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(mla_gen.__file__).parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
 def test_mla_gen_kernels_is_read_at_every_lookup(tmp_path, monkeypatch):
     m = {k: v for k, v in manifest.load().items() if not k.startswith("_")}
     m["kernels"] = [k for k in m["kernels"] if k["variant"]["head_size"] == 64]
@@ -165,12 +180,19 @@ def test_an_engine_api_kind_takes_the_tensors_it_names():
         pair.taking(("output", "prefix_lse", "suffix_output", "suffix_lse"))
     with pytest.raises(ValueError, match="needs \\['output_scales'\\]"):
         _binding.KINDS["group"].taking(("output", "prefix_output"))
+    with pytest.raises(ValueError, match="needs \\[\\], has no \\['bogus'\\]"):
+        pair.taking(names + ("bogus",))
 
 
-def test_registering_twice_is_harmless():
+def test_registering_twice_is_harmless(monkeypatch):
+    # A second copy of the package in the process (its own _lib still None) finds the ops
+    # registered and keeps them: no error, the same op objects still served.
     from mla_gen import ops
+    before = torch.ops.mla_gen.merge_attn_states.default
+    monkeypatch.setattr(ops, "_lib", None)
     ops._register()
-    assert ops._lib is not None
+    assert ops._lib is None, "the second registration defined nothing"
+    assert torch.ops.mla_gen.merge_attn_states.default is before
 
 
 def meta(*shape, dtype=torch.float32):

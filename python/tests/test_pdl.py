@@ -83,8 +83,9 @@ def test_pdl_merge_waits_for_the_late_writer(monkeypatch, delay_ns):
         _cuda.launch(producer, (inputs.data_ptr(), src.data_ptr(), words, delay_ns), -(-words // 256), 1, stream)
         mla_gen.merge_attn_states(out, p, pl, s, sl, out_lse, n)
         torch.cuda.synchronize()
-        assert _torch._plans and all(prep.launcher.pdl for preps in _torch._plans.values() for prep in preps
-                                     if prep.launcher is not None and prep.name == kern[0]["name"]), \
+        planned = [prep for preps in _torch._plans.values() for prep in preps
+                   if prep.launcher is not None and prep.name == kern[0]["name"]]
+        assert planned and all(prep.launcher.pdl for prep in planned), \
             "the merge went through cuLaunchKernelEx with programmatic stream serialization"
         assert torch.equal(inputs, src), "the producer wrote the inputs"
         assert not out.isnan().any() and not out_lse.isnan().any(), "the merge read the inputs before the producer"

@@ -84,20 +84,28 @@ REFUSALS = {  # what mla-gen's checks raise before a launch, each handed back un
 @pytest.mark.parametrize("refusal", REFUSALS)
 def test_a_refused_call_falls_back_unless_strict(standin, monkeypatch, refusal):
     calls, mods, original = standin
+    refused = []
 
     def refuse(*args, **keywords):
+        refused.append(keywords)
         raise REFUSALS[refusal]
 
     monkeypatch.setattr(mv, "_merge", refuse)
+    monkeypatch.setitem(mv.stats, "fallbacks", 0)
     handle = mv.patch()
     mods[MODULE].merge_attn_states(*tensors())
     fp8, p, pl, s, sl, block = group_call()
-    mods[MODULE].merge_attn_states(fp8, p, pl, s, sl, None, None, None, block, 64, False)  # group FP8
-    assert len(calls["vllm"]) == 2 and not calls["mla_gen"]
+    group = (fp8, p, pl, s, sl, None, None, None, block, 64, False)
+    mods[MODULE].merge_attn_states(*group)  # group FP8
+    # Both routed to mla-gen, refused there, then handed to vLLM and counted.
+    assert len(refused) == 2 and "output_group_scales" in refused[1]
+    assert len(calls["vllm"]) == 2 and not calls["mla_gen"] and mv.stats["fallbacks"] == 2
     handle.undo()
     handle = mv.patch(MODULE, strict=True)
-    with pytest.raises(type(REFUSALS[refusal])):
-        mods[MODULE].merge_attn_states(*tensors())
+    for call in (tensors(), group):
+        with pytest.raises(type(REFUSALS[refusal])):
+            mods[MODULE].merge_attn_states(*call)
+    assert len(refused) == 4 and len(calls["vllm"]) == 2
     handle.undo()
 
 
@@ -117,9 +125,22 @@ def test_a_transposed_lse_goes_to_vllm(standin, cpu_launch, monkeypatch):
     handle.undo()
 
 
-def test_route_follows_supports():
+def test_route_follows_supports(monkeypatch):
     out, p, pl, s, sl = tensors()
     assert not mv.route(out, p, pl, s, sl), "CPU tensors are not routed"
+    monkeypatch.setattr(mv, "_on_cuda", lambda t: t.device.type == "cpu")  # CPU stands for CUDA here
+    asked = []
+    real = mv.supports
+
+    def recorded(*args, **keywords):
+        asked.append(keywords.get("head_size", args[1] if len(args) > 1 else None))
+        return real(*args, **keywords)
+
+    monkeypatch.setattr(mv, "supports", recorded)
+    monkeypatch.setattr(mv, "_routes", {})  # route() keeps each answer; ask afresh
+    assert mv.route(out, p, pl, s, sl), "bf16 d128: a kernel of the default folder"
+    assert not mv.route(*tensors(D=100)), "d100: none"
+    assert asked == [128, 100], asked
 
 
 # ---- the default kernels serve vLLM's FP8 and fused calls (generated/, launches recorded) ----
