@@ -52,6 +52,13 @@ def test_supports_answers_from_the_manifest_without_the_driver():
     # that supports() opens nothing: test_import_opens_no_driver.)
 
 
+def _in_a_fresh_process(code):
+    """Run `code` in a new interpreter importing this mla_gen; its failure fails the test."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(mla_gen.__file__).parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
 def test_import_opens_no_driver():
     # mla_gen itself opens no driver at import or in supports(): its own handle stays None. (The
     # process may still map libcuda: on a GPU machine importing torch, which mla_gen does to
@@ -62,9 +69,7 @@ def test_import_opens_no_driver():
             "import torch\n"
             "assert mla_gen.supports(torch.float16, 128)\n"
             "assert mla_gen._cuda._lib is None, 'mla_gen opened libcuda before any launch'\n")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(mla_gen.__file__).parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    _in_a_fresh_process(code)
 
 
 def test_the_torch_free_names_work_without_torch():
@@ -77,9 +82,7 @@ def test_the_torch_free_names_work_without_torch():
             "assert s == {'module_loads': 0, 'launches': 0, 'plans': 0, 'fallbacks': 0}, s\n"
             "assert mla_gen.available_kernels() and mla_gen.kernels_dir()\n"
             "assert mla_gen.supports('bfloat16', 128)\n")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(mla_gen.__file__).parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    _in_a_fresh_process(code)
 
 
 def test_mla_gen_kernels_is_read_at_every_lookup(tmp_path, monkeypatch):
