@@ -348,6 +348,11 @@ fn list_render_inspect_doctor() {
 
     let tmp = tempfile::tempdir().unwrap();
     let spec = write_spec(tmp.path(), "s.toml", SMALL);
+    // Nothing near the name: the hint lists the spec that was rendered from.
+    let o = mla_gen(&["render", &spec, "--kernel", "frobnicate"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    let want = format!("run `mla-gen list {spec}` for the names");
+    assert!(stderr(&o).contains(&want), "{}", stderr(&o));
     let o = mla_gen(&["inspect", &spec], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("no spills"));
@@ -591,6 +596,27 @@ fn check_exits_1_when_stale_and_2_when_it_cannot_run() {
 }
 
 #[test]
+fn a_stale_launcher_gets_the_command_that_writes_it_again() {
+    // The hint repeats the flags that name the files: a prefixed launcher is regenerated under
+    // its own prefix, not as c/mla_kernels.*.
+    let dir = tempfile::tempdir().unwrap();
+    let one = "arch = [\"sm_90\"]\n[[merge_attn_states]]\ndtype = [\"bf16\"]\nhead_size = [64]\n\
+               size_rule = false\ndense = false\n";
+    let spec = write_spec(dir.path(), "s.toml", one);
+    let out = dir.path().join("out");
+    let out_s = out.to_str().unwrap();
+    let flags = ["--out", out_s, "--emit", "c", "--c-prefix", "eng"];
+    let o = mla_gen(&[&["generate", &spec, "-q"][..], &flags[..]].concat(), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(out.join("c/eng_kernels.h"), "/* edited */\n").unwrap();
+    let stale = mla_gen(&[&["check", &spec][..], &flags[..]].concat(), &[]);
+    assert_eq!(stale.status.code(), Some(1), "{}", stderr(&stale));
+    let e = stderr(&stale);
+    let want = format!("mla-gen generate {spec} --out {out_s} --emit c --c-prefix eng`");
+    assert!(e.contains(&want), "{want:?} missing from:\n{e}");
+}
+
+#[test]
 fn out_dot_says_why_it_cannot_replace_the_current_folder() {
     let dir = tempfile::tempdir().unwrap();
     // A small spec beside the folder (the default one would compile 363 kernels first).
@@ -639,6 +665,14 @@ fn bench_and_tune_document_the_l2_modes_and_refuse_bad_lists_before_needing_a_gp
         let o = mla_gen(&[cmd, "--l2", "warm"], &[]);
         assert_eq!(o.status.code(), Some(2));
     }
+    // bench's JSON into a folder that does not exist: said before any timing, GPU or not.
+    let o = mla_gen(&["bench", "--json", "/nonexistent-dir/b.json"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the folder /nonexistent-dir does not exist"),
+        "{}",
+        stderr(&o)
+    );
     let o = mla_gen(&["tune", "--help"], &[]);
     assert!(stdout(&o).contains("size rule"), "{}", stdout(&o));
     let o = mla_gen(&["bench", "--help"], &[]);

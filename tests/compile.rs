@@ -115,10 +115,15 @@ fn pinned_nvrtc_emits_ptx_isa_the_h200_driver_can_jit() {
     let a = &kernels[0].archs[0];
     assert!(a.cubin.is_none(), "compute_ arch is PTX only");
     let isa = mla_gen::nvrtc::ptx_isa(a.ptx.as_deref().expect("PTX")).unwrap();
-    // Driver 580 (CUDA 13.0) JITs up to ISA 9.0; the pinned NVRTC 13.0 emits exactly that.
-    if nvrtc.major == 13 && nvrtc.minor == 0 {
-        assert_eq!(isa, "9.0");
-    }
+    // Driver 580 (CUDA 13.0) JITs up to ISA 9.0; the pinned NVRTC 13.0 emits exactly that. Another
+    // NVRTC would make this test pass without checking anything, so it is refused by name.
+    let pinned = mla_gen::nvrtc::PINNED_PIP_PACKAGE;
+    let loaded = format!("{}.{}", nvrtc.major, nvrtc.minor);
+    assert!(
+        pinned.contains(&format!("=={loaded}.")),
+        "NVRTC {loaded} loaded, the tests expect the pinned {pinned} (scripts/install-nvrtc.sh)"
+    );
+    assert_eq!(isa, "9.0");
 }
 
 #[test]

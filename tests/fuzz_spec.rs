@@ -256,15 +256,25 @@ proptest! {
 
 #[test]
 fn deep_nesting_and_huge_lists_are_refused_quickly() {
-    check(&format!(
+    // check() bounds the time and the error's form; each of these must also be an error.
+    let refused = |text: &str| {
+        check(text);
+        let e = spec::parse("fuzz.toml", text).err();
+        assert!(e.is_some(), "accepted: {}...", &text[..text.len().min(80)]);
+        println!(
+            "refused: {}",
+            e.unwrap().to_string().lines().next().unwrap_or("")
+        );
+    };
+    refused(&format!(
         "arch = {}{}\n",
         "[".repeat(5000),
         "]".repeat(5000)
     ));
     let many: Vec<String> = (1..=1024).map(|n| n.to_string()).collect();
-    check(&format!(
+    refused(&format!(
         "[[merge_attn_states]]\ndtype = [\"f32\", \"f16\", \"bf16\"]\nhead_size = [{}]\nrows_per_thread = [1, 2, 4, 8]\nblock_threads = [128, 256, 512, 1024]\nheads_per_block = [1, 2, 4, 8]\n",
         many.join(", ")
     ));
-    check(&"[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n".repeat(3000));
+    refused(&"[[merge_attn_states]]\ndtype = \"bf16\"\nhead_size = 64\n".repeat(3000));
 }

@@ -147,11 +147,15 @@ fn every_block_is_compiled_code_or_a_valid_spec() {
 /// an error: the page asks `driver_present()` before the first context it shows.
 #[test]
 fn the_rust_page_checks_for_a_driver_before_making_a_context() {
+    // In the code that makes it, not in the prose around it.
     let context = RUST_PAGE
-        .find("CudaContext::new(0)")
-        .expect("docs/RUST.md shows making the context");
+        .find("let ctx = CudaContext::new(0)")
+        .expect("docs/RUST.md's code makes the context");
+    let block = RUST_PAGE[..context]
+        .rfind("```rust")
+        .expect("the context is made inside a ```rust block");
     assert!(
-        RUST_PAGE[..context].contains("runtime::driver_present()"),
-        "docs/RUST.md must ask runtime::driver_present() before CudaContext::new(0)"
+        RUST_PAGE[block..context].contains("runtime::driver_present()"),
+        "docs/RUST.md's code must ask runtime::driver_present() before CudaContext::new(0)"
     );
 }

@@ -21,7 +21,12 @@ use crate::spec_args::{load_spec, load_templates, SpecArgs};
 pub const KEPT: &str = "README.md";
 
 /// The command that rebuilds `out` as it was asked for, for the messages.
-pub fn regenerate_hint(args: &SpecArgs, out: &Path, extra: &[mla_gen::bindings::Emit]) -> String {
+pub fn regenerate_hint(
+    args: &SpecArgs,
+    out: &Path,
+    extra: &[mla_gen::bindings::Emit],
+    c_prefix: &mla_gen::bindings::CPrefix,
+) -> String {
     let mut cmd = "mla-gen generate".to_string();
     if let Some(spec) = &args.spec {
         cmd.push_str(&format!(" {}", spec.display()));
@@ -29,11 +34,18 @@ pub fn regenerate_hint(args: &SpecArgs, out: &Path, extra: &[mla_gen::bindings::
     if !args.arch.is_empty() {
         cmd.push_str(&format!(" --arch {}", args.arch.join(",")));
     }
+    if let Some(templates) = &args.templates {
+        cmd.push_str(&format!(" --templates {}", templates.display()));
+    }
     cmd.push_str(&format!(" --out {}", out.display()));
     if !extra.is_empty() {
         cmd.push_str(" --emit c");
+        if *c_prefix != mla_gen::bindings::CPrefix::default() {
+            cmd.push_str(&format!(" --c-prefix {}", c_prefix.as_str()));
+        }
     }
-    let repo = if args.spec.is_none() && args.arch.is_empty() && extra.is_empty() {
+    let plain = args.spec.is_none() && args.arch.is_empty() && args.templates.is_none();
+    let repo = if plain && extra.is_empty() {
         " (in mla-gen's own repository: scripts/generate.sh)"
     } else {
         ""
@@ -78,7 +90,7 @@ pub fn check(
         }
     }
     let d = emit::diff(&planned, &actual);
-    let hint = regenerate_hint(args, out, extra);
+    let hint = regenerate_hint(args, out, extra, c_prefix);
     if json {
         report::check_json(&d, built)?;
         return if d.is_clean() {

@@ -139,6 +139,16 @@ pub fn bench(dir: &Path, json: Option<&Path>, reps: usize, timing: &Timing) -> R
         Some(s) => bench::parse_kernels(s).map_err(usage)?,
         None => TABLE.iter().map(|&(d, h)| (d.to_string(), h)).collect(),
     };
+    // Where the JSON goes is checked before minutes of timing, not after.
+    if let Some((file, parent)) = json.and_then(|f| Some((f, f.parent()?))) {
+        if !parent.as_os_str().is_empty() && !parent.is_dir() {
+            return Err(usage(format!(
+                "--json {}: the folder {} does not exist; create it or name another file",
+                file.display(),
+                parent.display()
+            )));
+        }
+    }
     need_driver()?;
     let l2 = timing.l2();
     let options = bench::BenchOptions {
@@ -160,13 +170,14 @@ pub fn bench(dir: &Path, json: Option<&Path>, reps: usize, timing: &Timing) -> R
         println!("{line}");
     }
     println!(
-        "host cost per launch (Rust runtime, validation included): {:.2} us, of which the argument checks alone: {:.2} us; cuLaunchKernel alone (any launcher's floor here): {:.2} us",
+        "host cost per launch (Rust runtime, validation included): {:.2} us, of which the argument checks alone: {:.2} us; the driver's launch call alone (any launcher's floor here): {:.2} us",
         result["host_us_per_launch"].as_f64().unwrap_or(0.0),
         result["host_us_validation_only"].as_f64().unwrap_or(0.0),
         result["host_us_bare_cu_launch_kernel"].as_f64().unwrap_or(0.0)
     );
     if let Some(path) = json {
-        std::fs::write(path, serde_json::to_vec_pretty(&result)?)?;
+        std::fs::write(path, serde_json::to_vec_pretty(&result)?)
+            .map_err(|e| Failure(format!("cannot write {}: {e}", path.display()), 1))?;
     }
     Ok(())
 }

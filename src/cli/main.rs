@@ -150,7 +150,7 @@ enum Command {
         emit: Vec<mla_gen::bindings::Emit>,
         #[command(flatten)]
         c_prefix: CPrefixArg,
-        /// The verdict as JSON on stdout: {"fresh", "stale", "missing", "extra"}.
+        /// The verdict as JSON on stdout: {"fresh", "images_built", "stale", "missing", "extra"}.
         #[arg(long)]
         json: bool,
     },
@@ -392,7 +392,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     .take(5)
                     .collect();
                 let hint = if near.is_empty() {
-                    "run `mla-gen list` for the names".to_string()
+                    // The names of the spec rendered from, not the default's.
+                    let of = spec
+                        .spec
+                        .as_ref()
+                        .map_or(String::new(), |p| format!(" {}", p.display()));
+                    format!("run `mla-gen list{of}` for the names")
                 } else {
                     format!(
                         "did you mean: {}",

@@ -285,8 +285,23 @@ impl MaskLseArgs {
     }
 }
 
+mod sealed {
+    pub trait Sealed {}
+}
+
 /// Integer arguments that travel together: counts and the strides of a family's tensors.
-pub trait Shape {
+/// Sealed: the safe [`Launch::shape`](crate::host::typed::Launch::shape) trusts a shape to push
+/// integers only (a buffer it pushed would reach the launch unchecked against any view), so the
+/// shapes are this module's; other integers go through [`Launch::int`](crate::host::typed::Launch::int).
+///
+/// ```compile_fail,E0277
+/// use mla_gen::runtime::{NamedArgs, Shape};
+/// struct Mine;
+/// impl Shape for Mine {
+///     fn push_to(&self, _: &mut NamedArgs<'_>) {}
+/// }
+/// ```
+pub trait Shape: sealed::Sealed {
     fn push_to(&self, args: &mut NamedArgs<'_>);
 }
 
@@ -314,6 +329,7 @@ impl MergeShape {
     }
 }
 
+impl sealed::Sealed for MergeShape {}
 impl Shape for MergeShape {
     fn push_to(&self, a: &mut NamedArgs<'_>) {
         a.int("num_tokens", self.num_tokens)
@@ -353,6 +369,7 @@ impl StatesShape {
     }
 }
 
+impl sealed::Sealed for StatesShape {}
 impl Shape for StatesShape {
     fn push_to(&self, a: &mut NamedArgs<'_>) {
         a.int("num_tokens", self.num_tokens)
@@ -388,6 +405,7 @@ impl InPlaceShape {
     }
 }
 
+impl sealed::Sealed for InPlaceShape {}
 impl Shape for InPlaceShape {
     fn push_to(&self, a: &mut NamedArgs<'_>) {
         a.int("num_tokens", self.num_tokens)
@@ -405,6 +423,7 @@ pub struct MaskLseShape {
     pub num_heads: usize,
 }
 
+impl sealed::Sealed for MaskLseShape {}
 impl Shape for MaskLseShape {
     fn push_to(&self, a: &mut NamedArgs<'_>) {
         a.int("num_requests", self.num_requests)
@@ -422,6 +441,7 @@ pub struct ScaleLayout {
     pub group_stride: usize,
 }
 
+impl sealed::Sealed for ScaleLayout {}
 impl Shape for ScaleLayout {
     fn push_to(&self, a: &mut NamedArgs<'_>) {
         a.int("scale_token_stride", self.token_stride)

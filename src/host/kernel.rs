@@ -277,9 +277,10 @@ impl Kernel {
         })
     }
 
-    /// `cuLaunchKernel` alone, `calls` times back to back with arguments checked once:
-    /// microseconds per call, the floor under any launcher on this machine (`mla-gen bench`
-    /// sets it beside the runtime's own per-call cost).
+    /// The driver's launch call alone (the one [`Kernel::launch`] makes: `cuLaunchKernel`, or
+    /// `cuLaunchKernelEx` for a programmatic-dependent-launch kernel), `calls` times back to back
+    /// with arguments checked once: microseconds per call, the floor under any launcher on this
+    /// machine (`mla-gen bench` sets it beside the runtime's own per-call cost).
     ///
     /// # Safety
     /// As [`Kernel::launch`].

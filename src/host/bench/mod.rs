@@ -272,7 +272,8 @@ fn host_cost(
         }
         checks.push(start.elapsed().as_secs_f64() * 1e6 / 500.0);
     }
-    // cuLaunchKernel alone with the same arguments: what any launcher pays on this machine.
+    // The driver's launch call alone (as the runtime makes it) with the same arguments: what any
+    // launcher pays on this machine.
     let mut bare = Vec::new();
     for _ in 0..20 {
         stream.synchronize().map_err(RuntimeError::from)?;

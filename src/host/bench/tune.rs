@@ -86,11 +86,14 @@ pub fn tune(
     } else {
         for key in &o.only {
             if !groups.contains_key(key) {
-                return Err(RuntimeError::NoKernel(format!(
-                    "{} d{} among the candidates in {}",
+                let have: Vec<String> = groups.keys().map(|(t, d)| format!("{t}:{d}")).collect();
+                return Err(RuntimeError::Bench(format!(
+                    "--only {}:{}: no tune candidates for it in {} (they have {}); add the dtype \
+                     and head size to the candidates' spec (specs/tune.toml) and generate them again",
                     key.0,
                     key.1,
-                    candidates.display()
+                    candidates.display(),
+                    if have.is_empty() { "none".to_string() } else { have.join(", ") }
                 )));
             }
         }
