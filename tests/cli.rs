@@ -424,7 +424,7 @@ fn arch_override_from_flag_and_environment() {
         ],
         &[],
     );
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("older than sm_80"), "{}", stderr(&o));
 }
 
@@ -442,13 +442,14 @@ fn arch_errors_name_the_flag_or_the_variable_they_came_from() {
             .unwrap()
     };
     let o = with_env(&["list", &spec], "bogus");
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(
         stderr(&o).starts_with("error: MLA_GEN_ARCH: `bogus` is not an architecture"),
         "{}",
         stderr(&o)
     );
     let o = mla_gen(&["list", &spec, "--arch", "bogus"], &[]);
+    assert_eq!(o.status.code(), Some(2));
     assert!(
         stderr(&o).starts_with("error: --arch: `bogus`"),
         "{}",
@@ -460,7 +461,7 @@ fn arch_errors_name_the_flag_or_the_variable_they_came_from() {
         mla_gen(&["list", &spec, "--arch", "sm_90,"], &[]),
         with_env(&["list", &spec], "sm_90,"),
     ] {
-        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
         assert!(
             stderr(&o).contains("an empty architecture"),
             "{}",

@@ -30,7 +30,9 @@ pub fn load_spec(args: &SpecArgs) -> Result<Spec, Failure> {
         }
         None => spec::default_spec()?,
     };
-    spec::apply_arch_override(&mut spec, Some(&args.arch), "--arch")?;
+    // A bad `--arch` or `MLA_GEN_ARCH` is a usage error (exit 2), as clap's own are.
+    spec::apply_arch_override(&mut spec, Some(&args.arch), "--arch")
+        .map_err(|e| Failure(e.to_string(), 2))?;
     Ok(spec)
 }
 
