@@ -59,12 +59,12 @@ class StableFront {
     void tensor(int i, View& v) const { read(handle(i), v); }
     int64_t integer(int i) const { return torch::stable::detail::to<int64_t>(value_[i]); }
     bool flag(int i) const { return torch::stable::detail::to<bool>(value_[i]); }
-    bool text_is(int i, const char* want) const {
-        const char* text = nullptr;
+    std::string text(int i) const {
+        const char* chars = nullptr;
         size_t len = 0;
-        torch_string_c_str(text_[i], &text);
+        torch_string_c_str(text_[i], &chars);
         torch_string_length(text_[i], &len);
-        return std::strlen(want) == len && !std::strncmp(want, text, len);
+        return std::string(chars, len);
     }
     View allocate(int j, int64_t dim, const int64_t* sizes, const int64_t* strides, int32_t dtype, int32_t device_type,
                   int32_t device) {

@@ -40,7 +40,7 @@ class NativeFront {
         return x.isInt() ? x.toInt() : x.toSymInt().guard_int(__FILE__, __LINE__);
     }
     bool flag(int i) const { return args_[i].toBool(); }
-    bool text_is(int i, const char* want) const { return args_[i].toStringRef() == want; }
+    std::string text(int i) const { return args_[i].toStringRef(); }
     View allocate(int j, int64_t dim, const int64_t* sizes, const int64_t* strides, int32_t dtype, int32_t device_type,
                   int32_t device) {
         out_[j] = at::empty_strided(c10::IntArrayRef(sizes, dim), c10::IntArrayRef(strides, dim),

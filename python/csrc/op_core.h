@@ -1,7 +1,7 @@
 // The compiled op's work, shared by its two builds (mla_gen_ops.cpp: the LibTorch stable ABI, one
 // binary for torch >= 2.10; mla_gen_ops_native.cpp: TORCH_LIBRARY for one torch release, which the
 // dispatcher calls without the stable ABI's per-argument boxing). Each build reads a call's
-// arguments its own way (a "front": given, tensor, integer, text_is, flag, allocate, returned)
+// arguments its own way (a "front": given, tensor, integer, text, flag, allocate, returned)
 // and hands it to serve<O>; everything else is here, from the table python/setup.py writes
 // (mla_gen_ops.h, from mla_gen/binding.json and the packaged manifest: which argument of an op is
 // which tensor, free integer or option; how an error names a call; the texts of the torch layer's
@@ -513,10 +513,11 @@ void serve(Front& in) {
             c.free[x.index] = given ? in.integer(i) : 0;
             free_mask |= given << x.index;
         } else if (x.is_str) {  // lse_layout: one of kLseLayouts
+            const std::string text = in.text(i);
             int code = -1;
             for (int j = 0; j < 2; ++j)
-                if (in.text_is(i, kLseLayouts[j])) code = j;
-            if (code < 0) fail(kText_lse_layout);
+                if (text == kLseLayouts[j]) code = j;
+            if (code < 0) fail(format(kText_lse_layout, {{"value", text.c_str()}}));
             c.code[x.index] = code;
             c.select_value[x.index] = c.shown[x.index] = kLseLayouts[code];
         } else {  // a bool option (ue8m0): "true"/"false" to select, True/False in messages

@@ -43,7 +43,7 @@ TEXTS = {
                         "(int32 [B + 1] each), or neither"),
     # the contract's step 2 (mla_gen/contract.py), which the C launcher cannot check: it has no element types
     "elem": "{name} is {got}, the kernel takes {want}",
-    "lse_layout": "lse_layout must be \"token_major\" or \"head_major\"",
+    "lse_layout": "lse_layout must be \"token_major\" or \"head_major\", got \"{value}\"",
     "no_states_lse": ("torch.ops.mla_gen.merge_states returns the merged lse: the kernel folder's merge_states "
                       "kernel for this call has no output lse (spec: output_lse = true); call "
                       "mla_gen.merge_states instead"),

@@ -162,7 +162,7 @@ def merge_states(v, s, output=None, output_lse=None):
 
 def _lse_layout(lse_layout):
     if lse_layout not in LSE_LAYOUTS:
-        raise ValueError(TEXTS["lse_layout"])
+        raise ValueError(TEXTS["lse_layout"].format(value=lse_layout))
 
 
 def merge_state_in_place(v, s, v_other, s_other, mask=None, *, lse_layout: str = "token_major") -> None:

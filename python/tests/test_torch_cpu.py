@@ -393,7 +393,7 @@ def test_a_misspelt_lse_layout_is_named_not_looked_up(cpu_launch, contract_kerne
     scales = torch.empty(T, H * D // 64)
     q, c = torch.tensor([0, T], dtype=torch.int32), torch.tensor([0, 0], dtype=torch.int32)
     mla_gen.merge_attn_states(out, p, pl, s, sl)  # the fast path's slot holds a plan
-    bad = 'lse_layout must be "token_major" or "head_major"'
+    bad = 'lse_layout must be "token_major" or "head_major", got "tokenmajor"'
     for call in (lambda: mla_gen.merge_attn_states(out, p, pl, s, sl, lse_layout="tokenmajor"),
                  lambda: mla_gen.merge_attn_states(out, p, pl, s, sl, lse_layout="tokenmajor", query_start_loc=q,
                                                    context_start_loc=c),
