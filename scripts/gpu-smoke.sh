@@ -30,7 +30,8 @@
 #    Each step's last non-empty line goes to $OUT/smoke.txt (smoke-engine.txt, smoke-wheel.txt,
 #    smoke-cost.txt, smoke-engine-wheel.txt, smoke-sanitize.txt for a part; default OUT
 #    .device/smoke/out), every log into $OUT/logs.tar.gz (logs-engine, ...; the device tool returns
-#    at most 8 files). Exit status 1 when any step fails.
+#    at most 8 files), both written after each step, so a cut call keeps what ran. Exit status 1
+#    when any step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=.device/smoke
@@ -78,6 +79,8 @@ run)
             say "$label: FAILED ($(last "$LOGS/$label.log"); see $label.log)"; status=1
             tail -n 20 "$LOGS/$label.log"
         fi
+        # after every step, so a call cut by its time limit still brings back the logs so far
+        tar -czf "$OUT/logs$suffix.tar.gz.part" -C "$LOGS" . && mv "$OUT/logs$suffix.tar.gz.part" "$OUT/logs$suffix.tar.gz"
     }
     say "commit: $(cat "$S/commit.txt"), run $(date -u +%Y-%m-%dT%H:%MZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)${suffix:+, part $PART}"
     if part engine; then
@@ -142,7 +145,6 @@ print("ran", sys.argv[1], "without error")' "$ex"
         step initcheck-merge san 60 initcheck every_kernel_matches
         step racecheck-merge san 140 racecheck every_kernel_matches
     fi
-    tar -czf "$OUT/logs$suffix.tar.gz" -C "$LOGS" .
     echo "== smoke"; cat "$REPORT"
     exit $status
     ;;
