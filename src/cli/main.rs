@@ -52,8 +52,8 @@ const AFTER_HELP: &str = "Examples:
 
 Exit codes: 0 success; 1 failure (check: the folder is stale; verify: an image is missing,
 differs, is not the kind (CUBIN, PTX) the manifest says or is named outside the folder);
-2 usage errors (an unknown `render --kernel` included), for check, anything that kept it
-from comparing, and for verify, no manifest to read.
+2 usage errors (an unknown `render --kernel` and an --arch or MLA_GEN_ARCH that is refused
+included), for check, anything that kept it from comparing, and for verify, no manifest to read.
 
 Environment:
   MLA_GEN_NVRTC   libnvrtc.so file or folder to use (nothing else is tried)
