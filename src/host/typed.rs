@@ -151,10 +151,10 @@ impl<'a> Launch<'a> {
         let checked = kernel.check(&args)?;
         // SAFETY: every buffer argument is a cudarc view of this kernel's context (checked
         // when it was added; a `Shape` pushes integers only, and is sealed to this crate's):
-        // its address and length (in elements of `T`, whose size is the
-        // manifest element's: `Element` is sealed) describe live device memory, borrowed until
-        // the launch is enqueued; the guards then record this launch's use, so cudarc orders
-        // later use and the free of that memory after the kernel (as its own launches do).
+        // its address and length (in elements of `T`, whose size is the manifest element's:
+        // `Element` is sealed) describe live device memory, borrowed until the launch is
+        // enqueued; the guards then record this launch's use, so cudarc orders later use and
+        // the free of that memory after the kernel (as its own launches do).
         let launched = unsafe { kernel.launch_checked(stream, &checked) };
         drop(guards); // records this launch's use of each buffer, after it is enqueued
         launched
