@@ -38,6 +38,10 @@
 #                                       no new shape after KWAY_CAP seconds (default 170: the run
 #                                       takes at most about 4 minutes). JSON in $OUT/kway/, the
 #                                       logs (the tables as printed) in $OUT/kway/logs.tar.gz.
+#                                       KWAY_SHIPPED=DIR takes the default's kernels from DIR
+#                                       instead of `shipped` (an unpacked wheel's
+#                                       mla_gen/kernels: the same images, so .device/kway need
+#                                       not carry its 31 MB beside .device/smoke's wheel).
 #                                       Built variants run first: the candidates table at
 #                                       $KWAY_VARIANT_SHAPES (default `small`: the grid's merges of
 #                                       at most 20 MiB of states), each folder's runtime-K kernel
@@ -130,6 +134,7 @@ build)
     ;;
 run)
     OUT="${OUT:-.device/out}/kway"
+    SHIPPED="${KWAY_SHIPPED:-$K/shipped}"  # or an installed wheel's mla_gen/kernels (its sm_90 CUBINs)
     mkdir -p "$OUT"
     export PYTHONUNBUFFERED=1
     cat "$K/built.txt"
@@ -138,12 +143,12 @@ run)
     bench/gpu/peers_libs.sh "$K/include" "$lib" > "$OUT/nvcc.log" 2>&1 &
     nvcc=$!
     status=0
-    python3 bench/kway_check.py "$K/shipped" 2>&1 | tee "$OUT/check.log" || status=1
+    python3 bench/kway_check.py "$SHIPPED" 2>&1 | tee "$OUT/check.log" || status=1
     wait "$nvcc" || { echo "kway.sh: building bench/peers/peers.cu failed (nvcc.log)" >&2; exit 1; }
     if [[ -f "$K/variants.txt" ]]; then
         variants=()
         while read -r name; do variants+=(--kernels "$name=$K/var-${name//+/_}"); done < "$K/variants.txt"
-        python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" "${variants[@]}" --tables candidates \
+        python3 bench/kway_peers.py --peers "$lib" --shipped "$SHIPPED" "${variants[@]}" --tables candidates \
             --candidate-shapes "${KWAY_VARIANT_SHAPES:-small}" --cap "${KWAY_VARIANT_CAP:-180}" --placements "${KWAY_PLACEMENTS:-1}" \
             --flush "${KWAY_FLUSH:-memset}" --out "$OUT/variants" 2>&1 | tee "$OUT/variants.log" || status=1
     fi
@@ -156,7 +161,7 @@ run)
         while read -r name; do inplace+=(--inplace "$name=$K/inplace-${name//+/_}"); done < "$K/inplace-variants.txt"
     fi
     tables() {  # the tables into folder $1, the log as $2
-        python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" "${inplace[@]}" "${extra[@]}" \
+        python3 bench/kway_peers.py --peers "$lib" --shipped "$SHIPPED" "${inplace[@]}" "${extra[@]}" \
             --tables "${KWAY_TABLES:-grid}" --cap "${KWAY_CAP:-170}" --placements "${KWAY_PLACEMENTS:-1}" \
             --flush "${KWAY_FLUSH:-memset}" --out "$1" 2>&1 | tee "$2" || status=1
     }
@@ -171,7 +176,7 @@ run)
         fi
     fi
     if [[ "${KWAY_FI_CHECK:-0}" == 1 ]]; then
-        MLA_GEN_KERNELS="${KWAY_FI_KERNELS:-$K/shipped}" PYTHONPATH=python python3 bench/flashinfer_check.py \
+        MLA_GEN_KERNELS="${KWAY_FI_KERNELS:-$SHIPPED}" PYTHONPATH=python python3 bench/flashinfer_check.py \
             --peers "$lib" --out "$OUT" 2>&1 | tail -40 | tee "$OUT/flashinfer_check.log"
     fi
     if [[ "${KWAY_NCU:-0}" == 1 ]]; then
@@ -180,14 +185,14 @@ run)
         ncu --clock-control none --cache-control "${KWAY_NCU_CACHE:-none}" --kernel-name 'regex:merge_states|MergeStates' \
             --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
             --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis --csv --page details \
-            python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" \
+            python3 bench/kway_peers.py --peers "$lib" --shipped "$SHIPPED" \
             --profile "${KWAY_NCU_SHAPES:-5:256x16x128,2:2048x16x128,3:2048x16x128,8:32768x16x128}" \
             > "$OUT/ncu.csv" 2> "$OUT/ncu.err" || status=1
         python3 bench/ncu_summary.py "$OUT/ncu.csv" | tee "$OUT/ncu-summary.txt" || status=1
     elif [[ "${KWAY_NCU:-0}" == duration ]]; then
         ncu --clock-control none --cache-control none --kernel-name 'regex:merge_states|MergeStates' \
             --metrics gpu__time_duration.sum --csv \
-            python3 bench/kway_peers.py --peers "$lib" --shipped "$K/shipped" \
+            python3 bench/kway_peers.py --peers "$lib" --shipped "$SHIPPED" \
             --profile "${KWAY_NCU_SHAPES:-9:2048x8x128,16:2048x8x128,2:2048x16x64,9:2048x16x128,5:2048x16x64}" \
             > "$OUT/ncu-duration.csv" 2> "$OUT/ncu.err" || status=1
         python3 - "$OUT/ncu-duration.csv" <<'PY' || status=1
