@@ -6,7 +6,7 @@
 #       builds into .device/smoke/ the example engine, the quick GPU suite's binary, the C
 #       examples' launchers and the platform wheel (scripts/build-wheel.sh), and packs the first
 #       three into .device/smoke/engine.tar.xz (~1.2 MB; `run` unpacks it where they are missing)
-#   scripts/gpu-smoke.sh run [engine|wheel|cost|engine,wheel|sanitize]   (there, with .device/smoke
+#   scripts/gpu-smoke.sh run [engine|wheel|cost|engine,wheel|sanitize|suite]   (there, with .device/smoke
 #       carried; it and the tracked tree pass the 64 MiB a device call carries, so carry
 #       .device/smoke/wheel, .device/smoke/engine.tar.xz and .device/smoke/commit.txt)
 #       1. the example engine (build.rs bindings, select, every family step)             engine
@@ -21,8 +21,12 @@
 #          (MLA_GEN_NATIVE_OP=0) and the native one again (JSON to $OUT/native, stable,
 #          native-2); test_compiled_gpu.py with the stable one                            cost
 #       6. compute-sanitizer on the wheel's kernels: memcheck on the quick merge suite and the
-#          boundary shapes, initcheck and racecheck on the quick merge suite (~460 s)     sanitize
-#    `run` alone does the first three parts in that order (sanitize only when named); on the
+#          boundary shapes, initcheck and racecheck on the quick merge suite (~380 s)     sanitize
+#       7. the Rust merge suite at full shapes (every case, not the quick subset) on the
+#          wheel's kernels, a sixteenth of them a step: ~90 s each on an H100 (runs
+#          208-209), ~24 min for all, so SUITE_SHARDS names a call's shards (default
+#          "1 2 ... 16") and none starts after SUITE_CAP s (default 380)                  suite
+#    `run` alone does the first three parts in that order (sanitize, suite only when named); on the
 #    default's 1227 kernels that is more than one device call's 600 s (the wheel's pytest alone took
 #    260 s, run 145), so give each part its own call, or `run engine,wheel` (463 s on an H100, run
 #    194: one machine start, where machines are scarce), then `run cost`. Each part prints the same
@@ -56,10 +60,10 @@ run)
     [[ "$PART" == wheel,engine ]] && PART=engine,wheel
     case "$PART" in
     all) suffix= ;;
-    engine|wheel|cost|engine,wheel|sanitize) suffix="-${PART/,/-}" ;;
-    *) echo "scripts/gpu-smoke.sh run: unknown part '$PART'; the parts are engine, wheel, cost, engine,wheel and sanitize (none: engine, wheel and cost)" >&2; exit 2 ;;
+    engine|wheel|cost|engine,wheel|sanitize|suite) suffix="-${PART/,/-}" ;;
+    *) echo "scripts/gpu-smoke.sh run: unknown part '$PART'; the parts are engine, wheel, cost, engine,wheel, sanitize and suite (none: engine, wheel and cost)" >&2; exit 2 ;;
     esac
-    part() { [[ ("$PART" == all && "$1" != sanitize) || ",$PART," == *",$1,"* ]]; }
+    part() { [[ ("$PART" == all && "$1" != sanitize && "$1" != suite) || ",$PART," == *",$1,"* ]]; }
     # The engine's binaries and the C launchers travel packed (see build).
     if [[ ! -d "$S/bin" && -f "$S/engine.tar.xz" ]]; then tar -xJf "$S/engine.tar.xz" -C "$S"; fi
     OUT="${OUT:-$S/out}"; mkdir -p "$OUT"
@@ -145,6 +149,16 @@ print("ran", sys.argv[1], "without error")' "$ex"
         step initcheck-merge san 60 initcheck every_kernel_matches
         step racecheck-merge san 140 racecheck every_kernel_matches
     fi
+    if part suite; then
+        t0=$SECONDS
+        for k in ${SUITE_SHARDS:-$(seq 1 16)}; do
+            if (( SECONDS - t0 > ${SUITE_CAP:-380} )); then say "suite: SUITE_CAP reached; not started: shard $k/16 and the rest of SUITE_SHARDS"; break; fi
+            # the test's report (its one summary line: cases, passed, failed) is the step's last line
+            step "suite-$k-of-16" env MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" MLA_GEN_GPU_SHARD="$k/16" \
+                MLA_GEN_GPU_REPORT="$LOGS/suite-$k-report.txt" bash -c '"$@" && cat "$MLA_GEN_GPU_REPORT"' suite \
+                "$S/bin/test-gpu" --test-threads=1 every_kernel_matches
+        done
+    fi
     echo "== smoke"; cat "$REPORT"
     exit $status
     ;;
@@ -152,5 +166,5 @@ print("ran", sys.argv[1], "without error")' "$ex"
     # The comment at the top of this file.
     sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0" ;;
 *)
-    echo "usage: scripts/gpu-smoke.sh build | run [engine|wheel|cost|engine,wheel|sanitize]   (run alone: engine, wheel, cost; --help: what each does)" >&2; exit 2 ;;
+    echo "usage: scripts/gpu-smoke.sh build | run [engine|wheel|cost|engine,wheel|sanitize|suite]   (run alone: engine, wheel, cost; --help: what each does)" >&2; exit 2 ;;
 esac
