@@ -150,11 +150,11 @@ print("ran", sys.argv[1], "without error")' "$ex"
         step racecheck-merge san 140 racecheck every_kernel_matches
     fi
     if part suite; then
-        t0=$SECONDS
-        for k in ${SUITE_SHARDS:-$(seq 1 16)}; do
-            if (( SECONDS - t0 > ${SUITE_CAP:-380} )); then say "suite: SUITE_CAP reached; not started: shard $k/16 and the rest of SUITE_SHARDS"; break; fi
+        t0=$SECONDS n=16
+        for k in ${SUITE_SHARDS:-$(seq 1 $n)}; do
+            if (( SECONDS - t0 > ${SUITE_CAP:-380} )); then say "suite: SUITE_CAP reached; not started: shard $k/$n and the rest of SUITE_SHARDS"; break; fi
             # the test's report (its one summary line: cases, passed, failed) is the step's last line
-            step "suite-$k-of-16" env MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" MLA_GEN_GPU_SHARD="$k/16" \
+            step "suite-$k-of-$n" env MLA_GEN_GPU_KERNELS="$site/mla_gen/kernels" MLA_GEN_GPU_SHARD="$k/$n" \
                 MLA_GEN_GPU_REPORT="$LOGS/suite-$k-report.txt" bash -c '"$@" && cat "$MLA_GEN_GPU_REPORT"' suite \
                 "$S/bin/test-gpu" --test-threads=1 every_kernel_matches
         done
