@@ -302,6 +302,14 @@ fn check_params(
         file: file.to_string(),
         detail,
     };
+    // Every count mismatch in one wording; `None`: more than the contract's, how many unknown.
+    let wrong_count = |taken: Option<usize>| {
+        mismatch(match taken {
+            Some(n) if n < expected => format!("it takes {n} parameters, the contract {expected}"),
+            Some(n) => format!("it takes {n} parameters, more than the contract's {expected}"),
+            None => format!("it takes more than the contract's {expected} parameters"),
+        })
+    };
     // Where the driver counts (`cuFuncGetParamCount`), no query fails on a good image; else the
     // index one past the contract's count is asked and must not exist, a failing call that
     // compute-sanitizer reports as an API error unless given `--report-api-errors no`.
@@ -310,15 +318,8 @@ fn check_params(
     let counted = queries
         .count
         .is_some_and(|f| unsafe { f(function, &mut count) } == SUCCESS);
-    if counted && count < expected {
-        return Err(mismatch(format!(
-            "it takes {count} parameters, the contract {expected}"
-        )));
-    }
-    if counted && count > expected {
-        return Err(mismatch(format!(
-            "it takes {count} parameters, more than the contract's {expected}"
-        )));
+    if counted && count != expected {
+        return Err(wrong_count(Some(count)));
     }
     let asked = if counted { expected } else { expected + 1 };
     for index in 0..asked {
@@ -333,16 +334,8 @@ fn check_params(
                     k.params.get(index).map_or("?", |p| p.name.as_str())
                 )))
             }
-            (SUCCESS, true) => {
-                return Err(mismatch(format!(
-                    "it takes more than the contract's {expected} parameters"
-                )))
-            }
-            (INVALID_VALUE, false) if index > 0 => {
-                return Err(mismatch(format!(
-                    "it takes {index} parameters, the contract {expected}"
-                )))
-            }
+            (SUCCESS, true) => return Err(wrong_count(None)),
+            (INVALID_VALUE, false) if index > 0 => return Err(wrong_count(Some(index))),
             // Past the end as expected, or a driver that cannot say.
             _ => return Ok(()),
         }
