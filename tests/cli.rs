@@ -666,14 +666,20 @@ fn bench_and_tune_document_the_l2_modes_and_refuse_bad_lists_before_needing_a_gp
         let o = mla_gen(&[cmd, "--l2", "warm"], &[]);
         assert_eq!(o.status.code(), Some(2));
     }
-    // bench's JSON into a folder that does not exist: said before any timing, GPU or not.
-    let o = mla_gen(&["bench", "--json", "/nonexistent-dir/b.json"], &[]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("the folder /nonexistent-dir does not exist"),
-        "{}",
-        stderr(&o)
-    );
+    // Output into a folder that does not exist: said before any timing, GPU or not.
+    for args in [
+        &["bench", "--json", "/nonexistent-dir/b.json"][..],
+        &["tune", "--json", "/nonexistent-dir/b.json"],
+        &["tune", "--out", "/nonexistent-dir/tuned.toml"],
+    ] {
+        let o = mla_gen(args, &[]);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("the folder /nonexistent-dir does not exist"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
     let o = mla_gen(&["tune", "--help"], &[]);
     assert!(stdout(&o).contains("size rule"), "{}", stdout(&o));
     let o = mla_gen(&["bench", "--help"], &[]);

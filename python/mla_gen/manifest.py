@@ -95,7 +95,8 @@ class KernelFolder:
     def fix(self) -> str:
         """The command that makes this folder whole again."""
         if self.origin == "package":
-            return ("reinstall the package (pip install --force-reinstall --no-deps mla-gen), or set "
+            return ("reinstall the package from what it was installed from (pip install "
+                    "--force-reinstall --no-deps ./python, or the mla_gen wheel's path), or set "
                     f"${ENV} to a complete kernel folder")
         if self.origin == "source":
             return "regenerate the checkout's images with scripts/generate.sh"

@@ -163,7 +163,7 @@ def test_a_missing_image_names_the_kernel_and_the_incomplete_folder(driver, fold
     works(driver)
 
 
-@pytest.mark.parametrize("origin, fix", [("package", "pip install --force-reinstall --no-deps mla-gen"),
+@pytest.mark.parametrize("origin, fix", [("package", "pip install --force-reinstall --no-deps ./python, or the mla_gen wheel"),
                                          ("source", "scripts/generate.sh"),
                                          ("env", "mla-gen generate SPEC --out")])
 def test_the_fix_follows_where_the_folder_came_from(tmp_path, origin, fix):

@@ -66,6 +66,18 @@ fn usage(e: String) -> Failure {
     Failure(e, 2)
 }
 
+/// A file written after minutes of timing: its folder is checked before the timing, not after.
+fn folder_exists(flag: &str, file: &Path) -> Result<(), Failure> {
+    match file.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() && !parent.is_dir() => Err(usage(format!(
+            "{flag} {}: the folder {} does not exist; create it or name another file",
+            file.display(),
+            parent.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// The schedule generation uses for a (dtype, head size): specs/tuned.toml as built in.
 fn current_schedule(dtype: &str, head_size: u32) -> Option<mla_gen::variant::Schedule> {
     let dtype = mla_gen::dtype::Dtype::from_name(dtype)?;
@@ -87,6 +99,10 @@ pub fn tune(
         Some(s) => bench::parse_kernels(s).map_err(usage)?,
         None => Vec::new(),
     };
+    folder_exists("--out", out)?;
+    if let Some(file) = &json {
+        folder_exists("--json", file)?;
+    }
     need_driver()?;
     let options = bench::TuneOptions {
         shapes,
@@ -139,15 +155,8 @@ pub fn bench(dir: &Path, json: Option<&Path>, reps: usize, timing: &Timing) -> R
         Some(s) => bench::parse_kernels(s).map_err(usage)?,
         None => TABLE.iter().map(|&(d, h)| (d.to_string(), h)).collect(),
     };
-    // Where the JSON goes is checked before minutes of timing, not after.
-    if let Some((file, parent)) = json.and_then(|f| Some((f, f.parent()?))) {
-        if !parent.as_os_str().is_empty() && !parent.is_dir() {
-            return Err(usage(format!(
-                "--json {}: the folder {} does not exist; create it or name another file",
-                file.display(),
-                parent.display()
-            )));
-        }
+    if let Some(file) = json {
+        folder_exists("--json", file)?;
     }
     need_driver()?;
     let l2 = timing.l2();

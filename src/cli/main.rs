@@ -52,7 +52,8 @@ const AFTER_HELP: &str = "Examples:
 
 Exit codes: 0 success; 1 failure (check: the folder is stale; verify: an image is missing,
 differs, is not the kind (CUBIN, PTX) the manifest says or is named outside the folder);
-2 usage errors (an unknown `render --kernel` and an --arch or MLA_GEN_ARCH that is refused
+2 usage errors (an unknown `render --kernel`, an --arch or MLA_GEN_ARCH that is refused, and
+tune's and bench's unparsable --shapes or --only and an output file in a missing folder
 included), for check, anything that kept it from comparing, and for verify, no manifest to read.
 
 Environment:
@@ -73,7 +74,8 @@ struct Cli {
 #[derive(Args, Clone)]
 struct CPrefixArg {
     /// With `--emit c`: the prefix of every exported C name and of the files
-    /// (`c/<NAME>_kernels.{h,c}`, `<NAME>_load`, `<NAME>_status`, `<PREFIX>_OK`); a C identifier.
+    /// (`c/<NAME>_kernels.{h,c}`, `<NAME>_load`, `<NAME>_status`, `<NAME upper-cased>_OK`); a C
+    /// identifier.
     #[arg(long, value_name = "NAME", default_value = "mla", requires = "emit")]
     c_prefix: mla_gen::bindings::CPrefix,
 }
