@@ -69,7 +69,8 @@ run)
     OUT="${OUT:-$S/out}"; mkdir -p "$OUT"
     REPORT="$OUT/smoke$suffix.txt"; : > "$REPORT"
     LOGS="$(mktemp -d)"
-    export PYTHONUNBUFFERED=1
+    # A GPU test that finds no GPU fails instead of skipping (tests/gpu/common.rs).
+    export PYTHONUNBUFFERED=1 MLA_GEN_EXPECT_GPU=1
     status=0
     say() { echo "$*" | tee -a "$REPORT"; }
     # A step: its label, then the command; its last output line goes to the report.

@@ -170,6 +170,29 @@ proptest! {
         check(&text);
     }
 
+    /// Random tables rarely pass validation, so `check`'s accepted-spec branch (size rules, pdl
+    /// targets, unique names) gets specs built to pass, with and without rules and pdl.
+    #[test]
+    fn accepted_specs_keep_their_size_rules_and_pdl_targets(
+        dtypes in prop::sample::subsequence(vec!["f32", "f16", "bf16"], 1..=3),
+        heads in prop::sample::subsequence(vec![64u32, 80, 96, 128, 256, 512], 1..=3),
+        pdl in any::<bool>(),
+        rule in any::<bool>(),
+        arch in prop::sample::select(vec![r#"["sm_90"]"#, r#"["sm_90", "sm_100"]"#, r#"["sm_100"]"#]),
+    ) {
+        let text = format!(
+            "arch = {arch}\n[[merge_attn_states]]\ndtype = {dtypes:?}\nhead_size = {heads:?}\n\
+             pdl = {pdl}\nsize_rule = {rule}\n"
+        );
+        prop_assert_eq!(check(&text), None, "{}", text);
+        let s = spec::parse("fuzz.toml", &text).unwrap();
+        // bf16 at 64 has a tuned rule (specs/tuned.toml); without `size_rule`, no kernel has one.
+        let bf16_64 = dtypes.contains(&"bf16") && heads.contains(&64);
+        let ruled = s.variants.iter().any(|v| !v.size_rule.is_empty());
+        prop_assert!(if rule { ruled || !bf16_64 } else { !ruled }, "{}", text);
+        prop_assert!(s.variants.iter().all(|v| v.pdl == pdl), "{}", text);
+    }
+
     #[test]
     fn valid_specs_expand_to_the_product_of_their_lists(
         dtypes in prop::sample::subsequence(vec!["f32", "f16", "bf16"], 1..=3),

@@ -282,6 +282,7 @@ fn every_kernel_matches_the_float64_reference() {
         report(&format!("  FAILED {f}"));
     }
     assert!(c.failed.is_empty());
+    assert!(c.cases > 0, "the merge suite ran no case");
 }
 
 /// Boundary shapes, run under compute-sanitizer memcheck by scripts/gpu-check.sh: one token and
@@ -347,6 +348,7 @@ fn boundary_shapes_stay_inside_their_buffers() {
         report(&format!("  FAILED {f}"));
     }
     assert!(failed.is_empty());
+    assert!(cases > 0, "no boundary shape ran");
 }
 
 /// Strides past 2^31 elements: the general pairwise kernel's 64-bit body (its 32-bit one serves

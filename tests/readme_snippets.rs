@@ -72,8 +72,8 @@ fn blocks(page: &str) -> Vec<(String, String)> {
 
 /// Every Rust and C block of README.md, docs/RUST.md, docs/SPEC.md and docs/PYTHON.md is made of
 /// lines of files that CI compiles (the example engine, the C examples); every Python block
-/// byte-compiles; every spec block parses. (docs/C.md's blocks declare the API; its snippet is
-/// checked verbatim above.)
+/// byte-compiles; every spec block parses; other blocks (shell, cmake, untagged) are not read.
+/// (docs/C.md's snippet is checked verbatim above, its API block against the header below.)
 #[test]
 fn every_block_is_compiled_code_or_a_valid_spec() {
     let root = env!("CARGO_MANIFEST_DIR");
@@ -157,5 +157,54 @@ fn the_rust_page_checks_for_a_driver_before_making_a_context() {
     assert!(
         RUST_PAGE[block..context].contains("runtime::driver_present()"),
         "docs/RUST.md's code must ask runtime::driver_present() before CudaContext::new(0)"
+    );
+}
+
+/// docs/C.md's API block against the header template every C launcher is rendered from: each
+/// status value and each function it declares (the fixed names, not `mla_<kernel>`).
+#[test]
+fn the_c_pages_api_block_is_what_the_header_declares() {
+    let header = include_str!("../templates/c/mla_kernels.h.tera");
+    let api = &C_PAGE[C_PAGE.find("## API").expect("docs/C.md has an API section")..];
+    let (_, block) = blocks(api)
+        .into_iter()
+        .find(|(lang, _)| lang == "c")
+        .expect("a c block under ## API");
+    let (mut values, mut functions) = (0, 0);
+    for word in block.split([',', '\n', '{', '}']).map(str::trim) {
+        // `MLA_OK = 0` -> the template's `{{ P }}_OK = 0`
+        if let Some((name, value)) = word.split_once(" = ") {
+            if let Some(rest) = name.strip_prefix("MLA_") {
+                let value = value.split_whitespace().next().unwrap_or_default();
+                let want = format!("{{{{ P }}}}_{rest} = {value}");
+                assert!(
+                    header.contains(&want),
+                    "docs/C.md says MLA_{rest} = {value}; the header lacks {want}"
+                );
+                values += 1;
+            }
+        }
+    }
+    for line in block.lines() {
+        // `const char* mla_status_string(...)` -> `{{ p }}_status_string(`
+        let Some(at) = line.find(" mla_") else {
+            continue;
+        };
+        let name = &line[at + 5..];
+        let Some(open) = name.find('(') else { continue };
+        if name[..open].contains('<') || name[..open].contains(' ') {
+            continue; // mla_<kernel>: one per kernel, not in the template by name
+        }
+        let want = format!("{{{{ p }}}}_{}(", &name[..open]);
+        assert!(
+            header.contains(&want),
+            "docs/C.md declares mla_{}; the header lacks {want}",
+            &name[..open]
+        );
+        functions += 1;
+    }
+    assert!(
+        values >= 5 && functions >= 6,
+        "{values} values, {functions} functions read"
     );
 }

@@ -44,10 +44,12 @@ fn a_spec_file_name_cannot_inject_code() {
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut sources = 0;
     for (path, bytes) in read_tree(&out).unwrap() {
         if !path.ends_with(".cu") {
             continue;
         }
+        sources += 1;
         let src = String::from_utf8(bytes).unwrap();
         assert!(!src.contains("#include"), "{path}");
         assert!(!src.contains("int x;"), "{path}");
@@ -60,6 +62,11 @@ fn a_spec_file_name_cannot_inject_code() {
             "{origin_line}"
         );
     }
+    // SMALL leaves `sources` at its default (true): a .cu beside each image, read above.
+    assert!(
+        sources >= 4,
+        "{sources} .cu files: the check above read too few"
+    );
 }
 
 #[test]

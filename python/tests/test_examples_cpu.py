@@ -63,3 +63,7 @@ def test_chunked_prefill_selects_a_kernel_for_each_form(cpu_launch, monkeypatch)
             assert out.shape == ref.shape, form.__name__
             chosen = [name for name, _, _ in cpu_launch.launches[before:]]
             assert chosen and chosen[-1].startswith("merge_attn_states_bf16_d128"), (form.__name__, chosen)
+            # The default serves the mask fused into the merge: by_mask takes it, by_threshold not.
+            fused = form is example.by_mask
+            assert ("_ctxmask" in chosen[-1]) == fused, (form.__name__, how, chosen)
+            assert (how == "the fused mask") == fused, (form.__name__, how)

@@ -18,19 +18,22 @@ pub fn say(msg: &str) {
     let _ = writeln!(std::io::stderr(), "{msg}");
 }
 
+/// The GPU, or `None` with the reason said: the test then skips. Where `MLA_GEN_EXPECT_GPU` is
+/// set (the GPU scripts set it), a skip would pass a run that checked nothing, so it panics.
 pub fn gpu() -> Option<Arc<CudaContext>> {
+    let skip = |why: String| {
+        if std::env::var_os("MLA_GEN_EXPECT_GPU").is_some() {
+            panic!("MLA_GEN_EXPECT_GPU is set, but {why}");
+        }
+        say(&format!("SKIPPED GPU test: {why}"));
+        None
+    };
     if !runtime::driver_present() {
-        say("SKIPPED GPU test: no CUDA driver (libcuda.so.1) on this machine; run scripts/gpu-check.sh on a GPU machine");
-        return None;
+        return skip("no CUDA driver (libcuda.so.1) on this machine; run scripts/gpu-check.sh on a GPU machine".into());
     }
     match CudaContext::new(0) {
         Ok(c) => Some(c),
-        Err(e) => {
-            say(&format!(
-                "SKIPPED GPU test: CUDA driver present but no usable GPU ({e:?})"
-            ));
-            None
-        }
+        Err(e) => skip(format!("CUDA driver present but no usable GPU ({e:?})")),
     }
 }
 
