@@ -190,16 +190,16 @@ fn the_c_pages_api_block_is_what_the_header_declares() {
         let Some(at) = line.find(" mla_") else {
             continue;
         };
-        let name = &line[at + 5..];
-        let Some(open) = name.find('(') else { continue };
-        if name[..open].contains('<') || name[..open].contains(' ') {
+        let Some((name, _)) = line[at + 5..].split_once('(') else {
+            continue;
+        };
+        if name.contains(['<', ' ']) {
             continue; // mla_<kernel>: one per kernel, not in the template by name
         }
-        let want = format!("{{{{ p }}}}_{}(", &name[..open]);
+        let want = format!("{{{{ p }}}}_{name}(");
         assert!(
             header.contains(&want),
-            "docs/C.md declares mla_{}; the header lacks {want}",
-            &name[..open]
+            "docs/C.md declares mla_{name}; the header lacks {want}"
         );
         functions += 1;
     }
