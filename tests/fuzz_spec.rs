@@ -20,9 +20,9 @@ fn config() -> ProptestConfig {
     }
 }
 
-/// Parse must return (Ok or a located error) quickly, and an Ok spec must be sane; the error
-/// text, where it refused.
-fn check(text: &str) -> Option<String> {
+/// Parse must return (Ok or a located error) quickly, and an Ok spec must be sane; the spec, or
+/// the error text where it refused.
+fn check(text: &str) -> Result<spec::Spec, String> {
     let started = Instant::now();
     let result = spec::parse("fuzz.toml", text);
     assert!(
@@ -58,12 +58,12 @@ fn check(text: &str) -> Option<String> {
                     "{n}"
                 );
             }
-            None
+            Ok(s)
         }
         Err(e) => {
             let msg = e.to_string();
             assert!(msg.starts_with("fuzz.toml"), "{msg}");
-            Some(msg)
+            Err(msg)
         }
     }
 }
@@ -146,7 +146,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-        check(&String::from_utf8_lossy(&bytes));
+        let _ = check(&String::from_utf8_lossy(&bytes));
     }
 
     #[test]
@@ -167,7 +167,7 @@ proptest! {
             text.push('\n');
             text.push_str(&t);
         }
-        check(&text);
+        let _ = check(&text);
     }
 
     /// Random tables rarely pass validation, so `check`'s accepted-spec branch (size rules, pdl
@@ -184,8 +184,9 @@ proptest! {
             "arch = {arch}\n[[merge_attn_states]]\ndtype = {dtypes:?}\nhead_size = {heads:?}\n\
              pdl = {pdl}\nsize_rule = {rule}\n"
         );
-        prop_assert_eq!(check(&text), None, "{}", text);
-        let s = spec::parse("fuzz.toml", &text).unwrap();
+        let s = check(&text);
+        prop_assert!(s.is_ok(), "{}: {:?}", text, s.err());
+        let s = s.unwrap();
         // bf16 at 64 has a tuned rule (specs/tuned.toml); without `size_rule`, no kernel has one.
         let bf16_64 = dtypes.contains(&"bf16") && heads.contains(&64);
         let ruled = s.variants.iter().any(|v| !v.size_rule.is_empty());
@@ -284,8 +285,9 @@ proptest! {
 fn deep_nesting_and_huge_lists_are_refused_quickly() {
     // check() bounds the time and the error's form; each of these must also be an error.
     let refused = |text: &str| {
-        let e =
-            check(text).unwrap_or_else(|| panic!("accepted: {}...", &text[..text.len().min(80)]));
+        let e = check(text)
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {}...", &text[..text.len().min(80)]));
         println!("refused: {}", e.lines().next().unwrap_or(""));
     };
     refused(&format!(
