@@ -40,6 +40,12 @@ The in-place merge's ideas (KWAY_INPLACE_VARIANTS; its schedule keys are the one
            tiles in y would cost: tile-first for free, last-first a select); measurement only
   ipptr    the state row's and lse's addresses kept from the loads for the stores (phase 2 no longer
            recomputes them from t and h): 4.5% fewer instructions executed, no faster (run 185)
+  ipflat   flat rows: block b (x fastest) takes rows b * rows_per_block.. of the T x H rows in
+           token-major order, t = row / H, h = row % H, so a block of 16 rows at 32 heads is one
+           token's 16 heads (contiguous in a dense state), not 2 tokens x 8 heads (two pieces 4 KB
+           apart); last-first above 20 MiB as the template. The grid is the template's (it holds
+           at least T x H rows), so no host changes. Measurement only: 32-bit rows (T x H < 2^32)
+           and a division a row (session 41: the 32-head cold loss on the H200)
   b256h16  256-thread blocks of 16 heads
   b512h32  512-thread blocks of 32 heads (D = 128: FlashInfer's block at 32 heads, a token's heads)
   b512h16  512-thread blocks of 16 heads
@@ -181,9 +187,35 @@ def ipptr(files):
     files[INPLACE] = replace(s, "state_lse[lse_at] = w.lse();", "*lse_out[r] = w.lse();", "ipptr")
 
 
+def ipflat(files):
+    s = replace(files[INPLACE], """    unsigned int tile, head_block;
+    place_in_place_block(tile, head_block);
+    const long long h = static_cast<long long>(head_block) * HEADS_PER_BLOCK + group % HEADS_PER_BLOCK;
+    const long long first_token = static_cast<long long>(tile) * (TOKENS_PER_BLOCK * ROWS_PER_THREAD) +
+                                  group / HEADS_PER_BLOCK;
+""", """    const unsigned int blocks = gridDim.x * gridDim.y;
+    unsigned int b = blockIdx.y * gridDim.x + blockIdx.x;
+    if (blocks > LAST_FIRST_ABOVE_BLOCKS) b = blocks - 1 - b;
+    constexpr unsigned int ROWS_A_PASS = TOKENS_PER_BLOCK * HEADS_PER_BLOCK;
+    long long ts[ROWS_PER_THREAD], hs[ROWS_PER_THREAD];
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_THREAD; ++r) {
+        const unsigned int row = b * (ROWS_A_PASS * ROWS_PER_THREAD) + r * ROWS_A_PASS + group;
+        ts[r] = row / static_cast<unsigned int>(num_heads);
+        hs[r] = row % static_cast<unsigned int>(num_heads);
+    }
+""", "ipflat")
+    s = s.replace("        const long long t = first_token + r * TOKENS_PER_BLOCK;\n",
+                  "        const long long t = ts[r], h = hs[r];\n")
+    if "first_token" in s:
+        sys.exit("ipflat: the template's rows are not where the edit expects them")
+    files[INPLACE] = s
+
+
 IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "seq": seq, "nolast": nolast,
          "lastcap": lastcap, "warpsync": warpsync, "nosync": nosync, "ncstate": ncstate,
-         "ipplain": ipplain, "ip32": ip32, "iptile": iptile, "iplo": iplo, "ipptr": ipptr}
+         "ipplain": ipplain, "ip32": ip32, "iptile": iptile, "iplo": iplo, "ipptr": ipptr,
+         "ipflat": ipflat}
 # Schedule keys appended to the spec (docs/SPEC.md, "Schedule"): the kernels' shape, not their code.
 SCHEDULES = {"b256h8": "block_threads = 256\nheads_per_block = 8\n",
              "b1024h32": "block_threads = 1024\nheads_per_block = 32\n",
