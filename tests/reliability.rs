@@ -205,12 +205,57 @@ fn a_generation_killed_midway_leaves_the_previous_output_intact() {
 
 #[test]
 fn an_output_folder_that_cannot_be_created_is_a_clear_error() {
-    // /proc refuses new folders even for root (chmod-based tests would pass as root).
+    // /proc refuses new folders even for root (chmod-based tests would pass as root). The default
+    // spec takes minutes to compile: the refusal comes before it, in a second or two.
+    let started = Instant::now();
     let o = run(&["generate", "--out", "/proc/mla-gen-test/out"]);
     assert_eq!(o.status.code(), Some(1));
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("/proc/mla-gen-test"), "{e}");
     assert!(e.contains("cannot create folder"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "refused only after compiling"
+    );
+}
+
+#[test]
+fn a_generation_that_fails_after_the_destination_check_leaves_no_folder_it_made() {
+    // The destination's missing parents are made to prove they can be, then removed again, so a
+    // compile error afterwards leaves the tree as it was.
+    let tmp = tempfile::tempdir().unwrap();
+    let templates = tmp.path().join("templates");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
+    for sub in ["", "c"] {
+        std::fs::create_dir_all(templates.join(sub)).unwrap();
+        for entry in std::fs::read_dir(repo.join(sub)).unwrap().flatten() {
+            if entry.path().is_file() {
+                std::fs::copy(entry.path(), templates.join(sub).join(entry.file_name())).unwrap();
+            }
+        }
+    }
+    let broken = templates.join("merge_attn_states.cu.tera");
+    let text = std::fs::read_to_string(&broken).unwrap();
+    let line = "if (h >= heads) return;";
+    assert!(text.contains(line), "the test's anchor left the template");
+    let text = text.replace(line, "if (h >= heads + undefined_symbol) return;");
+    std::fs::write(&broken, text).unwrap();
+    let spec = tmp.path().join("s.toml");
+    std::fs::write(&spec, SMALL).unwrap();
+    let out = tmp.path().join("new/deeper/out");
+    let o = run(&[
+        "generate",
+        &spec.display().to_string(),
+        "--templates",
+        &templates.display().to_string(),
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("undefined_symbol"), "{e}");
+    assert!(!tmp.path().join("new").exists(), "a folder was left behind");
+    assert!(staging_dirs(tmp.path()).is_empty());
 }
 
 /// Every error the CLI can hit without a GPU is shown once, with what to do.

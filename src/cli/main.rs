@@ -258,6 +258,8 @@ fn generate(
 ) -> Result<(), Failure> {
     let spec = load_spec(args)?;
     let templates = load_templates(args)?;
+    // A folder that cannot take the result is refused now, not after minutes of compiling.
+    emit::check_destination(out)?;
     let started = std::time::Instant::now();
     let (mut files, manifest) =
         mla_gen::generate_files_with_c_prefix(&spec, &templates, jobs, !quiet, extra, c_prefix)?;

@@ -385,15 +385,10 @@ fn remove_stale_staging(parent: &Path, out: &Path) {
     }
 }
 
-/// Replace `out` with exactly `files`, atomically: the new tree is staged in a sibling temporary
-/// folder, unchanged files are hard-linked from the old tree (their timestamps stay), then the two
-/// folders are swapped in one rename. On any error, or if the process is killed, `out` is left as
-/// it was. Concurrent calls for folders of one parent run one after the other.
-pub fn write(out: &Path, files: &FileSet) -> Result<WriteOutcome, EmitError> {
-    // `.`, `..` or a path through them: the folder by its real name, so that its parent is where
-    // the staging folder goes.
-    let resolved;
-    let out = match std::fs::canonicalize(out) {
+/// `out` by its real name where it is a folder (`.`, `..` or a path through them), so that its
+/// parent is where the staging folder goes; refused where the process runs inside it.
+fn resolve_out(out: &Path) -> Result<PathBuf, EmitError> {
+    match std::fs::canonicalize(out) {
         Ok(real) if real.is_dir() => {
             let here = std::env::current_dir()
                 .ok()
@@ -403,15 +398,57 @@ pub fn write(out: &Path, files: &FileSet) -> Result<WriteOutcome, EmitError> {
                     path: out.to_path_buf(),
                 });
             }
-            resolved = real;
-            resolved.as_path()
+            Ok(real)
         }
-        _ => out,
-    };
-    let parent = match out.parent() {
+        _ => Ok(out.to_path_buf()),
+    }
+}
+
+/// The folder that holds `out` (and its staging folder).
+fn parent_of(out: &Path) -> PathBuf {
+    match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
-    };
+    }
+}
+
+/// Refuse, before minutes of compiling, an `out` that [`write`] would refuse: the folder the
+/// process runs in, a file, a folder of other files, a parent that cannot be created or written.
+/// Leaves nothing behind: the parent folders it had to create and its probe folder are removed.
+pub fn check_destination(out: &Path) -> Result<(), EmitError> {
+    let out = resolve_out(out)?;
+    if !out.join(MANIFEST).is_file() {
+        existing_tree(&out)?;
+    }
+    let parent = parent_of(&out);
+    let missing: Vec<&Path> = parent
+        .ancestors()
+        .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+        .collect();
+    let probe = std::fs::create_dir_all(&parent)
+        .map_err(io_err(&parent, "cannot create folder"))
+        .and_then(|()| {
+            let staging = tempfile::Builder::new()
+                .prefix(&staging_prefix(&out))
+                .tempdir_in(&parent);
+            staging
+                .map(drop)
+                .map_err(io_err(&parent, "cannot create a staging folder"))
+        });
+    for dir in missing {
+        let _ = std::fs::remove_dir(dir); // deepest first; only folders this probe made
+    }
+    probe
+}
+
+/// Replace `out` with exactly `files`, atomically: the new tree is staged in a sibling temporary
+/// folder, unchanged files are hard-linked from the old tree (their timestamps stay), then the two
+/// folders are swapped in one rename. On any error, or if the process is killed, `out` is left as
+/// it was. Concurrent calls for folders of one parent run one after the other.
+pub fn write(out: &Path, files: &FileSet) -> Result<WriteOutcome, EmitError> {
+    let resolved = resolve_out(out)?;
+    let out = resolved.as_path();
+    let parent = parent_of(out);
     // Refuse before the lock file is created, so that a refused generate leaves nothing behind
     // (the lock file is never removed: unlinking it while others wait on it would let two
     // generations hold the lock at once). The check runs again under the lock, which is what
