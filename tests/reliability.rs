@@ -221,8 +221,9 @@ fn an_output_folder_that_cannot_be_created_is_a_clear_error() {
 
 #[test]
 fn a_generation_that_fails_after_the_destination_check_leaves_no_folder_it_made() {
-    // The destination's missing parents are made to prove they can be, then removed again, so a
-    // compile error afterwards leaves the tree as it was.
+    // The destination is checked before compiling without making its missing parents (a staging
+    // folder is probed in the nearest existing one), so a compile error afterwards leaves the
+    // tree as it was.
     let tmp = tempfile::tempdir().unwrap();
     let templates = tmp.path().join("templates");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");

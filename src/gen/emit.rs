@@ -414,31 +414,36 @@ fn parent_of(out: &Path) -> PathBuf {
 
 /// Refuse, before minutes of compiling, an `out` that [`write`] would refuse: the folder the
 /// process runs in, a file, a folder of other files, a parent that cannot be created or written.
-/// Leaves nothing behind: the parent folders it had to create and its probe folder are removed.
+/// Creates no folder: it probes the nearest existing one of `out`'s parents with a staging
+/// folder of its own, then removes that (a parent made and removed here could vanish under a
+/// concurrent generation between its `create_dir_all` and its lock).
 pub fn check_destination(out: &Path) -> Result<(), EmitError> {
     let out = resolve_out(out)?;
     if !out.join(MANIFEST).is_file() {
         existing_tree(&out)?;
     }
     let parent = parent_of(&out);
-    let missing: Vec<&Path> = parent
+    let nearest = parent
         .ancestors()
-        .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
-        .collect();
-    let probe = std::fs::create_dir_all(&parent)
-        .map_err(io_err(&parent, "cannot create folder"))
-        .and_then(|()| {
-            let staging = tempfile::Builder::new()
-                .prefix(&staging_prefix(&out))
-                .tempdir_in(&parent);
-            staging
-                .map(drop)
-                .map_err(io_err(&parent, "cannot create a staging folder"))
-        });
-    for dir in missing {
-        let _ = std::fs::remove_dir(dir); // deepest first; only folders this probe made
+        .find(|p| p.as_os_str().is_empty() || p.exists())
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let what = if nearest == parent {
+        "cannot create a staging folder"
+    } else {
+        "cannot create folder"
+    };
+    if !nearest.is_dir() {
+        let in_the_way = format!("{} is not a folder", nearest.display());
+        return Err(io_err(&parent, "cannot create folder")(io::Error::other(
+            in_the_way,
+        )));
     }
-    probe
+    tempfile::Builder::new()
+        .prefix(&staging_prefix(&out))
+        .tempdir_in(nearest)
+        .map(drop)
+        .map_err(io_err(&parent, what))
 }
 
 /// Replace `out` with exactly `files`, atomically: the new tree is staged in a sibling temporary
