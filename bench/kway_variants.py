@@ -41,9 +41,9 @@ The in-place merge's ideas (KWAY_INPLACE_VARIANTS; its schedule keys are the one
   ipptr    the state row's and lse's addresses kept from the loads for the stores (phase 2 no longer
            recomputes them from t and h): 4.5% fewer instructions executed, no faster (run 185)
   ipflat   flat rows: block b (x fastest) takes rows b * rows_per_block.. of the T x H rows in
-           token-major order, t = row / H, h = row % H, so a block of 16 rows at 32 heads is one
-           token's 16 heads (contiguous in a dense state), not 2 tokens x 8 heads (two pieces 4 KB
-           apart); last-first above 20 MiB as the template. The grid is the template's (it holds
+           token-major order, t = row / H, h = row % H, so at D = 64 a block of 16 rows at 32
+           heads is one token's 16 heads (contiguous in a dense state), not 2 tokens x 8 heads (two
+           pieces 4 KB apart); launch order, last-first above 20 MiB as the template. The grid is the template's (it holds
            at least T x H rows), so no host changes. Measurement only: 32-bit rows (T x H < 2^32)
            and a division a row (session 41: the 32-head cold loss on the H200)
   b256h16  256-thread blocks of 16 heads
