@@ -404,6 +404,16 @@ fn resolve_out(out: &Path) -> Result<PathBuf, EmitError> {
     }
 }
 
+/// Refuse a file, or a folder of other files, as `out`. The check runs again under the lock,
+/// which is what decides, since another generation may replace `out` in between; here a folder
+/// with a manifest is not read, so a large one is read once.
+fn refuse_foreign(out: &Path) -> Result<(), EmitError> {
+    if !out.join(MANIFEST).is_file() {
+        existing_tree(out)?;
+    }
+    Ok(())
+}
+
 /// The folder that holds `out` (and its staging folder).
 fn parent_of(out: &Path) -> PathBuf {
     match out.parent() {
@@ -419,9 +429,7 @@ fn parent_of(out: &Path) -> PathBuf {
 /// concurrent generation between its `create_dir_all` and its lock).
 pub fn check_destination(out: &Path) -> Result<(), EmitError> {
     let out = resolve_out(out)?;
-    if !out.join(MANIFEST).is_file() {
-        existing_tree(&out)?;
-    }
+    refuse_foreign(&out)?;
     let parent = parent_of(&out);
     let nearest = parent
         .ancestors()
@@ -454,14 +462,10 @@ pub fn write(out: &Path, files: &FileSet) -> Result<WriteOutcome, EmitError> {
     let resolved = resolve_out(out)?;
     let out = resolved.as_path();
     let parent = parent_of(out);
-    // Refuse before the lock file is created, so that a refused generate leaves nothing behind
-    // (the lock file is never removed: unlinking it while others wait on it would let two
-    // generations hold the lock at once). The check runs again under the lock, which is what
-    // decides, since another generation may replace `out` in between; here a folder with a
-    // manifest is not read, so a large one is read once.
-    if !out.join(MANIFEST).is_file() {
-        existing_tree(out)?;
-    }
+    // Before the lock file is created, so that a refused generate leaves nothing behind (the lock
+    // file is never removed: unlinking it while others wait on it would let two generations hold
+    // the lock at once).
+    refuse_foreign(out)?;
     std::fs::create_dir_all(&parent).map_err(io_err(&parent, "cannot create folder"))?;
     let _lock = ParentLock::acquire(&parent)?;
     remove_stale_staging(&parent, out);
