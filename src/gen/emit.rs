@@ -422,7 +422,7 @@ fn parent_of(out: &Path) -> PathBuf {
     }
 }
 
-/// Refuse, before minutes of compiling, an `out` that [`write`] would refuse: the folder the
+/// Refuse, before minutes of compiling, an `out` that [`write()`] would refuse: the folder the
 /// process runs in, a file, a folder of other files, a parent that cannot be created or written.
 /// Creates no folder: it probes the nearest existing one of `out`'s parents with a staging
 /// folder of its own, then removes that (a parent made and removed here could vanish under a
