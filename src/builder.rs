@@ -281,6 +281,9 @@ impl Builder {
             files.insert(CACHE_KEY_FILE.to_string(), key.into_bytes());
             emit::write(&dir, &files)?;
         }
+        // Absolute: the module's include_bytes! paths resolve against the module's own folder,
+        // not the working directory a relative `out_dir` was given in.
+        let dir = std::fs::canonicalize(&dir).map_err(emit::io_err(&dir, "cannot resolve"))?;
         let manifest_path = dir.join(MANIFEST);
         let manifest_text =
             std::fs::read(&manifest_path).map_err(emit::io_err(&manifest_path, "cannot read"))?;

@@ -1,6 +1,9 @@
 //! Names every layer shares: the tool's version and the environment switch that builds no
 //! kernels. (The manifest's file name and schema version are the contract's: [`crate::contract`].)
 
+/// The name every manifest's `generator.name` holds: what marks an output folder as this tool's.
+pub const TOOL_NAME: &str = "mla-gen";
+
 /// This mla-gen's version: in every manifest, generated header and cache key.
 pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
 

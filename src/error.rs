@@ -8,6 +8,19 @@ use std::path::PathBuf;
 pub const REGENERATE: &str =
     "regenerate the folder: `mla-gen generate SPEC --out DIR` (this repository's generated/: scripts/generate.sh)";
 
+/// An error with the errors under it, `a: b: c`: libloading's says only "dlopen failed", and
+/// the reason (a wrong ELF class, a missing dependency) is its source.
+pub fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        next = s.source();
+    }
+    text
+}
+
 /// An argument the kernel cannot take: the kernel's name and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{kernel}: {problem}")]

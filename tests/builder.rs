@@ -204,6 +204,26 @@ fn spec_errors_and_a_missing_out_dir_are_reported() {
     }
 }
 
+/// A relative `out_dir` (here under target/, relative to the test's working directory, the
+/// package root) still gives a module whose embedded paths are absolute: `include_bytes!`
+/// resolves a relative path against the module's folder, where it would name nothing.
+#[test]
+fn a_relative_out_dir_embeds_absolute_paths() {
+    let rel = PathBuf::from(format!("target/builder-relative-{}", std::process::id()));
+    let built = Builder::new()
+        .spec_str("engine.toml", SPEC)
+        .out_dir(&rel)
+        .build()
+        .unwrap();
+    let module = std::fs::read_to_string(&built.module).unwrap();
+    let files = included(&module);
+    let _ = std::fs::remove_dir_all(&rel);
+    assert!(!files.is_empty(), "{module}");
+    for f in &files {
+        assert!(f.is_absolute(), "{} is relative", f.display());
+    }
+}
+
 /// Runs the ignored test `name` of this binary in a child process with `env` set (the build
 /// reads its environment, which a test cannot change under the others running in parallel).
 fn in_child(name: &str, env: &[(&str, &Path)]) {

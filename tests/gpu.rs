@@ -394,7 +394,35 @@ fn strides_past_2_31_take_the_64_bit_path() {
             .unwrap_or_else(|why| panic!("{name} threshold={threshold:?}: {why}"));
         }
     }
+    // The default folder holds both kernels; another (MLA_GEN_GPU_KERNELS) may hold neither.
+    assert!(
+        cases > 0 || std::env::var_os("MLA_GEN_GPU_KERNELS").is_some(),
+        "the default folder lacks both 64-bit-path kernels: the test ran nothing"
+    );
     report(&format!("strides past 2^31: {cases} cases passed"));
+}
+
+/// The safe `Launch` refuses a buffer the kernel writes passed as an input (a shared borrow,
+/// whose use cudarc would record as a read), before any check or launch.
+#[test]
+fn a_written_buffer_passed_as_an_input_is_refused() {
+    let Some(ctx) = gpu() else { return };
+    let stream = ctx.default_stream();
+    let dir = dir_of(None).unwrap();
+    let rt = Runtime::load(ctx.clone(), &dir).unwrap();
+    let k = rt
+        .kernels()
+        .iter()
+        .find(|k| k.meta.variant.family == Family::MergeAttnStates)
+        .expect("a merge_attn_states kernel");
+    let out: CudaSlice<f32> = stream.alloc_zeros(64).unwrap();
+    let mut l = mla_gen::runtime::Launch::new(k, &stream);
+    l.input("output", &out);
+    let e = l
+        .run()
+        .expect_err("output passed with Launch::input")
+        .to_string();
+    assert!(e.contains("pass it with Launch::output"), "{e}");
 }
 
 /// The FP8 conversion against the reference on every float32 bit pattern (2^32), through the

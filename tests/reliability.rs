@@ -192,6 +192,13 @@ fn a_generation_killed_midway_leaves_the_previous_output_intact() {
         before,
         "the previous output changed"
     );
+    // A kill timed by a clock lands while NVRTC compiles, before any staging folder exists; one
+    // killed while writing (milliseconds, not to be hit by a timer) leaves its staging folder,
+    // as planted here, which the next generation into the same folder removes.
+    let stale = tmp.path().join(".mla-gen-staging-out-4242");
+    std::fs::create_dir_all(stale.join("kernels")).unwrap();
+    std::fs::write(stale.join("kernels/half-written.cubin"), b"\x7fELF").unwrap();
+    assert_eq!(staging_dirs(tmp.path()).len(), 1);
     // The next generation works and removes anything a killed run left behind.
     let started = Instant::now();
     assert!(run(&[

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::constants::TOOL_VERSION;
+use crate::constants::{TOOL_NAME, TOOL_VERSION};
 use crate::gen::abi::{self, Launch, Param};
 use crate::gen::compile::{CompiledKernel, Resources};
 use crate::gen::nvrtc::{self, Nvrtc};
@@ -27,7 +27,7 @@ pub enum EmitError {
         what: &'static str,
         source: io::Error,
     },
-    #[error("{path} is not empty and holds no {MANIFEST}, so it is not an mla-gen output folder; refusing to replace it. Choose an empty or new folder with --out.")]
+    #[error("{path} is not empty and holds no {MANIFEST} written by mla-gen, so it is not an mla-gen output folder; refusing to replace it. Choose an empty or new folder with --out.")]
     NotOurs { path: PathBuf },
     #[error("{path} is the folder this command runs in (or holds it): it is replaced as a whole, which would leave the shell in a deleted folder. Run from its parent, e.g. `cd .. && mla-gen generate --out <name>`.")]
     InsideOutput { path: PathBuf },
@@ -242,7 +242,7 @@ pub fn plan(
     let manifest = Manifest {
         schema_version: SCHEMA_VERSION,
         generator: Generator {
-            name: "mla-gen",
+            name: TOOL_NAME,
             version: TOOL_VERSION,
         },
         nvrtc: NvrtcInfo {
@@ -406,12 +406,27 @@ fn resolve_out(out: &Path) -> Result<PathBuf, EmitError> {
 
 /// Refuse a file, or a folder of other files, as `out`. The check runs again under the lock,
 /// which is what decides, since another generation may replace `out` in between; here a folder
-/// with a manifest is not read, so a large one is read once.
+/// with our manifest is not read further, so a large one is read once.
 fn refuse_foreign(out: &Path) -> Result<(), EmitError> {
-    if !out.join(MANIFEST).is_file() {
+    let ours = std::fs::read(out.join(MANIFEST)).is_ok_and(|m| written_by_mla_gen(&m));
+    if !ours {
         existing_tree(out)?;
     }
     Ok(())
+}
+
+/// Whether `manifest` is one this tool wrote (its `generator.name`): a `manifest.json` of
+/// something else (a web app's, a browser extension's) does not make a folder ours to replace.
+fn written_by_mla_gen(manifest: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Generator {
+        name: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Head {
+        generator: Generator,
+    }
+    serde_json::from_slice::<Head>(manifest).is_ok_and(|h| h.generator.name == TOOL_NAME)
 }
 
 /// The folder that holds `out` (and its staging folder).
@@ -525,7 +540,7 @@ fn existing_tree(out: &Path) -> Result<Option<FileSet>, EmitError> {
         });
     }
     let tree = read_tree(out)?;
-    if !tree.is_empty() && !tree.contains_key(MANIFEST) {
+    if !tree.is_empty() && !tree.get(MANIFEST).is_some_and(|m| written_by_mla_gen(m)) {
         return Err(EmitError::NotOurs {
             path: out.to_path_buf(),
         });

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 mod locate;
+use crate::error::with_sources;
 pub use locate::candidates;
 use locate::LIB_NAMES;
 
@@ -105,7 +106,7 @@ fn load_symbol<T: Copy>(
             .map(|s| *s)
             .map_err(|e| NvrtcError::Load {
                 path: path.to_string(),
-                detail: format!("missing symbol {name}: {e}"),
+                detail: format!("missing symbol {name}: {}", with_sources(&e)),
             })
     }
 }
@@ -142,7 +143,7 @@ fn open(path: &str) -> Result<Nvrtc, NvrtcError> {
     // SAFETY: loading libnvrtc runs its initializers, which have no preconditions.
     let lib = unsafe { libloading::Library::new(path) }.map_err(|e| NvrtcError::Load {
         path: path.to_string(),
-        detail: e.to_string(),
+        detail: with_sources(&e),
     })?;
     let api = Api {
         version: load_symbol(&lib, path, "nvrtcVersion")?,

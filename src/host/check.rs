@@ -167,6 +167,14 @@ impl Plan {
         &self.kernel
     }
 
+    /// Whether the kernel writes through parameter `name` (`None`: no such parameter).
+    pub fn writes(&self, name: &str) -> Option<bool> {
+        self.params
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.role.writes())
+    }
+
     /// The parameter names in signature order.
     pub fn param_names(&self) -> impl Iterator<Item = &str> {
         self.params.iter().map(|p| p.name.as_str())

@@ -1,15 +1,21 @@
 //! Whether a CUDA driver is present, and which CUDA version it supports, without touching a GPU:
 //! used by `doctor` and to explain PTX that a driver cannot JIT.
 
+use crate::error::with_sources;
+
 /// The CUDA version of the installed driver (e.g. 13.0), or why there is none.
 pub fn driver_cuda_version() -> Result<(i32, i32), String> {
     // SAFETY: libcuda's initializers have no preconditions; cuDriverGetVersion needs no cuInit.
     let lib = unsafe { libloading::Library::new("libcuda.so.1") }
-        .map_err(|e| format!("no CUDA driver (libcuda.so.1): {e}"))?;
+        .map_err(|e| format!("no CUDA driver (libcuda.so.1): {}", with_sources(&e)))?;
     type GetVersion = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
     // SAFETY: declared in cuda.h as CUresult cuDriverGetVersion(int*).
-    let f = unsafe { lib.get::<GetVersion>(b"cuDriverGetVersion") }
-        .map_err(|e| format!("libcuda.so.1 has no cuDriverGetVersion: {e}"))?;
+    let f = unsafe { lib.get::<GetVersion>(b"cuDriverGetVersion") }.map_err(|e| {
+        format!(
+            "libcuda.so.1 has no cuDriverGetVersion: {}",
+            with_sources(&e)
+        )
+    })?;
     let mut v = 0;
     // SAFETY: out-pointer to a live local.
     let rc = unsafe { f(&mut v) };

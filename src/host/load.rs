@@ -110,7 +110,10 @@ impl Runtime {
         // contract this runtime cannot read, or one damaged file, loads nothing.
         let mut ready = Vec::with_capacity(manifest.kernels.len());
         for k in &manifest.kernels {
-            let plan = k.plan()?;
+            let plan = k.plan().map_err(|e| RuntimeError::Manifest {
+                path: path.to_path_buf(),
+                detail: e.detail,
+            })?;
             let Some(artifact) = k.artifact(cc) else {
                 return Err(RuntimeError::NoArtifact {
                     kernel: k.name.clone(),

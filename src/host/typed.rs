@@ -73,6 +73,14 @@ impl<'a> Launch<'a> {
         view: &'a V,
     ) -> &mut Self {
         self.same_context(name, view.stream());
+        // A shared borrow of a buffer the kernel writes would let other streams read it unordered
+        // (cudarc records a read) and let another `&` holder see it change.
+        if self.kernel.plan().writes(name) == Some(true) {
+            self.fail(refusal(
+                self.kernel,
+                format!("the kernel writes {name}: pass it with Launch::output (a &mut view), not Launch::input"),
+            ));
+        }
         let len = view.len();
         let (ptr, guard) = view.device_ptr(self.stream);
         self.buffer(name, ptr, len, T::ELEM, guard)

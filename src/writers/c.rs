@@ -509,11 +509,10 @@ fn field(
         pointer_int: 0,
         decl: String::new(),
         doc,
-        init: if defaults.is_empty() && !is_constant {
-            "0".into()
-        } else {
-            default
-        },
+        // Every integer starts as "not given": one the kernel needs and the caller forgot (a
+        // stride, num_heads) is then refused as required, where a 0 would pass as a broadcast
+        // stride or an empty launch.
+        init: default,
         zero_is_absent: u8::from(zero_is_absent),
     })
 }

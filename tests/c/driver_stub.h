@@ -7,7 +7,8 @@
  * grid, block and parameters (each 8 bytes, through kernelParams ending with NULL or extra's one
  * buffer, as the launcher passes them; anything else fails the launch), and whether it
  * came through cuLaunchKernelEx with programmatic stream serialization. Failures can be
- * injected: no current context, the Nth library load, the next launch, and a sticky error (every
+ * injected: no current context, the Nth library load, the next kernel lookup in a loaded library,
+ * the next launch, and a sticky error (every
  * load and launch fails with it until cleared, as in a context a kernel faulted in). */
 #ifndef MLA_DRIVER_STUB_H
 #define MLA_DRIVER_STUB_H
@@ -25,6 +26,11 @@ static _Thread_local int stub_no_context = 0;   /* 1: no current context on this
 static atomic_int stub_fail_load = -1;          /* loads before one fails; -1 = none fails */
 static CUresult stub_launch_result = CUDA_SUCCESS; /* what the next launch returns */
 static _Atomic CUresult stub_sticky = CUDA_SUCCESS; /* what every load and launch returns while set */
+static atomic_int stub_fail_get_kernel = 0;     /* 1: the next cuLibraryGetKernel fails */
+
+/* The hint the launcher appends where no context is current. */
+#define NO_CONTEXT " (no CUDA context is current on this thread: make one current first, e.g. cudaSetDevice, or " \
+                   "cuInit, cuDevicePrimaryCtxRetain and cuCtxSetCurrent)"
 
 /* The hint the launcher appends to a sticky error's message. */
 #define STICKY " (a sticky error: a kernel faulted earlier in this CUDA context, which is now unusable; every later " \
@@ -97,6 +103,7 @@ CUresult cuLibraryLoadData(CUlibrary* lib, const void* code, CUjit_option* jo, v
  * records which kernel it ran. */
 CUresult cuLibraryGetKernel(CUkernel* k, CUlibrary lib, const char* name) {
     (void)lib;
+    if (atomic_exchange(&stub_fail_get_kernel, 0)) return CUDA_ERROR_INVALID_VALUE;
     *k = (CUkernel)(uintptr_t)name;
     return CUDA_SUCCESS;
 }

@@ -98,6 +98,15 @@ static void driver_faults(void) {
     EXPECT(count_status(MLA_CUDA_ERROR) == 1 && count_status(MLA_OK) == 31);
     EXPECT(cubins_loaded == loaded + 2 && libraries_live == 1);
     EXPECT(mla_unload() == MLA_OK && libraries_live == 0);
+    /* The image loads but the kernel lookup fails: the library is unloaded there, once, and
+     * mla_unload does not unload it again (libraries_live would go below 0). */
+    atomic_store(&stub_fail_get_kernel, 1);
+    EXPECT(merge() == MLA_CUDA_ERROR && mla_last_cuda_result() == CUDA_ERROR_INVALID_VALUE);
+    SAYS(KERNEL ": cuLibraryGetKernel: CUDA_ERROR_INVALID_VALUE");
+    EXPECT(libraries_live == 0);
+    EXPECT(mla_unload() == MLA_OK && libraries_live == 0);
+    EXPECT(merge() == MLA_OK && libraries_live == 1);
+    EXPECT(mla_unload() == MLA_OK && libraries_live == 0);
 }
 #else
 /* Point the launcher at FOLDERS/<name>. */

@@ -122,6 +122,15 @@ int main(void) {
         FAILS(merge(a), MLA_INVALID_ARGUMENT, want);
     }
     a = good(); a.num_heads = -1; REFUSED(a, "num_heads = -1 is below its minimum 0");
+    /* The macro leaves every integer "not given": a forgotten stride or size is refused, not
+     * taken as 0 (a broadcast row, an empty launch). */
+    {
+        const mla_merge_attn_states_args init = MLA_MERGE_ATTN_STATES_ARGS_INIT;
+        a = good(); a.prefix_token_stride = init.prefix_token_stride;
+        REFUSED(a, "prefix_token_stride is required");
+        a = good(); a.num_heads = init.num_heads;
+        REFUSED(a, "num_heads is required");
+    }
     EXPECT(launches == 5);
 
     /* Driver errors: the call and the CUresult's name; the CUresult itself on this thread. */
@@ -132,8 +141,8 @@ int main(void) {
     stub_launch_result = (CUresult)999;
     FAILS(merge(a), MLA_CUDA_ERROR, KERNEL ": cuLaunchKernel: CUresult 999");
     stub_no_context = 1;
-    FAILS(merge(a), MLA_CUDA_ERROR, KERNEL ": cuCtxGetDevice: CUDA_ERROR_INVALID_CONTEXT");
-    FAILS(mla_load(), MLA_CUDA_ERROR, "mla_load: cuCtxGetDevice: CUDA_ERROR_INVALID_CONTEXT");
+    FAILS(merge(a), MLA_CUDA_ERROR, KERNEL ": cuCtxGetDevice: CUDA_ERROR_INVALID_CONTEXT" NO_CONTEXT);
+    FAILS(mla_load(), MLA_CUDA_ERROR, "mla_load: cuCtxGetDevice: CUDA_ERROR_INVALID_CONTEXT" NO_CONTEXT);
     stub_no_context = 0;
     EXPECT(launches == 5);
 
