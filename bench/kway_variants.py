@@ -47,6 +47,7 @@ The in-place merge's ideas (KWAY_INPLACE_VARIANTS; its schedule keys are the one
            at least T x H rows), so no host changes. Measurement only: 32-bit rows (T x H < 2^32)
            and a division a row (session 41: the 32-head cold loss on the H200)
   b256h16  256-thread blocks of 16 heads
+  b256h32  256-thread blocks of 32 heads (D = 64: FlashInfer's block at 32 heads, a token's heads)
   b512h32  512-thread blocks of 32 heads (D = 128: FlashInfer's block at 32 heads, a token's heads)
   b512h16  512-thread blocks of 16 heads
   r2       two rows per thread (tokens apart by the block's tokens)
@@ -220,6 +221,7 @@ IDEAS = {"noplace": noplace, "i32": i32, "plain": plain, "ftz": ftz, "seq": seq,
 SCHEDULES = {"b256h8": "block_threads = 256\nheads_per_block = 8\n",
              "b1024h32": "block_threads = 1024\nheads_per_block = 32\n",
              "b256h16": "block_threads = 256\nheads_per_block = 16\n",
+             "b256h32": "block_threads = 256\nheads_per_block = 32\n",
              "b512h32": "block_threads = 512\nheads_per_block = 32\n",
              "b512h16": "block_threads = 512\nheads_per_block = 16\n",
              "r2": "rows_per_thread = 2\n"}
