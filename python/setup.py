@@ -360,7 +360,7 @@ def _ops_header(launcher_dir: Path, dest: Path):
         out.append(f"static const char* const kOptions{i}[] = {strings(k.options)};")
     out.append("static const KindRow kKinds[] = {")
     for i, k in enumerate(kinds):
-        typed = [k.names.index(t) for t in k.typed]
+        typed = [k.names.index(t) for t in k.typed] or [-1]  # none: selection reads no element type
         out.append(f"    {{{_c(k.family)}, {families.index(k.family) if k.family in families else -1}, kNames{i}, kSlots{i}, "
                    f"{len(k.names)}, kFree{i}, kFreeSlots{i}, {len(k.free)}, kOptions{i}, {len(k.options)}, "
                    f"{typed[0]}, {_c(k.what)}, kRules{i}, {len(k.fields)}, kChecks{i}, {len(k.checks)}, kFreeDims{i}}},")
@@ -385,6 +385,14 @@ def _ops_header(launcher_dir: Path, dest: Path):
                    f"{kinds.index(op.kinds[-1])}}}, {{{', '.join(f'{{{i}, {_c(v)}}}' for i, v in fixed) or '{-1, nullptr}'}}}, "
                    f"{len(fixed)}, {{{', '.join(map(str, alloc)) or '-1'}}}, {len(alloc)}}},")
     out.append("};")
+    # Per op, its tensors it names otherwise than the kernels' parameters (_binding.CALLER_NAMES,
+    # from the op's argument names): a refusal names the op's arguments (op_core.h, as_called).
+    renames = []
+    for i, name in enumerate(binding.OPS):
+        pairs = ", ".join(f"{{{_c(a)}, {_c(b)}}}" for a, b in binding.op_renames(name).items())
+        out.append(f"static const NamePair kRenames{i}[] = {{{pairs or '{}'}}};")
+        renames.append(f"{{kRenames{i}, {len(binding.op_renames(name))}}}")
+    out.append(f"static const Renames kOpRenames[] = {{{', '.join(renames)}}};")
     # The kernels a call can name (not a size rule's range or a specialization: the launcher
     # reaches those itself), each parameter as the contract reads it.
     rows = []

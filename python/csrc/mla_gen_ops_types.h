@@ -63,6 +63,10 @@ struct OpRow {
     int allocated[2];
     int n_allocated;
 };
+struct Renames {  // an op's tensors by its argument names, where the kernels' parameters differ
+    const NamePair* pairs;  // {parameter, argument}
+    int n;
+};
 struct Expr {  // mul * product(args[f]) + add
     int64_t mul;
     int n;

@@ -234,6 +234,37 @@ std::string labels_text(const Param& p) {  // "T, H, D": the dims a kernel addre
     return labels;
 }
 
+// A refusal of op O naming its arguments (kOpRenames: merge_states's v and s, not the kernels'
+// states and states_lse), as mla_gen/_torch.py's renamed: each whole word that is such a parameter,
+// not after a '.', and not the overlap text's English "other argument". The "no generated kernel"
+// error names the spec's keys and stays.
+std::string as_called(int o, const std::string& text) {
+    const Renames& r = kOpRenames[o];
+    if (!r.n || text.rfind("no generated", 0) == 0) return text;
+    auto word = [](char ch) {
+        return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_';
+    };
+    std::string out;
+    size_t i = 0;
+    while (i < text.size()) {
+        if (!word(text[i])) {
+            out += text[i++];
+            continue;
+        }
+        size_t j = i;
+        while (j < text.size() && word(text[j])) ++j;
+        const std::string w = text.substr(i, j - i);
+        const char* to = nullptr;
+        const bool english = !text.compare(j, 9, " argument") && (j + 9 == text.size() || !word(text[j + 9]));
+        if ((i == 0 || text[i - 1] != '.') && !english)
+            for (int q = 0; q < r.n; ++q)
+                if (w == r.pairs[q].name) to = r.pairs[q].value;
+        out += to ? to : w;
+        i = j;
+    }
+    return out;
+}
+
 // A call without a plan: the torch layer's checks (mla_gen/_plan.py's, in its order, with its
 // texts), the kernel by the launcher's selection, the integers from the tensors by the contract's
 // dims, the launcher's full check and plan (a refusal throws its message).
@@ -249,6 +280,13 @@ void prepare(int o, Call& c, Plan& plan) {
         fail(format(kText_both_or_neither, {{"given", kb.names[given]}, {"missing", kb.names[2 * k0.n_names + 1 - given]}}));
     }
     const KindRow& k = ctx ? kb : k0;
+    // The kind's lse_layout option where the op takes it as an argument (else -1): the refusal of
+    // an lse given transposed names the layout to pass.
+    int layout_option = -1;
+    for (int i = 0; i < op.n_args; ++i)
+        if (op.args[i].role == 2 && op.args[i].is_str)
+            for (int j = 0; j < k.n_options; ++j)
+                if (!std::strcmp(k.options[j], "lse_layout") && op.args[i].index == j) layout_option = j;
     if (op.n_allocated) {  // merge_states: the states' rank and device come first, as mla_gen.merge_states
         const Check& r = k.checks[0];
         const View& v = c.t[r.a];
@@ -355,6 +393,16 @@ void prepare(int o, Call& c, Plan& plan) {
             next_selection = (next_selection + 1) % kSelections;
         }
     }
+    if (!kernel && op.n_allocated) {
+        // The op returns the merged lse: where a kernel serves the call without one, that is what
+        // the error says (mla_gen/functions.py's _merge_states), not "no kernel".
+        mla_given without[kMaxTensors + kMaxFree];
+        int m = 0;
+        for (int g = 0; g < n; ++g)
+            if (std::strcmp(given[g].name, k.names[op.allocated[1]])) without[m++] = given[g];
+        int serves = 1;
+        if (mla_select(k.family, without, m, options, k.n_options, &serves)) fail(kText_no_states_lse);
+    }
     if (!kernel)
         fail(format(kText_no_kernel, {{"family", k.family}, {"what", describe(k, c).c_str()}, {"label", kKernelsLabel}}));
     if (op.n_allocated) {  // the merged lse is returned: its kernel must write one
@@ -407,7 +455,17 @@ void prepare(int o, Call& c, Plan& plan) {
                                            {"shape", tuple_text(v->sizes, v->dim).c_str()}}));
         for (int q = 0; q < p.n_dims; ++q) {
             const int s = p.dims[q].size_slot;
-            if (s >= 0 && !set[s]) a[s] = (uint64_t)(v->sizes[q] - p.dims[q].size.add), set[s] = true, gave[s] = {&p, v, q};
+            if (s < 0 || set[s]) continue;
+            const int64_t add = p.dims[q].size.add;
+            if (v->sizes[q] < add) {  // the integer would be negative: the dim holds too few
+                const char* param = "";
+                for (int i = 0; i < kernel->n_params; ++i)
+                    if (!kernel->params[i].pointer && kernel->params[i].slot == s) param = kernel->params[i].name;
+                fail(format(kText_too_short, {{"name", p.name}, {"least", std::to_string(add).c_str()},
+                                              {"label", p.dims[q].label}, {"param", param},
+                                              {"shape", tuple_text(v->sizes, v->dim).c_str()}}));
+            }
+            a[s] = (uint64_t)(v->sizes[q] - add), set[s] = true, gave[s] = {&p, v, q};
         }
         for (int q = 0; q < p.n_dims; ++q) {
             const int s = p.dims[q].stride_slot;
@@ -451,9 +509,21 @@ void prepare(int o, Call& c, Plan& plan) {
                                          {"first_shape", tuple_text(f.v->sizes, f.v->dim).c_str()},
                                          {"first_labels", labels_text(*f.p).c_str()}}));
         }
-        if (!same_sizes)  // the wanted strides would be read from this tensor's own
-            fail(format(kText_shape, {{"name", p.name}, {"shape", tuple_text(v->sizes, v->dim).c_str()},
-                                      {"want", want.c_str()}}));
+        if (!same_sizes) {  // the wanted strides would be read from this tensor's own
+            std::string text = format(kText_shape, {{"name", p.name}, {"shape", tuple_text(v->sizes, v->dim).c_str()},
+                                                    {"want", want.c_str()}});
+            // An lse given as the addressed one transposed, to an op that takes lse_layout: the
+            // layout to pass (mla_gen/_plan.py's lse_hint, which the functions append).
+            const size_t len = std::strlen(p.name);
+            const bool lse = len >= 3 && !std::strcmp(p.name + len - 3, "lse");
+            if (layout_option >= 0 && lse && p.n_dims == 2 && v->dim == 2 && v->sizes[0] == sizes[1] &&
+                v->sizes[1] == sizes[0]) {
+                const std::string labels = std::string(p.dims[1].label) + ", " + p.dims[0].label;
+                text += format(kText_lse_layout_hint, {{"labels", labels.c_str()},
+                                                      {"layout", kLseLayouts[1 - c.code[layout_option]]}});
+            }
+            fail(text);
+        }
         fail(format(kText_layout, {{"name", p.name}, {"shape", tuple_text(v->sizes, v->dim).c_str()},
                                    {"strides", tuple_text(v->strides, v->dim).c_str()}, {"want", want.c_str()},
                                    {"want_strides", tuple_text(strides, p.n_dims).c_str()}}));
@@ -536,7 +606,11 @@ void serve(Front& in) {
     if (!plan) {
         plan = &fresh;
         Call copy = c;  // prepare writes stand-ins for the outputs into its call
-        prepare(O, copy, fresh);
+        try {
+            prepare(O, copy, fresh);
+        } catch (const std::runtime_error& e) {
+            throw std::runtime_error(as_called(O, e.what()));
+        }
         mla_gen_ext_plans.fetch_add(1, std::memory_order_relaxed);
         fresh.free_given = free_mask;
         fresh.codes = code_mask;
@@ -569,7 +643,7 @@ void serve(Front& in) {
         ok(aoti_torch_get_current_cuda_stream(plan->device, &st), "aoti_torch_get_current_cuda_stream");
         s = mla_launch_prepared(&plan->prepared, (CUstream)st, a);
     }
-    if (s != MLA_OK) throw std::runtime_error(mla_last_error());
+    if (s != MLA_OK) throw std::runtime_error(as_called(O, mla_last_error()));
     mla_gen_ext_launches.fetch_add(1, std::memory_order_relaxed);
     in.returned(plan->n_out);
 }

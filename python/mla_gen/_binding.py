@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 TEXTS = {
+    "not_tensor": "{name} must be a torch.Tensor, got {type}",
     "not_on_device": "{name} is on {device}; the kernels run on a CUDA device",
     "two_devices": "{name} is on {device}, {first} on {first_device}; all tensors must be on one device",
     "rank": "{name} must have {rank} dimensions, got shape {shape}",
@@ -35,6 +36,11 @@ TEXTS = {
     "shape": "{name} has shape {shape}; the kernel addresses it as [{want}]",
     "layout": ("{name} has shape {shape} and strides {strides}; the kernel addresses it as [{want}] with strides "
                "{want_strides} (strides of size-1 dims do not matter)"),
+    # after "shape", where an entry point takes lse_layout and the lse is the addressed one transposed
+    "lse_layout_hint": " (for an lse laid out [{labels}], pass lse_layout=\"{layout}\")",
+    # a dim whose size is an integer plus a constant (num_requests+1) with fewer entries than that
+    "too_short": ("{name} must hold at least {least} along {label} = {param} + {least} ({param} >= 0), got shape "
+                  "{shape}"),
     "no_kernel": ("no generated {family} kernel for {what} in {label}; add it to a spec as a [[{family}]] table, "
                   "with `include_default = true` to keep every default kernel (docs/SPEC.md), generate it "
                   "(`mla-gen generate SPEC --out DIR`) and set MLA_GEN_KERNELS=DIR"),
@@ -52,7 +58,8 @@ TEXTS = {
 LSE_LAYOUTS = ("token_major", "head_major")
 
 # The kinds' tensors by the names FlashInfer's functions and sgl-kernel's merge_state_v2 give them
-# (v_a, s_a, ...), so that their refusals name the caller's arguments (_torch._call_as).
+# (v_a, s_a, ...), so that their refusals name the caller's arguments (_torch._call_as). The
+# package's own functions and ops: CALLER_NAMES, below.
 ENGINE_NAMES = {
     "pair": {"output": "v_merged", "output_lse": "s_merged", "prefix_output": "v_a", "prefix_lse": "s_a",
              "suffix_output": "v_b", "suffix_lse": "s_b"},
@@ -78,16 +85,19 @@ class Kind:
     ``("option", key)`` (an option's value as Python prints it) or ``("group_size", rows, scales)``
     (``H * D`` of rows over the second size of scales). ``checks``, before the fields are read:
     ``("rank", tensor, name, rank)`` (text ``rank``) and ``("groups", rows, scales, name)`` (text
-    ``groups``: scales' second size divides ``H * D``)."""
+    ``groups``: scales' second size divides ``H * D``). ``optional``: the tensors a call may
+    leave out (None); every other one is required, and a call that passes no tensor there is
+    refused (text ``not_tensor``) before any kernel is selected."""
 
-    def __init__(self, family, names, free, options, typed, what, fields=(), checks=()):
+    def __init__(self, family, names, free, options, typed, what, fields=(), checks=(), optional=()):
         self.family, self.names, self.free, self.options = family, tuple(names), tuple(free), tuple(options)
         self.typed, self.what, self.fields, self.checks = tuple(typed), what, tuple(fields), tuple(checks)
+        self.optional = frozenset(optional)
 
     def with_options(self, options, what_suffix):
         """The same tensors under more select keys (e.g. FlashInfer's ``lse_base``)."""
         return Kind(self.family, self.names, self.free, options, self.typed, self.what + what_suffix, self.fields,
-                    self.checks)
+                    self.checks, self.optional)
 
     def described(self) -> set:
         """The tensors the checks and the error's fields read (a "given" one may be absent): those
@@ -107,7 +117,8 @@ class Kind:
         if missing or unknown:
             raise ValueError(f"{names} for a {self.family} kind of {self.names}: needs {sorted(missing)}"
                              + (f", has no {sorted(unknown)}" if unknown else ""))
-        return Kind(self.family, names, self.free, self.options, self.typed, self.what, self.fields, self.checks)
+        return Kind(self.family, names, self.free, self.options, self.typed, self.what, self.fields, self.checks,
+                    self.optional & set(names))
 
     def describe(self, tmap: dict, options: tuple) -> str:
         """The call as its error names it; raises TypeError/ValueError for what no kernel could
@@ -117,7 +128,7 @@ class Kind:
             if check[0] == "rank":
                 _, _, name, rank = check
                 if not hasattr(t, "dim"):
-                    raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+                    raise TypeError(TEXTS["not_tensor"].format(name=name, type=type(t).__name__))
                 if t.dim() != rank:
                     raise ValueError(TEXTS["rank"].format(name=name, rank=rank, shape=shape_text(t.shape)))
             else:
@@ -170,10 +181,11 @@ def _kinds(data: dict) -> dict:
         if "base" in k:
             b = kinds[k["base"]]
             kinds[name] = Kind(b.family, b.names + tuple(k["tensors"]), b.free, b.options, b.typed, b.what + k["what"],
-                               b.fields, b.checks)
+                               b.fields, b.checks, b.optional | set(k.get("optional", ())))
         else:
             kinds[name] = Kind(k["family"], k["tensors"], k["free"], k["options"], k["typed"], k["what"],
-                               tuple((f[0], tuple(f[1:])) for f in k["fields"]), _tuples(k["checks"]))
+                               tuple((f[0], tuple(f[1:])) for f in k["fields"]), _tuples(k["checks"]),
+                               k.get("optional", ()))
     return kinds
 
 
@@ -206,3 +218,27 @@ class Op:
 
 OPS = {name: Op((tuple(a[1].split()) for a in op["args"]), (KINDS[k] for k in op["kinds"]), op.get("options", ()),
               op.get("allocated", ())) for name, op in _DATA["ops"].items()}
+
+
+def op_renames(name: str) -> dict:
+    """Op `name`'s tensors that its arguments name otherwise than the kernels' parameters:
+    ``{kernel parameter: argument}``, e.g. merge_states's ``states`` is ``v``. The compiled op's
+    table has them too (python/setup.py): its refusals name the op's arguments alike."""
+    return {what: arg for (_, arg), a in zip(schema_args(name), _DATA["ops"][name]["args"])
+            for role, what in [a[1].split()] if role == "tensor" and what != arg}
+
+
+def _caller_names() -> dict:
+    """Per kind (by name), its tensors that the op of that kind (and the function of the op's name,
+    whose parameters are the op's arguments) calls otherwise (op_renames). _torch._call_as renames
+    them in a refusal."""
+    out: dict = {}
+    for name, op in _DATA["ops"].items():
+        for kind in op["kinds"]:
+            out.setdefault(kind, {}).update(op_renames(name))
+    return out
+
+
+# The tensors each kind's functions and ops name otherwise than the kernel's parameters (the kinds
+# without any: an empty dict).
+CALLER_NAMES = _caller_names()

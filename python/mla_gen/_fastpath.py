@@ -72,7 +72,8 @@ def build(kernel: str, tensors: tuple, free: tuple, present: tuple, aligned: lis
       call gets the full check (run says False).
     values: per kernel parameter, what the launch passes: ``("tensor", k)`` (its pointer),
       ``("free", k)``, or ``("plan", name, value)`` (this plan's value).
-    launch: ``(launcher, gx, gy)``, or None: the plan launches nothing (run says True).
+    launch: ``(launcher, gx, gy)``, or None: the plan launches nothing (run says True where the
+      per-call checks pass: a refusal does not depend on which plans earlier calls made).
     preferred: ``[[(free index, lo, hi), ...], ...]``: where every free integer of one list is in
       its range, another kernel serves the call better (run says False: the full check plans it).
 
@@ -86,14 +87,12 @@ def build(kernel: str, tensors: tuple, free: tuple, present: tuple, aligned: lis
     body, constants, extent_names, extent_values, bound_names, bound_values, launch_names = [], [], [], [], [], [], ()
     launch_values = ()
     checked_free = False
-    if launch is None:
-        body.append("return True  # nothing to launch")
-    elif bounds is None:
+    if bounds is None:
         body.append("return False  # a bound over another free integer: every call gets the full check")
     else:
         checked_free = True
         used = sorted({k for _, ks in aligned for k in ks} | {k for pair in overlaps for k in pair}
-                      | {v[1] for v in values if v[0] == "tensor"})
+                      | ({v[1] for v in values if v[0] == "tensor"} if launch is not None else set()))
         body += [f"{ptr[k]} = {targs[k]}.data_ptr()" for k in used]
         checks = []
         for align, ks in sorted(aligned):
@@ -122,18 +121,21 @@ def build(kernel: str, tensors: tuple, free: tuple, present: tuple, aligned: lis
             checks.append(" and ".join(inside))
         for c in checks:
             body += [f"if {c}:", "    return False"]
-        exprs = []
-        for v in values:
-            if v[0] == "tensor":
-                exprs.append(ptr[v[1]])
-            elif v[0] == "free":
-                exprs.append(fargs[v[1]])
-            else:
-                constants.append((f"plan_{_ident(v[1])}", v[2]))
-                exprs.append(constants[-1][0])
-        text, launch_names, launch_values = _cuda.launch_source(*launch, "stream(device)", ", ".join(exprs))
-        body += text.splitlines()
-        body.append("return True")
+        if launch is None:
+            body.append("return True  # nothing to launch")
+        else:
+            exprs = []
+            for v in values:
+                if v[0] == "tensor":
+                    exprs.append(ptr[v[1]])
+                elif v[0] == "free":
+                    exprs.append(fargs[v[1]])
+                else:
+                    constants.append((f"plan_{_ident(v[1])}", v[2]))
+                    exprs.append(constants[-1][0])
+            text, launch_names, launch_values = _cuda.launch_source(*launch, "stream(device)", ", ".join(exprs))
+            body += text.splitlines()
+            body.append("return True")
     # Whether the call fits the plan: what the plan's call left out is left out again, what it
     # gave is given (the body's bound check refuses a free integer's None), the guard passes.
     fits = [f"{n} is not None" for n, given in zip(targs + fargs, present) if not given]

@@ -26,7 +26,7 @@ import torch
 
 from . import _cuda, _fastpath
 from . import manifest as _m
-from ._binding import ELEMS, TEXTS, Kind, shape_text
+from ._binding import ELEMS, LSE_LAYOUTS, TEXTS, Kind, shape_text
 from ._select import bound_param
 from .contract import ArgumentError, Buffer, plan_for
 
@@ -70,10 +70,18 @@ class Prepared:
     __slots__ = ("launcher", "run", "go", "set_guard", "guard", "grid", "device", "meta", "name", "gx", "gy")
 
 
-def _layout_error(name, t, sizes, strides, labels):
+def _layout_error(name, t, sizes, strides, labels, layout=None):
+    """The error for a tensor not laid out as the kernel addresses it. `layout`: the call's
+    lse_layout where its kind has one: an lse (a 2-D tensor whose name ends in ``lse``) given as
+    the addressed one transposed gets the other layout as ``lse_hint`` (text ``lse_layout_hint``),
+    which the entry points whose caller chooses the layout append (mla_gen.functions)."""
     want = ", ".join(f"{lab}={s}" for lab, s in zip(labels, sizes))
     if tuple(t.shape) != tuple(sizes):  # the wanted strides would be read from this tensor's own
-        return ValueError(TEXTS["shape"].format(name=name, shape=shape_text(t.shape), want=want))
+        e = ValueError(TEXTS["shape"].format(name=name, shape=shape_text(t.shape), want=want))
+        if layout is not None and name.endswith("lse") and len(sizes) == 2 and tuple(t.shape) == tuple(sizes)[::-1]:
+            e.lse_hint = TEXTS["lse_layout_hint"].format(labels=", ".join(labels[::-1]),
+                                                         layout=LSE_LAYOUTS[1 - LSE_LAYOUTS.index(layout)])
+        return e
     return ValueError(TEXTS["layout"].format(name=name, shape=shape_text(t.shape), strides=shape_text(t.stride()),
                                              want=want, want_strides=shape_text(strides)))
 
@@ -85,11 +93,11 @@ def _shaped(plan, tmap, first=()):
     return [g for g in given if g[0].name in first] + [g for g in given if g[0].name not in first]
 
 
-def _not_as_addressed(p, t, sizes, strides, gave):
+def _not_as_addressed(p, t, sizes, strides, gave, layout=None):
     """The error for tensor `t` (parameter `p`) not laid out as the kernel addresses it: where its
     sizes are not those sizes reordered (an lse [H, T] given for [T, H]) and one contradicts the
     tensor that gave that integer (`gave`: parameter index -> (param, dim, tensor)), both tensors
-    named; else the layout the kernel addresses."""
+    named; else the layout the kernel addresses (`layout`: _layout_error's)."""
     if sorted(t.shape) != sorted(sizes):
         for k, (label, size, _) in enumerate(p.dims):
             first = gave.get(bound_param(size))
@@ -100,33 +108,43 @@ def _not_as_addressed(p, t, sizes, strides, gave):
                     labels=", ".join(d[0] for d in p.dims), first=fp.name, first_label=fp.dims[fk][0],
                     first_size=ft.shape[fk], first_shape=shape_text(ft.shape),
                     first_labels=", ".join(d[0] for d in fp.dims)))
-    return _layout_error(p.name, t, sizes, strides, [d[0] for d in p.dims])
+    return _layout_error(p.name, t, sizes, strides, [d[0] for d in p.dims], layout)
 
 
-def _check_laid_out(plan, p, t, values, gave):
+def _check_laid_out(plan, p, t, values, gave, layout=None):
     """Tensor `t` (parameter `p`) has the shape and strides the kernel addresses it by at these
     integer `values` (strides of size-1 dims, and of empty tensors, aside); else the error."""
     sizes, strides = plan.dims_of(p.name, values)
     if tuple(t.shape) != sizes or (0 not in sizes and any(
             sz > 1 and st != ts for sz, st, ts in zip(sizes, strides, t.stride()))):
-        raise _not_as_addressed(p, t, sizes, strides, gave)
+        raise _not_as_addressed(p, t, sizes, strides, gave, layout)
 
 
-def _arguments(kind: Kind, tensors: tuple, free: tuple, device_type: str):
-    """The call's device and free integers given by name, after what the contract cannot say of
-    them: tensors on one device of `device_type`, free integers as Python ints."""
+def one_device(named, device_type: str):
+    """The device of the tensors in `named` ((name, tensor) pairs, None skipped) and the name of
+    the first, after the checks: each on a device of `device_type`, all on one device. (None,
+    None) where none is given."""
     device = first = None
-    for name, t in zip(kind.names, tensors):
+    for name, t in named:
         if t is None:
             continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.device.type != device_type:
             raise ValueError(TEXTS["not_on_device"].format(name=name, device=t.device))
         if device is None:
             device, first = t.device, name
         elif t.device != device:
             raise ValueError(TEXTS["two_devices"].format(name=name, device=t.device, first=first, first_device=device))
+    return device, first
+
+
+def _arguments(kind: Kind, tensors: tuple, free: tuple, device_type: str):
+    """The call's device and free integers given by name, after what the contract cannot say of
+    them: a tensor for each of the kind's tensors (None only where it is optional), on one device
+    of `device_type`; free integers as Python ints."""
+    for name, t in zip(kind.names, tensors):
+        if not isinstance(t, torch.Tensor) and (t is not None or name not in kind.optional):
+            raise TypeError(TEXTS["not_tensor"].format(name=name, type=type(t).__name__))
+    device, _ = one_device(zip(kind.names, tensors), device_type)
     given_free = {}
     for name, v in zip(kind.free, free):
         if v is None:
@@ -156,6 +174,7 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
     tmap = dict(zip(kind.names, tensors))
     kf = _m.folder()
     meta = select(kind, kf, tmap, options, given_free)
+    layout = dict(zip(kind.options, options)).get("lse_layout")  # for the hint of an lse given transposed
     plan = plan_for(meta["name"], meta)
     # The integers, from the tensors' shapes and strides through the contract's dims, the tensors
     # that describe the call first (a tensor that contradicts them is the one named).
@@ -165,9 +184,12 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
         if t.dim() != len(p.dims):
             raise ValueError(TEXTS["param_rank"].format(name=p.name, rank=len(p.dims), shape=shape_text(t.shape),
                                                         labels=", ".join(d[0] for d in p.dims)))
-        for k, (_, size, _) in enumerate(p.dims):
+        for k, (label, size, _) in enumerate(p.dims):
             j = bound_param(size)
             if j is not None and j not in ints and plan.names[j] not in given_free:
+                if t.shape[k] < size.add:  # the integer would be negative: the dim holds too few
+                    raise ValueError(TEXTS["too_short"].format(name=p.name, least=size.add, label=label,
+                                                               param=plan.names[j], shape=shape_text(t.shape)))
                 ints[j], gave[j] = t.shape[k] - size.add, (p, k, t)
         for k, (_, _, stride) in enumerate(p.dims):
             j = stride.param()
@@ -182,7 +204,7 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
         if any(known[f] is None for _, size, stride in p.dims for f in size.factors + stride.factors):
             later.append((p, t))
         else:
-            _check_laid_out(plan, p, t, known, gave)
+            _check_laid_out(plan, p, t, known, gave, layout)
     args = {name: (None if t is None else buffer(t)) for name, t in tmap.items()}
     for j, v in ints.items():
         args[plan.names[j]] = v
@@ -190,7 +212,7 @@ def prepare(kind: Kind, options: tuple, tensors: tuple, free: tuple, device_type
     checked = plan.check(args)
     values = checked.values
     for p, t in later:
-        _check_laid_out(plan, p, t, values, gave)
+        _check_laid_out(plan, p, t, values, gave, layout)
     varying = {plan.names.index(name) for name in given_free if name in plan.names}
     run_meta, run, per_call = sized(kf, meta, plan, checked, args, varying)
     per_call |= any(not varying.isdisjoint(e.factors) for e, _, _ in plan.limits)  # the fast path checks no limit
@@ -375,7 +397,10 @@ class LayoutKey:
         self.key = tuple([layout_key(t) for t in tensors])
 
     def check(self, *tensors):
-        return tuple([layout_key(t) for t in tensors]) == self.key
+        try:
+            return tuple([layout_key(t) for t in tensors]) == self.key
+        except (AttributeError, TypeError):  # not a tensor: no plan's layout; the full check names it
+            return False
 
 
 def layout_guard(tensors: tuple):
@@ -438,13 +463,13 @@ def lse_f32(s, name):
     """An engine API's lse as float32 (FlashInfer and sgl-kernel read it so whatever it is given),
     or the error that names the argument where it is not a tensor."""
     if not isinstance(s, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
+        raise TypeError(TEXTS["not_tensor"].format(name=name, type=type(s).__name__))
     return s.to(torch.float32)
 
 
 def dims(t, name, rank):
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(TEXTS["not_tensor"].format(name=name, type=type(t).__name__))
     if t.dim() != rank:
         raise ValueError(TEXTS["rank"].format(name=name, rank=rank, shape=shape_text(t.shape)))
     return t.shape

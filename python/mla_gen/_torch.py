@@ -33,7 +33,7 @@ import torch
 
 from . import _cuda, _plan
 from . import manifest as _m
-from .contract import plan_for
+from .contract import ArgumentError, plan_for
 
 # $MLA_GEN_KERNELS as stored, for the slots' folder (only compared with itself): one C call
 if _m._env_data is not None:
@@ -82,7 +82,7 @@ def _go(preps, kind, options, tensors, free):
     makes the plan of these values, kept beside the others, and launches). Returns the plan that
     served."""
     for prep in preps:
-        if prep.launcher is None or prep.run(*tensors, *free):
+        if prep.run(*tensors, *free):  # a plan with nothing to launch still checks the free integers
             return prep
     prep, values = _prepare(kind, options, tensors, free)
     _plan.set_guard(prep, tensors)
@@ -120,20 +120,41 @@ def _call(kind, options, tensors, free):
         _go(preps, kind, options, tensors, free)
 
 
+def renamed(error, api_names: dict):
+    """`error` (a TypeError or ValueError of the torch layer) naming each kind's tensor in
+    ``api_names`` (kind's name -> the caller's) by the caller's name: its text, and an
+    ArgumentError's ``problem`` with it. The "no generated kernel" error names the spec's keys and
+    stays. The compiled op renames its refusals alike (python/csrc/op_core.h, as_called)."""
+    text = str(error)
+    if not api_names or text.startswith("no generated"):
+        return error
+    # A name is a whole word, not after a dot (torch.ops.mla_gen.x), and not the English word of the
+    # overlap text's "with no other argument".
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, api_names)) + r")(?!\w)(?! argument\b)")
+
+    def swap(t):
+        return pattern.sub(lambda m: api_names[m.group(1)], t)
+
+    if isinstance(error, ArgumentError):
+        problem = swap(error.problem)
+        if problem != error.problem:
+            error.problem = problem
+            error.args = (f"{error.kernel}: {problem}",)
+    else:
+        new = swap(text)
+        if new != text:
+            error.args = (new,)
+    return error
+
+
 def _call_as(api_names: dict, kind, options, tensors, free):
-    """_call for an engine's API whose arguments have other names than the kind's tensors
-    (FlashInfer's ``v_a``, ``s_a`` ...; ``api_names``: kind's name -> the API's): a refusal names
-    the caller's arguments. The "no generated kernel" error names the spec's keys and stays."""
+    """_call for an entry point whose arguments have other names than the kind's tensors
+    (FlashInfer's ``v_a``, ``s_a`` ...; merge_states's ``v``, ``s``; ``api_names``: kind's name ->
+    the caller's): a refusal names the caller's arguments (``renamed``)."""
     try:
         _call(kind, options, tensors, free)
     except (TypeError, ValueError) as e:
-        text = str(e)
-        if not text.startswith("no generated"):
-            renamed = re.sub(r"(?<![\w.])(" + "|".join(map(re.escape, api_names)) + r")(?!\w)",
-                             lambda m: api_names[m.group(1)], text)
-            if renamed != text:
-                e.args = (renamed,)
-        raise
+        raise renamed(e, api_names)
 
 
 def _miss(slot, slot_options, kind, options, tensors, free):
@@ -172,18 +193,26 @@ def launch_kernel(kernel: str, args: dict, *, device: int | None = None) -> None
     """Launch one kernel of the current folder by name (the scripts' way to time a given
     schedule): `args` by parameter name as ``check_args`` takes them, torch tensors standing for
     their buffers. Always the full check; on torch's current stream of `device` (default: the
-    first tensor's device, else the current device). A kernel with a size rule or
+    first tensor's device, else the current device). The tensors must be on one CUDA device, and
+    `device`, where given, must be theirs. A kernel with a size rule or
     specializations launches the one they choose for the call's values, as every call does."""
     kf = _m.folder()
     meta = kf.kernel(kernel)
     plan = plan_for(kernel, meta)
     conv = {}
+    named = []
     for name, a in args.items():
         if isinstance(a, torch.Tensor):
-            if device is None:
-                device = a.get_device()
+            named.append((name, a))
             a = _plan.buffer(a)
         conv[name] = a
+    found, first = _plan.one_device(named, _DEVICE_TYPE)
+    if found is not None:
+        index = found.index or 0  # CPU tensors (tests): 0, as a plan's device
+        if device is not None and device != index:
+            raise ValueError(f"launch_kernel(device={device}): {first} is on {found}, as every tensor of the call; "
+                             f"pass device={index}, or leave device out")
+        device = index
     checked = plan.check(conv)
     meta, checked, _ = _plan.sized(kf, meta, plan, checked, conv)
     if checked.grid is None:

@@ -59,8 +59,9 @@ _STATES = KINDS["states"].with_options(("lse_base",), ", lse_base = 2").taking(
 
 
 def merge_state(v_a, s_a, v_b, s_b):
-    """Merge two attention states: v_a, v_b [T, H, D] (f16/bf16/f32), s_a, s_b [T, H] lse in base
-    2. Returns ``(v_merged [T, H, D] of v_a's dtype, s_merged [T, H] float32)``."""
+    """Merge two attention states: v_a, v_b [T, H, D] (f16/bf16: the default kernels'; f32 where
+    the kernel folder has base-2 f32 kernels), s_a, s_b [T, H] lse in base 2. Returns
+    ``(v_merged [T, H, D] of v_a's dtype, s_merged [T, H] float32)``."""
     T, H, D = _plan.dims(v_a, "v_a", 3)
     v_merged = torch.empty_like(v_a, memory_format=torch.contiguous_format)
     s_merged = torch.empty((T, H), dtype=torch.float32, device=v_a.device)

@@ -14,12 +14,25 @@ import torch
 
 from . import _plan, _torch
 from . import manifest as _m
-from ._binding import KINDS, LSE_LAYOUTS, TEXTS
+from ._binding import CALLER_NAMES, KINDS, LSE_LAYOUTS, TEXTS
 from ._torch import _ENV_KEY, _env_get, _miss
 from .contract import ArgumentError
 
 _PAIR, _PAIR_CTX, _GROUP, _GROUP_CTX = KINDS["pair"], KINDS["pair_ctx"], KINDS["group"], KINDS["group_ctx"]
 _STATES, _IN_PLACE, _MASK = KINDS["states"], KINDS["in_place"], KINDS["mask"]
+# The kinds' tensors these functions (and the ops of their names) call otherwise: a refusal names
+# the caller's argument (merge_states's ``s``, not the kernel's ``states_lse``).
+_GROUP_NAMES, _STATES_NAMES, _IN_PLACE_NAMES = CALLER_NAMES["group"], CALLER_NAMES["states"], CALLER_NAMES["in_place"]
+
+
+def _hint(e):
+    """A refusal of a call whose caller chose ``lse_layout``: where an lse was given as the
+    addressed one transposed (_plan._layout_error's ``lse_hint``), the layout to pass is named.
+    Only the functions that take ``lse_layout`` (and the ops that do) say so: an entry point with
+    a fixed layout (the merge_attn_states op, FlashInfer's, SGLang's) has nothing to pass."""
+    hint = getattr(e, "lse_hint", None)
+    if hint and not e.args[0].endswith(hint):
+        e.args = (e.args[0] + hint,)
 
 
 # ---- merge_attn_states (vLLM's), FP8 outputs and the fused empty-context mask included ----
@@ -49,9 +62,10 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
     ``prefix_lse`` itself is not written, and the start locations are not read on the host.
     B = ``query_start_loc.numel() - 1``.
 
-    Raises TypeError/ValueError for what the kernel cannot take; ArgumentError (a ValueError)
-    carries the argument check's text ``"<kernel>: <problem>"``."""
-    if output_group_scales is None and query_start_loc is None and context_start_loc is None:
+    Raises TypeError/ValueError for what the kernel cannot take (a tensor argument that is not a
+    tensor: TypeError; ``ue8m0`` without ``output_group_scales``: ValueError); ArgumentError (a
+    ValueError) carries the argument check's text ``"<kernel>: <problem>"``."""
+    if output_group_scales is None and query_start_loc is None and context_start_loc is None and not ue8m0:
         # The call engines make: _merge's body with the function's slot, inlined (through the
         # generic _torch._slotted, tuples and *args cost 0.3 us of the function's ~4 on the CPU
         # machine, bench/host_cost_stub.py).
@@ -60,11 +74,18 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
                 or not go(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
                           prefill_tokens_with_context)):
             _lse_layout(lse_layout)  # off the slot's path: a layout it took is a valid one
-            _miss(_torch._last_pair, lse_layout, _PAIR, (lse_layout,),
-                  (output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale),
-                  (prefill_tokens_with_context,))
+            try:
+                _miss(_torch._last_pair, lse_layout, _PAIR, (lse_layout,),
+                      (output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale),
+                      (prefill_tokens_with_context,))
+            except ValueError as e:
+                _hint(e)
+                raise
         return
     _lse_layout(lse_layout)
+    if output_group_scales is None and ue8m0:
+        raise ValueError("ue8m0=True rounds the per-group scales of an e4m3 output, but no output_group_scales is "
+                         "given: pass output_group_scales (float32 [T, H * D / G]) with it, or leave ue8m0 out")
     if query_start_loc is not None or context_start_loc is not None:
         both_or_neither(query_start_loc, context_start_loc)
     if output_group_scales is not None:
@@ -74,6 +95,17 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
                                            suffix_lse, output_lse, prefill_tokens_with_context, ue8m0=ue8m0,
                                            lse_layout=lse_layout, query_start_loc=query_start_loc,
                                            context_start_loc=context_start_loc)
+    try:
+        _fused(lse_layout, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
+               query_start_loc, context_start_loc, prefill_tokens_with_context)
+    except ValueError as e:
+        _hint(e)
+        raise
+
+
+def _fused(lse_layout, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
+           query_start_loc, context_start_loc, prefill_tokens_with_context):
+    """The call with the start locations (both given), through the function's slot for them."""
     _torch._slotted(_torch._last_ctx, _PAIR_CTX, (lse_layout,), (output, output_lse, prefix_output, prefix_lse,
                                                                   suffix_output, suffix_lse, output_scale,
                                                                   query_start_loc, context_start_loc),
@@ -85,11 +117,12 @@ def merge_attn_states_op(output, output_lse, prefix_output, prefix_lse, suffix_o
                          context_start_loc=None) -> None:
     """The Python implementation of ``torch.ops.mla_gen.merge_attn_states`` (the op's argument
     order): the function's path with the operator's own slot, so that code calling both with
-    different layouts does not make each call look its plan up again."""
+    different layouts does not make each call look its plan up again. The op's lse is head-major,
+    with no lse_layout to pass: its refusals name none."""
     if query_start_loc is not None or context_start_loc is not None:
-        return merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
-                                 prefill_tokens_with_context, output_scale, query_start_loc=query_start_loc,
-                                 context_start_loc=context_start_loc)
+        both_or_neither(query_start_loc, context_start_loc)
+        return _fused("head_major", output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                      output_scale, query_start_loc, context_start_loc, prefill_tokens_with_context)
     _merge(_torch._last_pair_op, "head_major", output, output_lse, prefix_output, prefix_lse, suffix_output,
            suffix_lse, output_scale, prefill_tokens_with_context)
 
@@ -126,13 +159,32 @@ def merge_attn_states_fp8_group(output, output_group_scales, prefix_output, pref
     ``query_start_loc``, ``context_start_loc``: the fused empty-context mask, as in
     merge_attn_states."""
     _lse_layout(lse_layout)
+    try:
+        _fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+                   prefill_tokens_with_context, ue8m0, lse_layout, query_start_loc, context_start_loc)
+    except ValueError as e:
+        _hint(e)
+        raise
+
+
+def merge_attn_states_fp8_group_op(output, output_group_scales, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                                   output_lse=None, prefill_tokens_with_context=None, ue8m0=False,
+                                   query_start_loc=None, context_start_loc=None) -> None:
+    """The Python implementation of ``torch.ops.mla_gen.merge_attn_states_fp8_group`` (the op's
+    arguments): head-major lse, with no lse_layout to pass (its refusals name none)."""
+    _fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+               prefill_tokens_with_context, ue8m0, "head_major", query_start_loc, context_start_loc)
+
+
+def _fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+               prefill_tokens_with_context, ue8m0, lse_layout, query_start_loc, context_start_loc):
     tensors = (output, output_group_scales, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)
     if query_start_loc is None and context_start_loc is None:
-        _torch._call(_GROUP, (bool(ue8m0), lse_layout), tensors, (prefill_tokens_with_context,))
+        _torch._call_as(_GROUP_NAMES, _GROUP, (bool(ue8m0), lse_layout), tensors, (prefill_tokens_with_context,))
     else:
         both_or_neither(query_start_loc, context_start_loc)
-        _torch._call(_GROUP_CTX, (bool(ue8m0), lse_layout), tensors + (query_start_loc, context_start_loc),
-                     (prefill_tokens_with_context,))
+        _torch._call_as(_GROUP_NAMES, _GROUP_CTX, (bool(ue8m0), lse_layout),
+                        tensors + (query_start_loc, context_start_loc), (prefill_tokens_with_context,))
 
 
 # ---- merge_states (K-way), merge_state_in_place, mask_empty_context_lse ----
@@ -145,18 +197,41 @@ def merge_states(v, s, output=None, output_lse=None):
     allocated when not given (``output_lse`` is None when the kernel has none). +inf lse means
     "no keys" like -inf; a row with no keys in any state gets state 0's row and lse -inf. Uses
     the compile-time-K kernel for this K when the folder has one, else the runtime-K kernel."""
+    return _merge_states(v, s, output, output_lse, False)
+
+
+def merge_states_op(v, s):
+    """The Python implementation of ``torch.ops.mla_gen.merge_states``, which returns the merged
+    lse: a folder whose kernel for the call writes none is refused before anything launches (text
+    ``no_states_lse``), as the compiled op does."""
+    return _merge_states(v, s, None, None, True)
+
+
+def _merge_states(v, s, output, output_lse, lse_returned):
     T, K, H, D = _plan.dims(v, "v", 4)
     if v.device.type != _torch._DEVICE_TYPE:
         raise ValueError(TEXTS["not_on_device"].format(name="v", device=v.device))
     if output is None:
         output = torch.empty((T, H, D), dtype=v.dtype, device=v.device)
-    if output_lse is None and isinstance(s, torch.Tensor):
-        # Allocated where the kernel a call with one selects takes one.
-        wanted = torch.empty((T, H), dtype=torch.float32, device="meta")
-        tmap = {"output": output, "output_lse": wanted, "states": v, "states_lse": s}
-        if any(p["name"] == "output_lse" for p in _plan.select(_STATES, _m.folder(), tmap, (), {})["params"]):
-            output_lse = torch.empty((T, H), dtype=torch.float32, device=v.device)
-    _torch._call(_STATES, (), (output, output_lse, v, s), ())
+    if output_lse is None:
+        # Allocated where a kernel serves the call with one (after the checks that come before
+        # selection: every tensor a tensor, on one device); else the call goes without, which
+        # the op, returning the lse, refuses before anything launches (text no_states_lse).
+        tmap = {"output": output, "output_lse": None, "states": v, "states_lse": s}
+        kf = _m.folder()
+        try:
+            _plan._arguments(_STATES, tuple(tmap.values()), (), _torch._DEVICE_TYPE)
+            wanted = torch.empty((T, H), dtype=torch.float32, device="meta")
+            try:
+                _plan.select(_STATES, kf, dict(tmap, output_lse=wanted), (), {})
+                output_lse = torch.empty((T, H), dtype=torch.float32, device=v.device)
+            except ValueError:  # no kernel with one (or a refusal the call without one repeats)
+                if lse_returned:
+                    _plan.select(_STATES, kf, tmap, (), {})  # no kernel at all: that error
+                    raise ValueError(TEXTS["no_states_lse"]) from None
+        except (TypeError, ValueError) as e:
+            raise _torch.renamed(e, _STATES_NAMES)
+    _torch._call_as(_STATES_NAMES, _STATES, (), (output, output_lse, v, s), ())
     return output, output_lse
 
 
@@ -172,7 +247,11 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None, *, lse_layout: str =
     (vLLM's). ``mask``: [T] bool or uint8; tokens where it is 0 are left untouched (needs a
     kernel generated with ``mask = true``)."""
     _lse_layout(lse_layout)
-    _torch._call(_IN_PLACE, (lse_layout,), (v, s, v_other, s_other, mask), ())
+    try:
+        _torch._call_as(_IN_PLACE_NAMES, _IN_PLACE, (lse_layout,), (v, s, v_other, s_other, mask), ())
+    except ValueError as e:
+        _hint(e)
+        raise
 
 
 def mask_empty_context_lse(lse, query_start_loc, context_start_loc, *, lse_layout: str = "head_major") -> None:
@@ -181,9 +260,14 @@ def mask_empty_context_lse(lse, query_start_loc, context_start_loc, *, lse_layou
     [T, H] (``"token_major"``). ``query_start_loc``, ``context_start_loc``: int32 [B + 1] on
     the device; request b holds tokens ``query_start_loc[b]:query_start_loc[b+1]`` and has an
     empty context when ``context_start_loc[b+1] == context_start_loc[b]``. Their contents are
-    not read on the host (no sync): whatever they hold, only lse is written, inside its bounds."""
+    not read on the host (no sync): whatever they hold, only lse is written, inside its bounds.
+    ``lse`` of another dtype than float32 is refused (``lse is f16, the kernel takes f32``)."""
     _lse_layout(lse_layout)
-    _torch._call(_MASK, (lse_layout,), (lse, query_start_loc, context_start_loc), ())
+    try:
+        _torch._call(_MASK, (lse_layout,), (lse, query_start_loc, context_start_loc), ())
+    except ValueError as e:
+        _hint(e)
+        raise
 
 
 launch_kernel = _torch.launch_kernel

@@ -335,6 +335,18 @@ def by_size_rule(kf: KernelFolder, kernel: dict, value) -> dict:
 
 
 OUTPUTS = ("same", "fp8_e4m3", "fp8_e4m3_group")  # supports()'s output kinds
+# supports()'s keywords with their defaults, and those each family's calls have: a keyword another
+# family's calls have must hold its default (a ValueError names it, where False would read as "no
+# kernel" and True as a kernel that takes it).
+DEFAULTS = {"output_lse": False, "threshold": False, "output": "same", "group_size": None, "ue8m0": False,
+            "lse_layout": None, "num_states": None, "mask": False, "mask_empty_context": False}
+FAMILY_KEYWORDS = {
+    "merge_attn_states": ("output_lse", "threshold", "output", "group_size", "ue8m0", "lse_layout",
+                          "mask_empty_context"),
+    "merge_states": ("output_lse", "num_states"),
+    "merge_state_in_place": ("lse_layout", "mask"),
+    "mask_empty_context_lse": ("lse_layout",),
+}
 
 
 def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output_lse: bool = False,
@@ -353,10 +365,16 @@ def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output
     of the family's calls (mla_gen/binding.json) with True, e.g. ``query_start_loc=True``: a new
     spec option that selects or adds a tensor is asked for here with no change to this function.
     A True answer means a kernel exists; the argument check still judges strides, alignment and
-    overlap at the call. An unknown ``output`` raises ValueError; a group size that does not
-    divide the head size, or fewer than one state, is a call no kernel serves (False)."""
+    overlap at the call. An unknown ``output`` or ``family`` raises ValueError, and so does a
+    keyword the family's calls do not have (FAMILY_KEYWORDS: ``output`` of merge_states,
+    ``output_lse`` of merge_state_in_place ...) set to other than its default, or ``group_size``
+    or ``ue8m0`` without ``output="fp8_e4m3_group"``; a group size that does not divide the head
+    size, or fewer than one state, is a call no kernel serves (False)."""
     if output not in OUTPUTS:
         raise ValueError(f"unknown output {output!r} ({', '.join(map(repr, OUTPUTS))})")
+    _check_keywords(family, output_lse=output_lse, threshold=threshold, output=output, group_size=group_size,
+                    ue8m0=ue8m0, lse_layout=lse_layout, num_states=num_states, mask=mask,
+                    mask_empty_context=mask_empty_context)
     if (output == "fp8_e4m3_group" and (not group_size or head_size % group_size)) or \
             (num_states is not None and num_states < 1):
         return False
@@ -367,10 +385,31 @@ def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output
     return hit is not None and hit[1]
 
 
+def _check_keywords(family, **keywords):
+    """ValueError where `family` is unknown, or a keyword its calls do not have is set (to other
+    than its default in DEFAULTS), or the group keywords come without the group output."""
+    if family not in FAMILY_KEYWORDS:
+        raise ValueError(f"unknown family {family!r} ({', '.join(FAMILY_KEYWORDS)})")
+    for key, value in keywords.items():
+        if value != DEFAULTS[key] and key not in FAMILY_KEYWORDS[family]:
+            having = " or ".join(repr(f) for f, keys in FAMILY_KEYWORDS.items() if key in keys)
+            raise ValueError(f"{key}={value!r} given for family={family!r}, whose calls have no {key} (its keywords: "
+                             f"{', '.join(FAMILY_KEYWORDS[family])}): leave {key} out, or ask for family={having}")
+    if keywords.get("output") != "fp8_e4m3_group":
+        for key in ("group_size", "ue8m0"):
+            if keywords.get(key, DEFAULTS[key]) != DEFAULTS[key]:
+                raise ValueError(f"{key}={keywords[key]!r} describes the per-token-group FP8 output: pass "
+                                 f"output=\"fp8_e4m3_group\" with it, or leave {key} out")
+
+
 def call(family, dtype, head_size, *, output_lse=False, threshold=False, output="same", group_size=None, ue8m0=False,
          lse_layout=None, num_states=None, mask=False, mask_empty_context=False, **select_options) -> tuple:
     """The call ``supports()``'s keywords describe, as :func:`select` takes it: ``(args,
-    options)``, one token of one head (so either lse layout fits the sizes; the option decides)."""
+    options)``, one token of one head (so either lse layout fits the sizes; the option decides).
+    Refuses the keywords supports() refuses (ValueError)."""
+    _check_keywords(family, output_lse=output_lse, threshold=threshold, output=output, group_size=group_size,
+                    ue8m0=ue8m0, lse_layout=lse_layout, num_states=num_states, mask=mask,
+                    mask_empty_context=mask_empty_context)
     dt = None if dtype is None else dtype_name(dtype)
     row = (dt, (1, 1, head_size))
     lse = ("f32", (1, 1))
@@ -402,9 +441,8 @@ def call(family, dtype, head_size, *, output_lse=False, threshold=False, output=
             args["mask"] = ("u8", (1,))
     elif family == "mask_empty_context_lse":
         args = {"lse": lse, **locations}
-    else:
-        raise ValueError(f"unknown family {family!r} (merge_attn_states, merge_states, merge_state_in_place, "
-                         "mask_empty_context_lse)")
+    else:  # pragma: no cover - _check_keywords refused it
+        raise ValueError(f"unknown family {family!r}")
     if output_lse and family in ("merge_attn_states", "merge_states"):
         args["output_lse"] = ("f32", (1, 1))
     # Any other tensor of the family's calls (mla_gen/binding.json), asked for by its name (e.g.

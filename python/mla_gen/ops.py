@@ -27,20 +27,16 @@ import torch
 
 from . import _plan
 from . import functions as _f
-from ._binding import OPS, SCHEMAS, TEXTS, schema_args
+from ._binding import OPS, SCHEMAS, schema_args
 
 NAMESPACE = "mla_gen"
 
 # The op's own entry (the op's argument order): the dispatcher calls it directly, no wrapper frame
 # here; it runs the function's fast path with the operator's last-plan slot.
 _merge_attn_states = _f.merge_attn_states_op
-
-
-def _merge_states(v, s):
-    out, lse = _f.merge_states(v, s)
-    if lse is None:
-        raise ValueError(TEXTS["no_states_lse"])
-    return out, lse
+# Returns the merged lse: a folder whose kernel for the call writes none is refused before the
+# launch (text no_states_lse), as the compiled op refuses it.
+_merge_states = _f.merge_states_op
 
 
 def _schema_names(name: str) -> tuple:
@@ -51,8 +47,9 @@ def _schema_names(name: str) -> tuple:
 def _by_name(name):
     """Op `name`'s Python implementation: its schema's arguments, by name, to the function of the
     same name (each argument of an op is the function's parameter of that name; arguments the
-    dispatcher passes by keyword, or leaves out because they hold their defaults, follow)."""
-    fn, names = getattr(_f, name), _schema_names(name)
+    dispatcher passes by keyword, or leaves out because they hold their defaults, follow); its
+    ``_op`` variant where it has one (an op without the function's lse_layout)."""
+    fn, names = getattr(_f, f"{name}_op", None) or getattr(_f, name), _schema_names(name)
 
     def impl(*args, **kwargs):
         return fn(**dict(zip(names, args)), **kwargs)

@@ -225,14 +225,16 @@ def _make_wrapper(original, strict: bool):
     merge_attn_states.__wrapped__ = original
     merge_attn_states.__doc__ = f"mla-gen's merge_attn_states where supported, else {original.__module__}'s."
     merge_attn_states._mla_gen_original = original
+    merge_attn_states._mla_gen_strict = strict
     return merge_attn_states
 
 
 def patch(module=None, *, strict: bool = False) -> Patch:
     """Replace vLLM's ``merge_attn_states`` dispatcher (in `module`, a module or its name; by
     default the first of MODULES that imports) with one routing to mla-gen, and rebind every
-    loaded module that holds the original under that name. Idempotent. ``strict``: an argument
-    check refusal raises instead of falling back."""
+    loaded module that holds the original under that name. Idempotent: a second call with the same
+    ``strict`` keeps the installed wrapper; with the other, it installs one of that ``strict``
+    wherever the first was. ``strict``: an argument check refusal raises instead of falling back."""
     if module is None:
         errors = []
         for name in MODULES:
@@ -248,11 +250,16 @@ def patch(module=None, *, strict: bool = False) -> Patch:
         module = importlib.import_module(module)
     current = module.merge_attn_states
     original = getattr(current, "_mla_gen_original", current)
-    wrapper = current if current is not original else _make_wrapper(original, strict)
+    strict = bool(strict)
+    if current is not original and getattr(current, "_mla_gen_strict", None) == strict:
+        wrapper = current
+    else:
+        wrapper = _make_wrapper(original, strict)
     places = []
     for m in list(sys.modules.values()):
         try:
-            if getattr(m, "merge_attn_states", None) is original or m is module:
+            held = getattr(m, "merge_attn_states", None)
+            if held is original or held is current or m is module:
                 m.merge_attn_states = wrapper
                 places.append(m)
         except Exception:  # modules with unusual attribute access

@@ -5,6 +5,8 @@ raises itself (one start location without the other, no `_ctxmask` kernel for th
 The launch is replaced by a recorder (conftest's `cpu_launch`); `contract_kernels` is the
 contract table's folder, which holds merge_attn_states_bf16_d128_thr_lse_ctxmask."""
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -273,7 +275,9 @@ def test_the_generic_checks_judge_the_start_locations(cpu_launch, contract_kerne
         exc, want = ValueError, r"context_start_loc has B\+1=4 where query_start_loc has B\+1=3"
     elif case == "empty":
         q = c = torch.zeros(0, dtype=torch.int32)
-        exc, want = ArgumentError, f"{CTX}: num_requests = -1 is below its minimum 0"
+        # named as the tensor that holds too few, not as the integer it would give (num_requests = -1)
+        exc, want = ValueError, re.escape("query_start_loc must hold at least 1 along B+1 = num_requests + 1 "
+                                          "(num_requests >= 0), got shape (0,)")
     elif case == "device":
         c = c.to("meta")
         exc, want = ValueError, "context_start_loc is on meta; the kernels run on a CUDA device"

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mla_gen import flashinfer  # noqa: E402
+from mla_gen import ArgumentError, flashinfer  # noqa: E402
 
 BF16 = torch.bfloat16
 T, H, D = 8, 4, 128
@@ -141,10 +141,31 @@ def test_refusals_name_the_callers_arguments(select_folder, cpu_launch):
          "output_lse"),
         (lambda: sglang.merge_state_v2(v_a, None, v_b, s), "s_a", "prefix_lse"),
         (lambda: flashinfer.merge_state(v_a, None, v_b, s), "s_a", "prefix_lse"),
+        (lambda: flashinfer.merge_state(v_a, s, None, s), "v_b", "suffix_output"),
+        (lambda: flashinfer.merge_state_in_place(v_a, s, v_a, s), "v_other", "other"),
     ]:
         with pytest.raises((TypeError, ValueError)) as e:
             call()
         text = str(e.value)
-        # The engine's own name, as a word (not inside another name or a dotted path).
-        assert name not in text and re.search(rf"(?<![\w.]){re.escape(bad)}\b", text), (bad, text)
+        # The engine's own name, as a word (not inside another name or a dotted path), and not the
+        # kind's (as a word: "other" is also English, in the overlap text's "no other argument").
+        kinds = re.compile(rf"(?<![\w.]){re.escape(name)}\b(?! argument)")
+        assert not kinds.search(text) and re.search(rf"(?<![\w.]){re.escape(bad)}\b", text), (bad, text)
+        if isinstance(e.value, ArgumentError):  # its problem too, not only its text
+            assert not kinds.search(e.value.problem) and str(e.value) == f"{e.value.kernel}: {e.value.problem}", e.value
     assert not cpu_launch.launches
+
+
+def test_flashinfer_calls_take_the_dtypes_the_docs_name():
+    """FlashInfer's calls run the base-2 kernels, f16/bf16 in the default folder (no f32): the
+    docstring and python/README.md say so, and the default folder has exactly those."""
+    from conftest import ROOT
+    import mla_gen
+    for dtype, served in [(torch.float16, True), (BF16, True), (torch.float32, False)]:
+        assert mla_gen.supports(dtype, 128, lse_layout="token_major", lse_base="2", output_lse=True) == served
+        assert mla_gen.supports(dtype, 128, family="merge_states", lse_base="2") == served
+    assert "f16/bf16/f32" not in flashinfer.merge_state.__doc__ and "f16/bf16" in flashinfer.merge_state.__doc__
+    readme = ROOT / "python" / "README.md"
+    if readme.is_file():
+        text = " ".join(readme.read_text().split())
+        assert "FlashInfer (`mla_gen.flashinfer`) on f16/bf16," in text, text

@@ -265,6 +265,27 @@ def test_two_devices_whatever_the_current_one():
         assert _cuda._primary.get(dev), "each device's primary context is retained"
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_launch_kernel_takes_one_device_and_device_must_be_its():
+    # launch_kernel checks devices as the functions do (it once launched tensors of two GPUs, or on
+    # a device= other than theirs).
+    T, H, D = 16, 4, 128
+    p, pl, s, sl = inputs(T=T, device="cuda:1")
+    out = torch.empty_like(p)
+    args = dict(output=out, prefix_output=p, prefix_lse=pl, suffix_output=s, suffix_lse=sl, num_tokens=T,
+                num_heads=H, prefill_tokens_with_context=T, output_token_stride=H * D, output_head_stride=D,
+                prefix_token_stride=H * D, prefix_head_stride=D, suffix_token_stride=H * D, suffix_head_stride=D)
+    kernel = "merge_attn_states_bf16_d128_thr_lse"
+    with pytest.raises(ValueError, match=r"^suffix_lse is on cuda:0, output on cuda:1; all tensors must be on one"):
+        mla_gen.launch_kernel(kernel, dict(args, suffix_lse=sl.to("cuda:0")))
+    with pytest.raises(ValueError, match=r"^launch_kernel\(device=0\): output is on cuda:1"):
+        mla_gen.launch_kernel(kernel, args, device=0)
+    with torch.cuda.device(0):
+        mla_gen.launch_kernel(kernel, args)  # on the tensors' device, whatever the current one
+    torch.cuda.synchronize(1)
+    close(out, reference(p, pl, s, sl, T)[0])
+
+
 def test_load_is_once_per_kernel_image():
     p, pl, s, sl = inputs(T=16)
     out = torch.empty_like(p)

@@ -31,9 +31,16 @@ def test_installed_package_is_what_runs():
     assert "installed package" in manifest.folder().label
 
 
-def test_supports_answers_from_the_manifest_without_the_driver():
+def test_supports_answers_from_the_manifest_without_the_driver(monkeypatch):
     import torch
     from mla_gen import _cuda
+
+    def no_driver(*args, **kwargs):
+        raise AssertionError("supports() reached the driver")
+
+    # Every way into libcuda fails the test: supports() must answer from the manifest alone.
+    for name in ("lib", "kernel", "primary_context", "launch"):
+        monkeypatch.setattr(_cuda, name, no_driver)
     assert mla_gen.supports(torch.bfloat16, 128, output_lse=True, threshold=True)
     assert mla_gen.supports("f16", 576)
     assert not mla_gen.supports(torch.bfloat16, 100)
@@ -50,6 +57,41 @@ def test_supports_answers_from_the_manifest_without_the_driver():
     assert not mla_gen.supports(torch.float16, 576, lse_layout="token_major", lse_base="3")
     # (Whether libcuda is open here depends on the tests before this one; a fresh process checks
     # that supports() opens nothing: test_import_opens_no_driver.)
+
+
+@pytest.mark.parametrize("family, keyword", [
+    ("merge_states", {"output": "fp8_e4m3"}),
+    ("merge_states", {"threshold": True}),
+    ("merge_states", {"lse_layout": "token_major"}),
+    ("merge_states", {"mask": True}),
+    ("merge_state_in_place", {"output_lse": True}),
+    ("merge_state_in_place", {"num_states": 4}),
+    ("merge_state_in_place", {"mask_empty_context": True}),
+    ("mask_empty_context_lse", {"output_lse": True}),
+    ("mask_empty_context_lse", {"mask": True}),
+    ("merge_attn_states", {"num_states": 4}),
+    ("merge_attn_states", {"mask": True}),
+])
+def test_supports_refuses_a_keyword_the_family_does_not_take(family, keyword):
+    # A keyword the family's calls have no such thing for was ignored: True for a kernel that does
+    # not take it. It names the keyword and the family; the same keyword at its default passes.
+    (key, value), = keyword.items()
+    with pytest.raises(ValueError, match=f"^{key}={re.escape(repr(value))} given for family={family!r}, whose calls "
+                                         f"have no {key} "):
+        mla_gen.supports("bf16", 128, family=family, **keyword)
+    with pytest.raises(ValueError, match=f"given for family={family!r}"):
+        manifest.call(family, "bf16", 128, **keyword)
+    assert mla_gen.supports("bf16", 128, family=family, **{key: manifest.DEFAULTS[key]}) == \
+        mla_gen.supports("bf16", 128, family=family)
+
+
+def test_supports_refuses_group_keywords_without_the_group_output():
+    for keyword in ({"group_size": 64}, {"ue8m0": True}):
+        with pytest.raises(ValueError, match='describes the per-token-group FP8 output: pass output="fp8_e4m3_group"'):
+            mla_gen.supports("bf16", 128, output="fp8_e4m3", **keyword)
+    with pytest.raises(ValueError, match="unknown family 'merge'"):
+        mla_gen.supports("bf16", 128, family="merge")
+    assert mla_gen.supports("bf16", 128, output="fp8_e4m3_group", group_size=64, ue8m0=True)
 
 
 def _in_a_fresh_process(code):

@@ -109,6 +109,49 @@ def test_a_refused_call_falls_back_unless_strict(standin, monkeypatch, refusal):
     handle.undo()
 
 
+def test_patching_again_with_the_other_strict_installs_that_one(standin, monkeypatch):
+    # patch(strict=True) after patch() once kept the non-strict wrapper, silently.
+    calls, mods, original = standin
+
+    def refuse(*args, **keywords):
+        raise ValueError("refused")
+
+    monkeypatch.setattr(mv, "_merge", refuse)
+    first = mv.patch()
+    assert mv.patch().wrapper is first.wrapper  # the same strict: the wrapper installed stays
+    strict = mv.patch(strict=True)
+    assert strict.wrapper is not first.wrapper and strict.original is original
+    for module in (MODULE, "vllm_backend_standin"):  # wherever the first was, the imported name too
+        assert mods[module].merge_attn_states is strict.wrapper
+        with pytest.raises(ValueError, match="refused"):
+            mods[module].merge_attn_states(*tensors())
+    assert not calls["vllm"]
+    lenient = mv.patch(strict=False)
+    mods[MODULE].merge_attn_states(*tensors())
+    assert len(calls["vllm"]) == 1
+    lenient.undo()
+    assert mods[MODULE].merge_attn_states is original and mods["vllm_backend_standin"].merge_attn_states is original
+
+
+def test_a_non_tensor_after_a_plan_of_one_tensor_twice_goes_to_vllm(standin, cpu_launch, monkeypatch):
+    # The plan of a call passing one tensor twice checks layouts by its key; an int lse then is the
+    # check's TypeError (it was an AttributeError, which the wrapper does not hand back).
+    from conftest import ROOT
+
+    calls, mods, original = standin
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(ROOT / "generated"))
+    monkeypatch.setattr(mv, "_merge", REAL_MERGE)
+    monkeypatch.setitem(mv.stats, "fallbacks", 0)
+    handle = mv.patch()
+    out, p, pl, s, sl = tensors()
+    mods[MODULE].merge_attn_states(out, p, pl, p, pl)
+    mods[MODULE].merge_attn_states(out, p, pl, p, pl)
+    assert len(cpu_launch.launches) == 2 and not calls["vllm"]
+    mods[MODULE].merge_attn_states(out, p, pl, p, 3)
+    assert len(calls["vllm"]) == 1 and mv.stats["fallbacks"] == 1 and len(cpu_launch.launches) == 2
+    handle.undo()
+
+
 def test_a_transposed_lse_goes_to_vllm(standin, cpu_launch, monkeypatch):
     """An lse view vLLM's Triton kernel takes (its strides) but mla-gen's kernel cannot address:
     the real check refuses it before any launch and the call goes to vLLM, counted."""

@@ -260,12 +260,17 @@ other_ops = {
         "lse [H, T] for token-major": in_place("token_major"),
         "mask of int32": in_place()[:4] + [torch.ones(T, dtype=i32), "head_major"],
         "other of more tokens": in_place()[:2] + [rnd(T + 1, H, D, dtype=bf), rnd(H, T + 1)] + in_place()[4:],
+        # the op's argument names in the refusal (v, s, v_other), the overlap text's "other" kept
+        "f16 s": (lambda a: a[:1] + [a[1].half()] + a[2:])(in_place()),
+        "v is v_other": (lambda a: a[:2] + [a[0]] + a[3:])(in_place()),
     },
     "mask_empty_context_lse": {
         "head-major": [rnd(H, T), locs(0, 3, 8), locs(0, 0, 5), "head_major"],
         "token-major": [rnd(T, H), locs(0, 3, 8), locs(0, 0, 5), "token_major"],
         "int64 start locations": [rnd(H, T), locs(0, 3, 8), locs(0, 0, 5, dtype=torch.int64), "head_major"],
         "start locations of two dims": [rnd(H, T), locs(0, 3, 8).view(1, 3), locs(0, 0, 5), "head_major"],
+        "f16 lse": [rnd(H, T, dtype=torch.float16), locs(0, 3, 8), locs(0, 0, 5), "head_major"],
+        "start locations with no entry": [rnd(H, T), locs(), locs(), "head_major"],
     },
     "merge_attn_states_fp8_group": {
         "groups of 64": group(),
@@ -276,6 +281,8 @@ other_ops = {
         "with the start locations": group(qsl=locs(0, 3, 8), csl=locs(0, 0, 5)),
         "one start location": group(csl=locs(0, 0, 5)),
         "bf16 output": group(out=rnd(T, H, D, dtype=bf)),
+        "f16 scales": group(scales=torch.empty(T, H * D // 64).half()),
+        "prefix_lse [T, H]": (lambda a: a[:4] + [rnd(T, H)] + a[5:])(group()),
     },
     "merge_attn_states": {
         "the fused mask": case(T, H, D, bf, n=5, transform=lambda a: a[:8] + [locs(0, 3, 8), locs(0, 0, 5)]),
@@ -283,6 +290,9 @@ other_ops = {
             T, H, D, bf, n=5, transform=lambda a: a[:8] + [locs(0, 3, 8), locs(0, 0, 5, 6)]),
         "f32 start locations": case(
             T, H, D, bf, n=5, transform=lambda a: a[:8] + [locs(0, 3, 8), locs(0, 0, 5, dtype=torch.float32)]),
+        "start locations with no entry": case(T, H, D, bf, n=5, transform=lambda a: a[:8] + [locs(), locs()]),
+        "lse [T, H] with the start locations": case(
+            T, H, D, bf, n=5, lse_tm=True, transform=lambda a: a[:8] + [locs(0, 3, 8), locs(0, 0, 5)]),
     },
 }
 n_other = 0
