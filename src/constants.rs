@@ -2,6 +2,7 @@
 //! kernels. (The manifest's file name and schema version are the contract's: [`crate::contract`].)
 
 /// The name every manifest's `generator.name` holds: what marks an output folder as this tool's.
+#[cfg(feature = "codegen")]
 pub const TOOL_NAME: &str = "mla-gen";
 
 /// This mla-gen's version: in every manifest, generated header and cache key.
