@@ -25,14 +25,18 @@ _STATES, _IN_PLACE, _MASK = KINDS["states"], KINDS["in_place"], KINDS["mask"]
 _GROUP_NAMES, _STATES_NAMES, _IN_PLACE_NAMES = CALLER_NAMES["group"], CALLER_NAMES["states"], CALLER_NAMES["in_place"]
 
 
-def _hint(e):
-    """A refusal of a call whose caller chose ``lse_layout``: where an lse was given as the
-    addressed one transposed (_plan._layout_error's ``lse_hint``), the layout to pass is named.
+def _hinted(fn, *args):
+    """``fn(*args)`` for a function whose caller chose ``lse_layout``: a refusal of an lse given as
+    the addressed one transposed (_plan._layout_error's ``lse_hint``) names the layout to pass.
     Only the functions that take ``lse_layout`` (and the ops that do) say so: an entry point with
     a fixed layout (the merge_attn_states op, FlashInfer's, SGLang's) has nothing to pass."""
-    hint = getattr(e, "lse_hint", None)
-    if hint and not e.args[0].endswith(hint):
-        e.args = (e.args[0] + hint,)
+    try:
+        return fn(*args)
+    except ValueError as e:
+        hint = getattr(e, "lse_hint", None)
+        if hint and not e.args[0].endswith(hint):
+            e.args = (e.args[0] + hint,)
+        raise
 
 
 # ---- merge_attn_states (vLLM's), FP8 outputs and the fused empty-context mask included ----
@@ -74,13 +78,9 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
                 or not go(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
                           prefill_tokens_with_context)):
             _lse_layout(lse_layout)  # off the slot's path: a layout it took is a valid one
-            try:
-                _miss(_torch._last_pair, lse_layout, _PAIR, (lse_layout,),
-                      (output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale),
-                      (prefill_tokens_with_context,))
-            except ValueError as e:
-                _hint(e)
-                raise
+            _hinted(_miss, _torch._last_pair, lse_layout, _PAIR, (lse_layout,),
+                    (output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale),
+                    (prefill_tokens_with_context,))
         return
     _lse_layout(lse_layout)
     if output_group_scales is None and ue8m0:
@@ -95,12 +95,8 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
                                            suffix_lse, output_lse, prefill_tokens_with_context, ue8m0=ue8m0,
                                            lse_layout=lse_layout, query_start_loc=query_start_loc,
                                            context_start_loc=context_start_loc)
-    try:
-        _fused(lse_layout, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
-               query_start_loc, context_start_loc, prefill_tokens_with_context)
-    except ValueError as e:
-        _hint(e)
-        raise
+    _hinted(_fused, lse_layout, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+            output_scale, query_start_loc, context_start_loc, prefill_tokens_with_context)
 
 
 def _fused(lse_layout, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, output_scale,
@@ -159,12 +155,8 @@ def merge_attn_states_fp8_group(output, output_group_scales, prefix_output, pref
     ``query_start_loc``, ``context_start_loc``: the fused empty-context mask, as in
     merge_attn_states."""
     _lse_layout(lse_layout)
-    try:
-        _fp8_group(output, output_group_scales, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
-                   prefill_tokens_with_context, ue8m0, lse_layout, query_start_loc, context_start_loc)
-    except ValueError as e:
-        _hint(e)
-        raise
+    _hinted(_fp8_group, output, output_group_scales, prefix_output, prefix_lse, suffix_output, suffix_lse,
+            output_lse, prefill_tokens_with_context, ue8m0, lse_layout, query_start_loc, context_start_loc)
 
 
 def merge_attn_states_fp8_group_op(output, output_group_scales, prefix_output, prefix_lse, suffix_output, suffix_lse,
@@ -247,11 +239,7 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None, *, lse_layout: str =
     (vLLM's). ``mask``: [T] bool or uint8; tokens where it is 0 are left untouched (needs a
     kernel generated with ``mask = true``)."""
     _lse_layout(lse_layout)
-    try:
-        _torch._call_as(_IN_PLACE_NAMES, _IN_PLACE, (lse_layout,), (v, s, v_other, s_other, mask), ())
-    except ValueError as e:
-        _hint(e)
-        raise
+    _hinted(_torch._call_as, _IN_PLACE_NAMES, _IN_PLACE, (lse_layout,), (v, s, v_other, s_other, mask), ())
 
 
 def mask_empty_context_lse(lse, query_start_loc, context_start_loc, *, lse_layout: str = "head_major") -> None:
@@ -263,11 +251,7 @@ def mask_empty_context_lse(lse, query_start_loc, context_start_loc, *, lse_layou
     not read on the host (no sync): whatever they hold, only lse is written, inside its bounds.
     ``lse`` of another dtype than float32 is refused (``lse is f16, the kernel takes f32``)."""
     _lse_layout(lse_layout)
-    try:
-        _torch._call(_MASK, (lse_layout,), (lse, query_start_loc, context_start_loc), ())
-    except ValueError as e:
-        _hint(e)
-        raise
+    _hinted(_torch._call, _MASK, (lse_layout,), (lse, query_start_loc, context_start_loc), ())
 
 
 launch_kernel = _torch.launch_kernel

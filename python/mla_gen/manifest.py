@@ -372,16 +372,14 @@ def supports(dtype, head_size: int, *, family: str = "merge_attn_states", output
     size, or fewer than one state, is a call no kernel serves (False)."""
     if output not in OUTPUTS:
         raise ValueError(f"unknown output {output!r} ({', '.join(map(repr, OUTPUTS))})")
-    _check_keywords(family, output_lse=output_lse, threshold=threshold, output=output, group_size=group_size,
-                    ue8m0=ue8m0, lse_layout=lse_layout, num_states=num_states, mask=mask,
-                    mask_empty_context=mask_empty_context)
+    # call() refuses the keywords the family does not take, before any answer.
+    args, options = call(family, dtype, head_size, output_lse=output_lse, threshold=threshold, output=output,
+                         group_size=group_size, ue8m0=ue8m0, lse_layout=lse_layout, num_states=num_states, mask=mask,
+                         mask_empty_context=mask_empty_context, **select_options)
     if (output == "fp8_e4m3_group" and (not group_size or head_size % group_size)) or \
             (num_states is not None and num_states < 1):
         return False
-    hit = select(folder(), family, *call(family, dtype, head_size, output_lse=output_lse, threshold=threshold,
-                                         output=output, group_size=group_size, ue8m0=ue8m0, lse_layout=lse_layout,
-                                         num_states=num_states, mask=mask, mask_empty_context=mask_empty_context,
-                                         **select_options))
+    hit = select(folder(), family, args, options)
     return hit is not None and hit[1]
 
 
@@ -439,10 +437,8 @@ def call(family, dtype, head_size, *, output_lse=False, threshold=False, output=
         args = {"state": row, "state_lse": lse, "other": row, "other_lse": lse}
         if mask:
             args["mask"] = ("u8", (1,))
-    elif family == "mask_empty_context_lse":
+    else:  # mask_empty_context_lse: _check_keywords refused any other family
         args = {"lse": lse, **locations}
-    else:  # pragma: no cover - _check_keywords refused it
-        raise ValueError(f"unknown family {family!r}")
     if output_lse and family in ("merge_attn_states", "merge_states"):
         args["output_lse"] = ("f32", (1, 1))
     # Any other tensor of the family's calls (mla_gen/binding.json), asked for by its name (e.g.

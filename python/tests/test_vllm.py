@@ -133,16 +133,10 @@ def test_patching_again_with_the_other_strict_installs_that_one(standin, monkeyp
     assert mods[MODULE].merge_attn_states is original and mods["vllm_backend_standin"].merge_attn_states is original
 
 
-def test_a_non_tensor_after_a_plan_of_one_tensor_twice_goes_to_vllm(standin, cpu_launch, monkeypatch):
+def test_a_non_tensor_after_a_plan_of_one_tensor_twice_goes_to_vllm(cpu_launch, patched):
     # The plan of a call passing one tensor twice checks layouts by its key; an int lse then is the
     # check's TypeError (it was an AttributeError, which the wrapper does not hand back).
-    from conftest import ROOT
-
-    calls, mods, original = standin
-    monkeypatch.setenv("MLA_GEN_KERNELS", str(ROOT / "generated"))
-    monkeypatch.setattr(mv, "_merge", REAL_MERGE)
-    monkeypatch.setitem(mv.stats, "fallbacks", 0)
-    handle = mv.patch()
+    calls, mods, handle = patched
     out, p, pl, s, sl = tensors()
     mods[MODULE].merge_attn_states(out, p, pl, p, pl)
     mods[MODULE].merge_attn_states(out, p, pl, p, pl)
@@ -152,16 +146,10 @@ def test_a_non_tensor_after_a_plan_of_one_tensor_twice_goes_to_vllm(standin, cpu
     handle.undo()
 
 
-def test_a_transposed_lse_goes_to_vllm(standin, cpu_launch, monkeypatch):
+def test_a_transposed_lse_goes_to_vllm(cpu_launch, patched):
     """An lse view vLLM's Triton kernel takes (its strides) but mla-gen's kernel cannot address:
     the real check refuses it before any launch and the call goes to vLLM, counted."""
-    from conftest import ROOT
-
-    calls, mods, original = standin
-    monkeypatch.setenv("MLA_GEN_KERNELS", str(ROOT / "generated"))
-    monkeypatch.setattr(mv, "_merge", REAL_MERGE)
-    monkeypatch.setitem(mv.stats, "fallbacks", 0)
-    handle = mv.patch()
+    calls, mods, handle = patched
     out, p, pl, s, sl = tensors()
     mods[MODULE].merge_attn_states(out, p, torch.empty(8, 4).t(), s, sl)
     assert len(calls["vllm"]) == 1 and mv.stats["fallbacks"] == 1
@@ -189,21 +177,30 @@ def test_route_follows_supports(monkeypatch):
 # ---- the default kernels serve vLLM's FP8 and fused calls (generated/, launches recorded) ----
 
 REAL_MERGE = mv._merge
+
+
+@pytest.fixture
+def patched(standin, monkeypatch):
+    """The stand-in dispatcher patched with mla-gen's real merge over generated/, fallbacks
+    counted from 0: (calls, modules, the patch handle)."""
+    from conftest import ROOT
+
+    calls, mods, _ = standin
+    monkeypatch.setenv("MLA_GEN_KERNELS", str(ROOT / "generated"))
+    monkeypatch.setattr(mv, "_merge", REAL_MERGE)
+    monkeypatch.setitem(mv.stats, "fallbacks", 0)
+    return calls, mods, mv.patch()
 DEFAULT_HEADS = (64, 80, 96, 112, 128, 192, 256, 512, 576)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
-def test_the_default_kernels_take_fp8_and_fused_calls_with_no_fallback(standin, cpu_launch, monkeypatch, dtype):
+def test_the_default_kernels_take_fp8_and_fused_calls_with_no_fallback(cpu_launch, patched, dtype):
     """Every default (dtype, head size) through the patched dispatcher against generated/: plain,
     FP8 per-tensor (output_scale), fused mask (start locations), and both; none handed back, each
     launched by the FP8 / `_ctxmask` kernel it names."""
-    from conftest import ROOT, launched
+    from conftest import launched
 
-    calls, mods, original = standin
-    monkeypatch.setenv("MLA_GEN_KERNELS", str(ROOT / "generated"))
-    monkeypatch.setattr(mv, "_merge", REAL_MERGE)
-    monkeypatch.setitem(mv.stats, "fallbacks", 0)
-    handle = mv.patch()
+    calls, mods, handle = patched
     dispatch = mods[MODULE].merge_attn_states
     T, H, n = 8, 4, 6
     q = torch.tensor([0, 3, 5, 8], dtype=torch.int32)
