@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+// Tera nests the useful message in an error's source chain: errors keep it (with_sources).
+use crate::error::with_sources;
 use crate::gen::abi::{self, Launch, Param};
 use crate::gen::hex;
 pub use crate::gen::sha256_hex;
@@ -57,17 +59,6 @@ pub struct Templates {
     tera: tera::Tera,
 }
 
-fn tera_detail(e: &tera::Error) -> String {
-    // Tera nests the useful message in the error's source chain.
-    let mut parts = vec![e.to_string()];
-    let mut cur: Option<&dyn std::error::Error> = std::error::Error::source(e);
-    while let Some(c) = cur {
-        parts.push(c.to_string());
-        cur = c.source();
-    }
-    parts.join(": ")
-}
-
 impl Templates {
     pub fn embedded() -> Result<Templates, RenderError> {
         Self::from_sources(
@@ -97,7 +88,7 @@ impl Templates {
         tera.add_raw_templates(sources.iter().map(|(n, t)| (n.as_str(), t.as_str())))
             .map_err(|e| RenderError::Template {
                 template: "(template set)".to_string(),
-                detail: tera_detail(&e),
+                detail: with_sources(&e),
             })?;
         Ok(Templates { sources, tera })
     }
@@ -119,14 +110,14 @@ impl Templates {
         let ctx = Context::new(origin, v);
         let ctx = tera::Context::from_serialize(&ctx).map_err(|e| RenderError::Template {
             template: template.clone(),
-            detail: tera_detail(&e),
+            detail: with_sources(&e),
         })?;
         let text = self
             .tera
             .render(&template, &ctx)
             .map_err(|e| RenderError::Template {
                 template: template.clone(),
-                detail: tera_detail(&e),
+                detail: with_sources(&e),
             })?;
         Ok(tidy(&text))
     }
