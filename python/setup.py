@@ -387,12 +387,12 @@ def _ops_header(launcher_dir: Path, dest: Path):
     out.append("};")
     # Per op, its tensors it names otherwise than the kernels' parameters (_binding.CALLER_NAMES,
     # from the op's argument names): a refusal names the op's arguments (op_core.h, as_called).
-    renames = []
-    for i, name in enumerate(binding.OPS):
-        pairs = ", ".join(f"{{{_c(a)}, {_c(b)}}}" for a, b in binding.op_renames(name).items())
-        out.append(f"static const NamePair kRenames{i}[] = {{{pairs or '{}'}}};")
-        renames.append(f"{{kRenames{i}, {len(binding.op_renames(name))}}}")
-    out.append(f"static const Renames kOpRenames[] = {{{', '.join(renames)}}};")
+    renames = [binding.op_renames(name) for name in binding.OPS]
+    for i, pairs in enumerate(renames):
+        items = ", ".join(f"{{{_c(a)}, {_c(b)}}}" for a, b in pairs.items())
+        out.append(f"static const NamePair kRenames{i}[] = {{{items or '{}'}}};")
+    out.append("static const Renames kOpRenames[] = {" + ", ".join(f"{{kRenames{i}, {len(p)}}}" for i, p in enumerate(renames))
+               + "};")
     # The kernels a call can name (not a size rule's range or a specialization: the launcher
     # reaches those itself), each parameter as the contract reads it.
     rows = []
